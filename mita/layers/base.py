@@ -1,0 +1,107 @@
+"""Shared base of every attention layer: timm-compatible projections, heads and input checks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class AttentionBase(nn.Module):
+    """The parts every attention shares with ``timm.models.vision_transformer.Attention``.
+
+    Parameter names match timm (``qkv``, ``q_norm``, ``k_norm``, ``proj``), so a timm full-attention state dict
+    loads into any subclass whose extra parameters (if any) are left at their initial values
+    (``load_state_dict(strict=False)`` reports exactly those extras as missing).
+
+    Args:
+        dim: token width C.
+        num_heads: heads H; ``dim`` must be divisible by it.
+        qkv_bias: bias on the qkv projection.
+        qk_norm: normalise q and k per head (``norm_layer`` over the head dim), as timm does.
+        attn_drop: dropout on attention probabilities (layers that cannot honour it raise).
+        proj_drop: dropout after the output projection.
+        proj_bias: bias on the output projection.
+        norm_layer: the qk-norm layer class.
+        qkv_mult: width multiple of the qkv projection (3 for q, k, v; 4 when a layer adds a gate).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        proj_bias: bool = True,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+        qkv_mult: int = 3,
+    ) -> None:
+        super().__init__()
+        if num_heads < 1 or dim % num_heads != 0:
+            raise ValueError(f"num_heads must divide dim, got dim={dim}, num_heads={num_heads}")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * qkv_mult, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.attn_drop_p = float(attn_drop)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+        # Token layout, set by the model that owns the layer (None: infer a square grid).
+        self.grid_size: tuple[int, int] | None = None
+        self.num_prefix_tokens: int = 1
+
+    def split_qkv(self, x: torch.Tensor, n_parts: int = 3) -> list[torch.Tensor]:
+        """[B, N, C] -> n_parts tensors [B, H, N, d]; q and k pass through their norms."""
+        B, N, _ = x.shape
+        parts = self.qkv(x).reshape(B, N, n_parts, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        parts = list(parts)
+        parts[0] = self.q_norm(parts[0])
+        parts[1] = self.k_norm(parts[1])
+        return parts
+
+    def merge_heads(self, o: torch.Tensor) -> torch.Tensor:
+        """[B, H, N, d] -> [B, N, C]."""
+        B, H, N, d = o.shape
+        return o.transpose(1, 2).reshape(B, N, H * d)
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        """Output projection and dropout on merged [B, N, C] features."""
+        return self.proj_drop(self.proj(o))
+
+    def check_input(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be [B, N, {self.dim}], got shape {tuple(x.shape)}")
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != x.shape[:2] or key_padding_mask.dtype != torch.bool:
+                raise ValueError(
+                    f"key_padding_mask must be a bool tensor of shape {tuple(x.shape[:2])} (True = padding), "
+                    f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+                )
+
+    def resolve_grid(self, n_tokens: int, grid: tuple[int, int] | None) -> tuple[int, int]:
+        """The patch grid (h, w): the argument, else the layer's ``grid_size``, else a square inferred from N."""
+        grid = grid if grid is not None else self.grid_size
+        n_patches = n_tokens - self.num_prefix_tokens
+        if grid is None:
+            side = int(round(n_patches**0.5)) if n_patches > 0 else 0
+            if side * side != n_patches or side == 0:
+                raise ValueError(
+                    f"grid: cannot infer a square patch grid from N={n_tokens} tokens with "
+                    f"{self.num_prefix_tokens} prefix tokens; pass grid=(h, w)"
+                )
+            return side, side
+        h, w = int(grid[0]), int(grid[1])
+        if h * w != n_patches:
+            raise ValueError(
+                f"grid: {h}x{w}={h * w} patches does not match N={n_tokens} tokens minus "
+                f"{self.num_prefix_tokens} prefix tokens ({n_patches})"
+            )
+        return h, w
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}"
