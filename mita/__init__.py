@@ -1,0 +1,21 @@
+"""MiTA: Mixture-of-Top-k Attention.
+
+ops (functions on tensors) -> layers (nn.Modules, one registry) -> models (backbones).
+"""
+
+from mita.ops import list_backends, mita_attention, naive_mita, pool_landmarks, register_backend
+from mita.registry import create_attention, get_attention_class, list_attentions, register_attention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "create_attention",
+    "get_attention_class",
+    "list_attentions",
+    "list_backends",
+    "mita_attention",
+    "naive_mita",
+    "pool_landmarks",
+    "register_attention",
+    "register_backend",
+]

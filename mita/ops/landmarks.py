@@ -1,0 +1,154 @@
+"""Landmarks: queries pooled on the image grid (2D) or into contiguous segments of the valid tokens (1D).
+
+Pooling is written as reshape-and-mean or as small pooling matrices rather than with
+``nn.AdaptiveAvgPool{1,2}d``: it is deterministic, and AdaptiveAvgPool1d's CUDA backward fails with a
+shared-memory assert for very long sequences. Bins follow adaptive average pooling exactly:
+bin i of p over length L covers ``[floor(i L / p), ceil((i + 1) L / p))``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LAYOUTS = ("official", "patches", "1d")
+
+
+def adaptive_pool_matrix(length: int, bins: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """``[bins, length]`` matrix whose row i averages adaptive-pooling bin i of a length-``length`` axis."""
+    i = torch.arange(bins, device=device)
+    start = (i * length) // bins
+    end = ((i + 1) * length + bins - 1) // bins
+    pos = torch.arange(length, device=device)
+    member = (pos[None, :] >= start[:, None]) & (pos[None, :] < end[:, None])
+    return member.to(dtype) / (end - start)[:, None].to(dtype)
+
+
+def landmark_grid(m: int | tuple[int, int]) -> tuple[int, int]:
+    """The (ph, pw) landmark grid for ``m`` landmarks: a perfect square m, or an explicit tuple."""
+    if isinstance(m, (tuple, list)):
+        ph, pw = int(m[0]), int(m[1])
+    else:
+        side = math.isqrt(int(m)) if int(m) > 0 else 0
+        if side * side != m:
+            raise ValueError(f"m: 2D landmarks need a perfect square m (p x p grid) or a (ph, pw) tuple, got m={m}")
+        ph = pw = side
+    if ph < 1 or pw < 1:
+        raise ValueError(f"m: landmark grid must be at least 1x1, got {ph}x{pw}")
+    return ph, pw
+
+
+def pool_landmarks(
+    x: torch.Tensor,
+    m: int | tuple[int, int],
+    *,
+    layout: str = "official",
+    grid: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 1,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Pool token features (normally the queries) into ``m`` landmarks.
+
+    Args:
+        x: ``[B, H, N, d]`` (or ``[B, N, C]``; pooling is per channel, so before or after the head split is the
+            same).
+        m: number of landmarks. For 2D layouts a perfect square (p x p grid) or a ``(ph, pw)`` tuple.
+        layout: ``"official"``: the reference code's grid, built from the first ``h * w`` tokens
+            ``[CLS, patch_1 .. patch_{hw-1}]`` (CLS at cell (0, 0), every patch shifted by one cell, the last
+            patch dropped). ``"patches"``: the patch tokens only, after ``num_prefix_tokens`` prefix tokens.
+            ``"1d"``: contiguous segment means over each sequence's valid tokens (padding excluded).
+        grid: patch grid ``(h, w)``; None infers a square grid from ``N - num_prefix_tokens``.
+        num_prefix_tokens: tokens before the patches (CLS, registers). ``"official"`` needs at least 1.
+        key_padding_mask: ``[B, N]`` bool, True marks padding. Only the ``"1d"`` layout accepts it; the 1D
+            segments then split each sequence's valid tokens, which must be a prefix (right padding).
+
+    Returns:
+        ``[B, H, m, d]`` (or ``[B, m, C]``), in x's dtype.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    squeeze = x.dim() == 3
+    if squeeze:
+        x = x.unsqueeze(1)
+    if x.dim() != 4:
+        raise ValueError(f"x must be [B, H, N, d] or [B, N, C], got shape {tuple(x.shape)}")
+    B, H, N, d = x.shape
+    if layout == "1d":
+        out = _pool_1d(x, m, key_padding_mask)
+    else:
+        if key_padding_mask is not None:
+            raise ValueError(f"key_padding_mask: the {layout!r} image layout does not take padding; use layout='1d'")
+        out = _pool_2d(x, m, layout, grid, num_prefix_tokens)
+    return out.squeeze(1) if squeeze else out
+
+
+def _pool_2d(
+    x: torch.Tensor, m: int | tuple[int, int], layout: str, grid: tuple[int, int] | None, num_prefix_tokens: int
+) -> torch.Tensor:
+    B, H, N, d = x.shape
+    if num_prefix_tokens < 0 or (layout == "official" and num_prefix_tokens < 1):
+        raise ValueError(
+            f"num_prefix_tokens must be >= 1 for the 'official' layout and >= 0 otherwise, got {num_prefix_tokens}"
+        )
+    n_patches = N - num_prefix_tokens
+    if grid is None:
+        side = math.isqrt(max(n_patches, 0))
+        if side * side != n_patches or side == 0:
+            raise ValueError(
+                f"grid: cannot infer a square patch grid from N={N} with {num_prefix_tokens} prefix tokens; "
+                "pass grid=(h, w)"
+            )
+        grid = (side, side)
+    h, w = int(grid[0]), int(grid[1])
+    if h * w != n_patches:
+        raise ValueError(
+            f"grid: {h}x{w}={h * w} patches does not match N={N} minus {num_prefix_tokens} prefix tokens "
+            f"({n_patches})"
+        )
+    ph, pw = landmark_grid(m)
+    if ph > h or pw > w:
+        raise ValueError(f"m: a {ph}x{pw} landmark grid does not fit the {h}x{w} patch grid")
+    # "official" lays [CLS, patch_1 .. patch_{hw-1}] on the grid: the first h*w tokens.
+    start = 0 if layout == "official" else num_prefix_tokens
+    tokens = x[:, :, start : start + h * w].reshape(B, H, h, w, d)
+    ct = torch.promote_types(x.dtype, torch.float32)
+    P_h = adaptive_pool_matrix(h, ph, x.device, ct)
+    P_w = adaptive_pool_matrix(w, pw, x.device, ct)
+    if h % ph == 0 and w % pw == 0:
+        pooled = tokens.reshape(B, H, ph, h // ph, pw, w // pw, d).to(ct).mean(dim=(3, 5))
+    else:
+        pooled = torch.einsum("ph,bnhwd,qw->bnpqd", P_h, tokens.to(ct), P_w)
+    return pooled.reshape(B, H, ph * pw, d).to(x.dtype)
+
+
+def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+    B, H, N, d = x.shape
+    if isinstance(m, (tuple, list)) or int(m) < 1:
+        raise ValueError(f"m: 1D landmarks need an int m >= 1, got {m!r}")
+    m = int(m)
+    if m > N:
+        raise ValueError(f"m: cannot pool N={N} tokens into m={m} landmarks (m > N)")
+    ct = torch.promote_types(x.dtype, torch.float32)
+    if key_padding_mask is None:
+        if N % m == 0:
+            return x.reshape(B, H, m, N // m, d).to(ct).mean(dim=3).to(x.dtype)
+        return torch.einsum("mn,bhnd->bhmd", adaptive_pool_matrix(N, m, x.device, ct), x.to(ct)).to(x.dtype)
+    if key_padding_mask.shape != (B, N) or key_padding_mask.dtype != torch.bool:
+        raise ValueError(f"key_padding_mask must be a bool tensor of shape [{B}, {N}], got {tuple(key_padding_mask.shape)}")
+    # Segment sums from a prefix sum over the valid tokens; L is each sequence's valid count (a tensor, no sync).
+    valid = (~key_padding_mask).to(x.device)
+    L = valid.sum(dim=1).clamp_min(1)  # [B]
+    i = torch.arange(m, device=x.device)
+    start = (i[None, :] * L[:, None]) // m  # [B, m]
+    end = ((i[None, :] + 1) * L[:, None] + m - 1) // m
+    # Bins stay non-empty when L < m by taking the one token they cover (end >= start + 1).
+    end = torch.maximum(end, start + 1).clamp_max(N)
+    start = start.clamp_max(N - 1)
+    xv = x.to(ct) * valid[:, None, :, None]
+    csum = torch.nn.functional.pad(xv.cumsum(dim=2), (0, 0, 1, 0))  # [B, H, N + 1, d]
+    def take(idx: torch.Tensor) -> torch.Tensor:
+        return torch.gather(csum, 2, idx[:, None, :, None].expand(B, H, m, d))
+
+    counts = (end - start).to(ct)[:, None, :, None]
+    return ((take(end) - take(start)) / counts).to(x.dtype)
