@@ -1,0 +1,163 @@
+"""The ListOps and Pathfinder generators write real data in the LRA release formats."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"prepare_{name}", ROOT / "scripts" / "prepare_data" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+listops = _load("listops")
+pathfinder = _load("pathfinder")
+
+
+def _eval_tokens(source: str) -> tuple[int, int]:
+    """Independent evaluator over the tokenised form (the one the data module sees): value and length."""
+    tokens = source.replace("(", " ").replace(")", " ").split()
+    stack: list[list] = []
+    result = None
+    for tok in tokens:
+        if tok.startswith("["):
+            stack.append([tok])
+        elif tok == "]":
+            op, *vals = stack.pop()
+            value = {
+                "[MIN": min,
+                "[MAX": max,
+                "[MED": lambda v: int(statistics.median(v)),
+                "[SM": lambda v: sum(v) % 10,
+            }[op](vals)
+            if stack:
+                stack[-1].append(value)
+            else:
+                result = value
+        else:
+            if stack:
+                stack[-1].append(int(tok))
+            else:
+                result = int(tok)
+    assert not stack
+    return result, len(tokens)
+
+
+@pytest.fixture(scope="module")
+def listops_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("listops")
+    listops.main(["--out", str(out), "--train", "60", "--val", "10", "--test", "10", "--seed", "3", "--no-progress"])
+    return out
+
+
+def test_listops_files_labels_lengths_dedup(listops_dir: Path) -> None:
+    sources = []
+    for split, n in (("train", 60), ("val", 10), ("test", 10)):
+        lines = (listops_dir / f"basic_{split}.tsv").read_text().splitlines()
+        assert lines[0] == "Source\tTarget"
+        assert len(lines) == n + 1
+        for line in lines[1:]:
+            source, target = line.split("\t")
+            value, length = _eval_tokens(source)
+            assert int(target) == value
+            assert 500 < length < 2000
+            assert source.startswith("( ") and source.endswith(" )")
+            sources.append(source)
+    assert len(set(sources)) == len(sources)
+
+
+def test_listops_deterministic_across_workers() -> None:
+    a = listops.generate(12, seed=5, min_length=20, max_length=400, workers=1, progress=False)
+    b = listops.generate(12, seed=5, min_length=20, max_length=400, workers=2, progress=False)
+    c = listops.generate(12, seed=6, min_length=20, max_length=400, workers=1, progress=False)
+    assert a == b
+    assert a != c
+
+
+def test_listops_operators_and_written_form() -> None:
+    tree = ("[MED", [2, ("[SM", [9, 8]), 4, 1])
+    assert listops.evaluate(tree) == int(statistics.median([2, 7, 4, 1]))
+    assert listops.to_string(("[MAX", [2, 9])) == "( ( ( [MAX 2 ) 9 ) ] )"
+    assert listops.parse(listops.to_string(tree)) == tree
+    rng = random.Random(0)
+    for _ in range(200):
+        t, length = listops.generate_tree(rng)
+        assert _eval_tokens(listops.to_string(t)) == (listops.evaluate(t), length)
+
+
+@pytest.fixture(scope="module")
+def pathfinder_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pathfinder32")
+    pathfinder.main(["--out", str(out), "--n", "24", "--per-batch", "10", "--seed", "1", "--workers", "1",
+                     "--no-progress"])
+    return out / "curv_contour_length_14"
+
+
+def test_pathfinder_layout_metadata_balance(pathfinder_dir: Path) -> None:
+    meta = sorted((pathfinder_dir / "metadata").iterdir())
+    assert [m.name for m in meta] == ["0.npy", "1.npy", "2.npy"]
+    labels = []
+    for m in meta:
+        # TEXT despite the .npy suffix, as in the release.
+        lines = m.read_text().splitlines()
+        per_batch = []
+        for line in lines:
+            fields = line.split()
+            assert fields[0] == f"imgs/{m.stem}"
+            assert fields[1] == f"sample_{fields[2]}.png"
+            assert fields[3] in ("0", "1")
+            assert fields[5] == "14"
+            per_batch.append(int(fields[3]))
+            img = Image.open(pathfinder_dir / fields[0] / fields[1])
+            assert img.mode == "L" and img.size == (32, 32)
+            arr = np.asarray(img)
+            assert arr.max() == 255 and arr.min() == 0
+        assert abs(sum(per_batch) * 2 - len(per_batch)) <= 1
+        labels += per_batch
+    assert len(labels) == 24 and sum(labels) == 12
+
+
+def _components(mask: np.ndarray) -> np.ndarray:
+    """8-connected component labels of a bool image (0 = background)."""
+    labels = np.zeros(mask.shape, dtype=int)
+    current = 0
+    for start in zip(*np.nonzero(mask)):
+        if labels[start]:
+            continue
+        current += 1
+        stack = [start]
+        labels[start] = current
+        while stack:
+            y, x = stack.pop()
+            for dy in (-1, 0, 1):
+                for dx in (-1, 0, 1):
+                    ny, nx = y + dy, x + dx
+                    if 0 <= ny < mask.shape[0] and 0 <= nx < mask.shape[1] and mask[ny, nx] and not labels[ny, nx]:
+                        labels[ny, nx] = current
+                        stack.append((ny, nx))
+    return labels
+
+
+def test_pathfinder_label_one_connects_the_markers() -> None:
+    """With label 1 both markers lie on one connected curve of the rendered image."""
+    p = pathfinder.Params()
+    for seed in range(6):
+        img = pathfinder.make_image(1, np.random.default_rng(seed), p)
+        assert img.shape == (32, 32) and img.dtype == np.uint8
+        comps = _components(img > 10)
+        # Marker centres are the only pixels at full brightness.
+        marker_comps = set(comps[img == 255].tolist())
+        assert len(marker_comps) == 1 and 0 not in marker_comps
