@@ -101,8 +101,9 @@ def test_listops_operators_and_written_form() -> None:
 @pytest.fixture(scope="module")
 def pathfinder_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pathfinder32")
-    pathfinder.main(["--out", str(out), "--n", "24", "--per-batch", "10", "--seed", "1", "--workers", "1",
-                     "--no-progress"])
+    pathfinder.main(
+        ["--out", str(out), "--n", "24", "--per-batch", "10", "--seed", "1", "--workers", "1", "--no-progress"]
+    )
     return out / "curv_contour_length_14"
 
 

@@ -127,9 +127,7 @@ def _place(canvas: _Canvas, snake: _Snake, new_head: np.ndarray, extra: np.ndarr
     return True
 
 
-def _first_segment(
-    canvas: _Canvas, snake: _Snake, rng: np.random.Generator, extra: np.ndarray | None = None
-) -> bool:
+def _first_segment(canvas: _Canvas, snake: _Snake, rng: np.random.Generator, extra: np.ndarray | None = None) -> bool:
     length = canvas.p.paddle_length * canvas.s
     for _ in range(canvas.p.max_segment_trial + 1):
         heading = rng.integers(-180, 180) * math.pi / 180
@@ -278,7 +276,12 @@ def _batch(args: tuple[Path, int, int, int, Params]) -> int:
 
 
 def generate(
-    out: Path, n: int, seed: int, per_batch: int = 1000, p: Params = Params(), workers: int | None = None,
+    out: Path,
+    n: int,
+    seed: int,
+    per_batch: int = 1000,
+    p: Params = Params(),
+    workers: int | None = None,
     progress: bool = True,
 ) -> Path:
     """Write ``n`` images and their metadata under ``out/curv_contour_length_<L>``; returns that folder.
@@ -318,7 +321,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     root = generate(
-        args.out, args.n, args.seed, args.per_batch, Params(contour_length=args.contour_length), args.workers,
+        args.out,
+        args.n,
+        args.seed,
+        args.per_batch,
+        Params(contour_length=args.contour_length),
+        args.workers,
         not args.no_progress,
     )
     print(f"wrote {args.n} images to {root}")
