@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
+
+# Keywords timm's Block passes to its attention layer that this project's layers take care of centrally.
+_TIMM_ONLY_KWARGS = ("scale_norm", "depth", "device", "dtype", "attn_head_dim", "dim_out", "gated")
 
 
 class AttentionBase(nn.Module):
@@ -21,9 +26,17 @@ class AttentionBase(nn.Module):
         attn_drop: dropout on attention probabilities (layers that cannot honour it raise).
         proj_drop: dropout after the output projection.
         proj_bias: bias on the output projection.
-        norm_layer: the qk-norm layer class.
+        norm_layer: the qk-norm layer class (None: LayerNorm).
         qkv_mult: width multiple of the qkv projection (3 for q, k, v; 4 when a layer adds a gate).
     """
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Make every subclass accept what timm's ``Block`` passes (see ``_timm_compatible``)."""
+        super().__init_subclass__(**kwargs)
+        for name in ("__init__", "forward"):
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "_timm_compatible", False):
+                setattr(cls, name, _timm_compatible(fn, name))
 
     def __init__(
         self,
@@ -34,7 +47,7 @@ class AttentionBase(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         proj_bias: bool = True,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
+        norm_layer: type[nn.Module] | None = None,
         qkv_mult: int = 3,
     ) -> None:
         super().__init__()
@@ -45,6 +58,7 @@ class AttentionBase(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(dim, dim * qkv_mult, bias=qkv_bias)
+        norm_layer = norm_layer or nn.LayerNorm
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
@@ -105,3 +119,42 @@ class AttentionBase(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}"
+
+
+def _timm_compatible(fn, name: str):
+    """Wrap a subclass's ``__init__`` or ``forward`` so it takes timm's extra arguments.
+
+    ``__init__``: ``scale_norm`` (only False), ``depth`` (ignored), ``device`` / ``dtype`` (applied after
+    construction), ``attn_head_dim`` / ``dim_out`` (only None) and ``gated`` (only False).
+    ``forward``: ``attn_mask`` (only None; use ``key_padding_mask``) and ``is_causal`` (only False).
+    """
+    if name == "__init__":
+
+        @functools.wraps(fn)
+        def init(self, *args, **kwargs):
+            extra = {key: kwargs.pop(key) for key in _TIMM_ONLY_KWARGS if key in kwargs}
+            for key in ("scale_norm", "gated"):
+                if extra.get(key):
+                    raise ValueError(f"{key}=True is not supported by {type(self).__name__}")
+            for key in ("attn_head_dim", "dim_out"):
+                if extra.get(key) is not None:
+                    raise ValueError(f"{key} must be None for {type(self).__name__}, got {extra[key]!r}")
+            fn(self, *args, **kwargs)
+            if type(self).__init__ is init and (extra.get("device") is not None or extra.get("dtype") is not None):
+                self.to(device=extra.get("device"), dtype=extra.get("dtype"))
+
+        init._timm_compatible = True
+        return init
+
+    @functools.wraps(fn)
+    def forward(self, x, *args, attn_mask=None, is_causal=False, **kwargs):
+        if attn_mask is not None:
+            raise ValueError(
+                f"attn_mask is not supported by {type(self).__name__}; pass key_padding_mask [B, N] (True = padding)"
+            )
+        if is_causal:
+            raise ValueError(f"is_causal=True is not supported by {type(self).__name__} (encoder attention)")
+        return fn(self, x, *args, **kwargs)
+
+    forward._timm_compatible = True
+    return forward

@@ -103,8 +103,7 @@ def _pool_2d(
     h, w = int(grid[0]), int(grid[1])
     if h * w != n_patches:
         raise ValueError(
-            f"grid: {h}x{w}={h * w} patches does not match N={N} minus {num_prefix_tokens} prefix tokens "
-            f"({n_patches})"
+            f"grid: {h}x{w}={h * w} patches does not match N={N} minus {num_prefix_tokens} prefix tokens ({n_patches})"
         )
     ph, pw = landmark_grid(m)
     if ph > h or pw > w:
@@ -135,7 +134,9 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
             return x.reshape(B, H, m, N // m, d).to(ct).mean(dim=3).to(x.dtype)
         return torch.einsum("mn,bhnd->bhmd", adaptive_pool_matrix(N, m, x.device, ct), x.to(ct)).to(x.dtype)
     if key_padding_mask.shape != (B, N) or key_padding_mask.dtype != torch.bool:
-        raise ValueError(f"key_padding_mask must be a bool tensor of shape [{B}, {N}], got {tuple(key_padding_mask.shape)}")
+        raise ValueError(
+            f"key_padding_mask must be a bool tensor of shape [{B}, {N}], got {tuple(key_padding_mask.shape)}"
+        )
     # Segment sums from a prefix sum over the valid tokens; L is each sequence's valid count (a tensor, no sync).
     valid = (~key_padding_mask).to(x.device)
     L = valid.sum(dim=1).clamp_min(1)  # [B]
@@ -147,6 +148,7 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
     start = start.clamp_max(N - 1)
     xv = x.to(ct) * valid[:, None, :, None]
     csum = torch.nn.functional.pad(xv.cumsum(dim=2), (0, 0, 1, 0))  # [B, H, N + 1, d]
+
     def take(idx: torch.Tensor) -> torch.Tensor:
         return torch.gather(csum, 2, idx[:, None, :, None].expand(B, H, m, d))
 

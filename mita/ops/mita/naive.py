@@ -95,9 +95,9 @@ def naive_mita(
 
     k_r = per_query(k)
     v_r = per_query(v)
-    valid_r = torch.stack(
-        [expert_valid[b, h][route[b, h]] for b in range(B) for h in range(H)]
-    ).view(B, H, N, S * n_sel)
+    valid_r = torch.stack([expert_valid[b, h][route[b, h]] for b in range(B) for h in range(H)]).view(
+        B, H, N, S * n_sel
+    )
     routed_logits = torch.einsum("bhnd,bhnskd->bhnsk", q, k_r).reshape(B, H, N, S * n_sel) * scale
     routed_values = v_r.reshape(B, H, N, S * n_sel, d)
 
