@@ -19,6 +19,7 @@ the landmark-value branch is differentiated by autograd.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -36,12 +37,21 @@ _BIG_NEG = float("-inf")
 
 
 @triton.jit
+def _dot(a, b, PREC: tl.constexpr, UP: tl.constexpr):
+    # UP: the CPU interpreter multiplies bf16 tiles as their raw uint16 bits, so upcast there first.
+    if UP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
 def _mita_fwd_kernel(
     Q, K, V, R, VT, IDX, ROWS, TILE_E, TILE_RS, TILE_RE, O, LSE,
     N, M, KSEL, NROWS, T,
     scale_log2, sscale_log2,
     S: tl.constexpr, SHARED: tl.constexpr, DIRECT: tl.constexpr, D: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -68,14 +78,14 @@ def _mita_fwd_kernel(
                 b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
                 b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
                 # [BM, BS]
-                b_s = tl.dot(b_q, tl.trans(b_r), input_precision=PREC) * sscale_log2
+                b_s = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
                 b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
                 b_mn = tl.maximum(b_m, tl.max(b_s, 1))
                 b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
                 b_p = tl.exp2(b_s - b_ms[:, None])
                 b_alpha = tl.exp2(b_m - b_ms)
                 b_l = b_l * b_alpha + tl.sum(b_p, 1)
-                b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_vt.dtype), b_vt, input_precision=PREC)
+                b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_vt.dtype), b_vt, PREC, UP)
                 b_m = b_mn
         for j0 in range(0, KSEL, BN):
             o_j = j0 + tl.arange(0, BN)
@@ -86,14 +96,14 @@ def _mita_fwd_kernel(
             b_k = tl.load(K + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
             b_v = tl.load(V + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
             # [BM, BN]
-            b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale_log2
+            b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
             b_s = tl.where(m_j[None, :], b_s, float("-inf"))
             b_mn = tl.maximum(b_m, tl.max(b_s, 1))
             b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
             b_p = tl.exp2(b_s - b_ms[:, None])
             b_alpha = tl.exp2(b_m - b_ms)
             b_l = b_l * b_alpha + tl.sum(b_p, 1)
-            b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=PREC)
+            b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_v.dtype), b_v, PREC, UP)
             b_m = b_mn
         m_nz = b_l > 0
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
@@ -113,7 +123,7 @@ def _mita_bwd_dq_kernel(
     N, M, KSEL, NROWS, T,
     scale, sscale, scale_log2, sscale_log2,
     S: tl.constexpr, SHARED: tl.constexpr, DIRECT: tl.constexpr, D: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -142,12 +152,12 @@ def _mita_bwd_dq_kernel(
                 b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
                 b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
                 # [BM, BS]
-                b_s = tl.dot(b_q, tl.trans(b_r), input_precision=PREC) * sscale_log2
+                b_s = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
                 b_p = tl.exp2(b_s - b_lse[:, None])
                 b_p = tl.where(m_j[None, :] & (slot == 0)[:, None] & m_r[:, None], b_p, 0.0)
-                b_dp = tl.dot(b_do, tl.trans(b_vt), input_precision=PREC)
+                b_dp = _dot(b_do, tl.trans(b_vt), PREC, UP)
                 b_ds = b_p * (b_dp - b_delta[:, None])
-                b_dq += tl.dot(b_ds.to(b_r.dtype), b_r, input_precision=PREC) * sscale
+                b_dq += _dot(b_ds.to(b_r.dtype), b_r, PREC, UP) * sscale
         for j0 in range(0, KSEL, BN):
             o_j = j0 + tl.arange(0, BN)
             b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
@@ -157,12 +167,12 @@ def _mita_bwd_dq_kernel(
             b_k = tl.load(K + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
             b_v = tl.load(V + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
             # [BM, BN]
-            b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale_log2
+            b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
             b_p = tl.exp2(b_s - b_lse[:, None])
             b_p = tl.where(m_j[None, :] & m_r[:, None], b_p, 0.0)
-            b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+            b_dp = _dot(b_do, tl.trans(b_v), PREC, UP)
             b_ds = b_p * (b_dp - b_delta[:, None])
-            b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=PREC) * scale
+            b_dq += _dot(b_ds.to(b_k.dtype), b_k, PREC, UP) * scale
         if DIRECT:
             tl.store(DQ + i_bh * N * D + o_n[:, None] * D + o_d[None, :], b_dq, mask=m_r[:, None])
         else:
@@ -175,7 +185,7 @@ def _mita_bwd_dkdv_routed_kernel(
     Q, K, V, IDX, ROWS, STARTS, DO, LSE, DELTA, DK, DV,
     N, M, KSEL, NROWS,
     scale, scale_log2,
-    S: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+    S: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
 ):
     i_j = tl.program_id(0)
     e = tl.program_id(1)
@@ -205,13 +215,13 @@ def _mita_bwd_dkdv_routed_kernel(
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         b_delta = tl.load(DELTA + i_bh * N + o_n, mask=m_r, other=0.0)
         # [BN, BM]: keys along rows so dk, dv come out as [BN, D]
-        b_st = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * scale_log2
+        b_st = _dot(b_k, tl.trans(b_q), PREC, UP) * scale_log2
         b_pt = tl.exp2(b_st - b_lse[None, :])
         b_pt = tl.where(m_j[:, None] & m_r[None, :], b_pt, 0.0)
-        b_dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)
-        b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)
+        b_dv += _dot(b_pt.to(b_do.dtype), b_do, PREC, UP)
+        b_dpt = _dot(b_v, tl.trans(b_do), PREC, UP)
         b_dst = b_pt * (b_dpt - b_delta[None, :])
-        b_dk += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=PREC)
+        b_dk += _dot(b_dst.to(b_q.dtype), b_q, PREC, UP)
     o_w = (i_bh * M + e) * KSEL + o_j
     tl.store(DK + o_w[:, None] * D + o_d[None, :], b_dk * scale, mask=m_jin[:, None])
     tl.store(DV + o_w[:, None] * D + o_d[None, :], b_dv, mask=m_jin[:, None])
@@ -222,7 +232,7 @@ def _mita_bwd_shared_kernel(
     Q, R, VT, DO, LSE, DELTA, DR, DVT,
     N, M, CHUNK,
     sscale, sscale_log2,
-    D: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
+    D: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
 ):
     i_s = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -249,13 +259,13 @@ def _mita_bwd_shared_kernel(
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         b_delta = tl.load(DELTA + i_bh * N + o_n64, mask=m_n, other=0.0)
         # [BS, BM]
-        b_st = tl.dot(b_r, tl.trans(b_q), input_precision=PREC) * sscale_log2
+        b_st = _dot(b_r, tl.trans(b_q), PREC, UP) * sscale_log2
         b_pt = tl.exp2(b_st - b_lse[None, :])
         b_pt = tl.where(m_j[:, None] & m_n[None, :], b_pt, 0.0)
-        b_dvt += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=PREC)
-        b_dpt = tl.dot(b_vt, tl.trans(b_do), input_precision=PREC)
+        b_dvt += _dot(b_pt.to(b_do.dtype), b_do, PREC, UP)
+        b_dpt = _dot(b_vt, tl.trans(b_do), PREC, UP)
         b_dst = b_pt * (b_dpt - b_delta[None, :])
-        b_dr += tl.dot(b_dst.to(b_q.dtype), b_q, input_precision=PREC)
+        b_dr += _dot(b_dst.to(b_q.dtype), b_q, PREC, UP)
     o_w = ((i_bh * n_c + i_c) * M + o_j).to(tl.int64)
     tl.store(DR + o_w[:, None] * D + o_d[None, :], b_dr * sscale, mask=m_j[:, None])
     tl.store(DVT + o_w[:, None] * D + o_d[None, :], b_dvt, mask=m_j[:, None])
@@ -393,6 +403,10 @@ def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _upcast(dtype: torch.dtype) -> bool:
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _blocks(m: int, ksel: int, d: int) -> tuple[int, int]:
     cap = 64 if d <= 64 else 32
     bn = int(min(cap, max(16, _next_pow2(ksel))))
@@ -427,6 +441,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         q, k, v, r, vt, plan.idx, plan.rows, plan.tile_e, plan.tile_rs, plan.tile_re, o, lse,
         N, m, ksel, nrows, T, scale * LOG2E, sscale * LOG2E,
         S=S, SHARED=shared, DIRECT=direct, D=D, BM=plan.bm, BN=bn, BS=bs, PREC=_prec(q.dtype),
+        UP=_upcast(q.dtype),
         num_warps=_num_warps(plan.bm, D),
     )
     if direct:
@@ -457,7 +472,7 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
     _mita_bwd_dq_kernel[(T, BH)](
         q, k, v, r, vt, plan.idx, plan.rows, plan.tile_e, plan.tile_rs, plan.tile_re, do, lse, delta, dq,
         N, m, ksel, nrows, T, scale, sscale, scale * LOG2E, sscale * LOG2E,
-        S=S, SHARED=shared, DIRECT=direct, D=D, BM=plan.bm, BN=bn, BS=bs, PREC=prec,
+        S=S, SHARED=shared, DIRECT=direct, D=D, BM=plan.bm, BN=bn, BS=bs, PREC=prec, UP=_upcast(q.dtype),
         num_warps=_num_warps(plan.bm, D),
     )
     if not direct:
@@ -469,7 +484,7 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
     _mita_bwd_dkdv_routed_kernel[(triton.cdiv(ksel, bn), m, BH)](
         q, k, v, plan.idx, plan.rows, plan.starts, do, lse, delta, dk_e, dv_e,
         N, m, ksel, nrows, scale, scale * LOG2E,
-        S=S, D=D, BM=bmk, BN=bn, PREC=prec, num_warps=4,
+        S=S, D=D, BM=bmk, BN=bn, PREC=prec, UP=_upcast(q.dtype), num_warps=4,
     )
     L = m * ksel
     flat = plan.idx.view(BH, L).long()
@@ -494,7 +509,7 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
         dvt = torch.empty(BH, n_chunk, m, D, device=q.device, dtype=torch.float32)
         _mita_bwd_shared_kernel[(n_sblk, n_chunk, BH)](
             q, r, vt, do, lse, delta, dr, dvt, N, m, chunk, sscale, sscale * LOG2E,
-            D=D, BM=bms, BS=bs, PREC=prec, num_warps=4,
+            D=D, BM=bms, BS=bs, PREC=prec, UP=_upcast(q.dtype), num_warps=4,
         )
         dr, dvt = dr.sum(1), dvt.sum(1)
     else:

@@ -1,0 +1,48 @@
+"""Registers the fused Triton kernels as the MiTA backend "triton" (see triton_mita.py)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+SUPPORTED_HEAD_DIMS = (32, 64, 128)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def supports(q: torch.Tensor, k=None, v=None, landmarks=None, topk=None, **kw) -> str | None:
+    """Whether the Triton backend can run this call.
+
+    Args:
+        q: ``[B, H, N, d]`` queries (k, v, landmarks are checked by the operator's own argument checks).
+        topk: keys per routed expert (unused here).
+        **kw: the remaining ``mita_attention`` keywords (unused here).
+
+    Returns:
+        None if the call can run, else a short reason.
+    """
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        return "q is not a 4-D tensor"
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreting()):
+        return f"device {q.device.type} is not CUDA (and TRITON_INTERPRET is not set)"
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        return f"head dim {q.shape[-1]} not in {SUPPORTED_HEAD_DIMS}"
+    if q.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {q.dtype} not in fp16/bf16/fp32"
+    return None
+
+
+def register() -> None:
+    """Register ``triton_mita`` with ``mita.ops.mita.api`` under the name "triton"."""
+    from mita.ops.mita.api import register_backend
+    from mita.ops.mita.triton_mita import triton_mita
+
+    register_backend("triton", triton_mita, supports)
