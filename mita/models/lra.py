@@ -1,0 +1,163 @@
+"""The Long Range Arena encoder with any registered attention (also used for arXiv long documents).
+
+The recipe of the PyTorch LRA ports (Nystromformer / Skyformer) that gives about 58% average for softmax
+attention: token + learned position embeddings, 2 pre-LN blocks of width 64 with 2 heads and an FFN of 128,
+dropout 0.1, a final LayerNorm, MEAN pooling over the valid tokens and a Linear-ReLU-Linear head. Retrieval
+is a dual encoder: one shared encoder for both documents, the head on ``[x1, x2, x1 * x2, x1 - x2]``.
+
+The attention is built with :func:`mita.registry.create_attention`; the encoder sets ``grid_size = None`` and
+``num_prefix_tokens = 0`` on every layer, so layers that pool (MiTA landmarks, Agent agents, MoBA blocks) work
+on 1D segments of the valid tokens, and it passes the padding mask to every layer. Inputs are right-padded.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn as nn
+
+from mita.registry import create_attention, get_attention_class
+
+
+class FeedForward(nn.Sequential):
+    """Linear(dim, hidden) - GELU - Dropout - Linear(hidden, dim) - Dropout."""
+
+    def __init__(self, dim: int, hidden: int, dropout: float) -> None:
+        super().__init__(
+            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim), nn.Dropout(dropout)
+        )
+
+
+class Block(nn.Module):
+    """Pre-LN Transformer block: ``x + attn(LN(x))`` then ``x + ffn(LN(x))``."""
+
+    def __init__(self, dim: int, attn: nn.Module, mlp_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = attn
+        self.drop = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = FeedForward(dim, mlp_dim, dropout)
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask=key_padding_mask))
+        return x + self.mlp(self.norm2(x))
+
+
+def build_attention(name: str, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    """A registered attention laid out for 1D sequences (no grid, no prefix tokens).
+
+    Layers that take a ``landmark_layout`` (MiTA) get ``"1d"`` unless the caller chose one.
+    """
+    cls = get_attention_class(name)
+    # Subclasses may forward **kwargs to a parent that owns the option, so look along the MRO.
+    takes_layout = any("landmark_layout" in inspect.signature(c.__init__).parameters for c in cls.__mro__[:-1])
+    if takes_layout and "landmark_layout" not in kwargs:
+        kwargs["landmark_layout"] = "1d"
+    layer = create_attention(name, dim, num_heads, **kwargs)
+    layer.grid_size = None
+    layer.num_prefix_tokens = 0
+    return layer
+
+
+class LRAEncoder(nn.Module):
+    """Token sequences -> class logits, with one attention type in every block.
+
+    Args:
+        vocab_size: number of token ids (0 is padding).
+        max_length: longest sequence (size of the learned position table).
+        num_classes: output classes.
+        attention: registered attention name (``"full"``, ``"mita"``, ``"mita_routing"``, ``"agent_minus"``,
+            ``"moba"``, ``"topk"``, ...).
+        attention_kwargs: the layer's own options (MiTA: ``m``, ``k``, ``experts_per_query``, ``shared_scale``,
+            ...); ``qkv_bias``/``attn_drop`` may be given here too.
+        dim: embedding width (64).
+        depth: number of blocks (2).
+        num_heads: heads (2, head dim 32).
+        mlp_dim: FFN hidden width (128).
+        dropout: dropout on embeddings, attention output, FFN (0.1).
+        attn_drop: dropout on attention probabilities (0: MiTA's kernels have none, so every row uses none).
+        head_dim: hidden width of the classifier head (128).
+        dual: retrieval dual encoder (two inputs, head on ``[x1, x2, x1 * x2, x1 - x2]``).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_length: int,
+        num_classes: int,
+        attention: str = "full",
+        attention_kwargs: dict | None = None,
+        dim: int = 64,
+        depth: int = 2,
+        num_heads: int = 2,
+        mlp_dim: int = 128,
+        dropout: float = 0.1,
+        attn_drop: float = 0.0,
+        head_dim: int = 128,
+        dual: bool = False,
+    ) -> None:
+        super().__init__()
+        self.max_length = max_length
+        self.dual = dual
+        self.attention = attention
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.pos_embed = nn.Embedding(max_length, dim)
+        self.drop = nn.Dropout(dropout)
+        kwargs = {"qkv_bias": True, "attn_drop": attn_drop, **dict(attention_kwargs or {})}
+        self.blocks = nn.ModuleList(
+            Block(dim, build_attention(attention, dim, num_heads, **kwargs), mlp_dim, dropout) for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+        features = 4 * dim if dual else dim
+        self.head = nn.Sequential(nn.Linear(features, head_dim), nn.ReLU(), nn.Linear(head_dim, num_classes))
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def encode(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Pooled features of one batch of sequences.
+
+        Args:
+            tokens: [B, N] token ids, right-padded, N <= max_length.
+            mask: [B, N] bool, True = padding (None: no padding).
+
+        Returns:
+            [B, dim] mean of the final token features over the valid tokens.
+        """
+        B, N = tokens.shape
+        if N > self.max_length:
+            raise ValueError(f"sequence length {N} exceeds max_length {self.max_length}")
+        pos = torch.arange(N, device=tokens.device)
+        x = self.drop(self.embed(tokens) + self.pos_embed(pos)[None])
+        for block in self.blocks:
+            x = block(x, mask)
+        x = self.norm(x)
+        if mask is None:
+            return x.mean(dim=1)
+        valid = (~mask).to(x.dtype)[..., None]
+        return (x * valid).sum(dim=1) / valid.sum(dim=1).clamp_min(1.0)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        tokens2: torch.Tensor | None = None,
+        mask2: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Class logits [B, num_classes]; the dual encoder takes the second document as ``tokens2``/``mask2``."""
+        x1 = self.encode(tokens, mask)
+        if not self.dual:
+            return self.head(x1)
+        if tokens2 is None:
+            raise ValueError("the retrieval dual encoder needs tokens2 (the second document)")
+        x2 = self.encode(tokens2, mask2)
+        return self.head(torch.cat([x1, x2, x1 * x2, x1 - x2], dim=-1))
