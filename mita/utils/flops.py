@@ -85,20 +85,12 @@ def _landmark_count(m: Any) -> int:
 
 
 @register_cost_formula("mita")
+@register_cost_formula("mita_routing")
 def _mita_cost(layer: nn.Module, n_valid: torch.Tensor, batch: int) -> int:
-    m = _landmark_count(getattr(layer, "m"))
-    k = int(getattr(layer, "k"))
+    m = _landmark_count(layer.m)
     s = int(getattr(layer, "experts_per_query", 1))
     routing_only = bool(getattr(layer, "routing_only", False))
-    return sum(mita_core_macs(int(n), layer.dim, m, k, s, routing_only) for n in n_valid.tolist())
-
-
-@register_cost_formula("mita_routing")
-def _mita_routing_cost(layer: nn.Module, n_valid: torch.Tensor, batch: int) -> int:
-    m = _landmark_count(getattr(layer, "m"))
-    k = int(getattr(layer, "k"))
-    s = int(getattr(layer, "experts_per_query", 1))
-    return sum(mita_core_macs(int(n), layer.dim, m, k, s, routing_only=True) for n in n_valid.tolist())
+    return sum(mita_core_macs(int(n), layer.dim, m, int(layer.k), s, routing_only) for n in n_valid.tolist())
 
 
 def _shape(x: Any) -> tuple[int, ...] | None:
