@@ -1,0 +1,292 @@
+"""The MiTA operator: naive reference against an independent dense formulation, the PyTorch backend against
+the reference (forward and backward, per dtype), properties, landmark pooling and argument errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mita_dense_ref import dense_mita
+
+from mita import mita_attention, naive_mita, pool_landmarks
+from mita.ops.landmarks import adaptive_pool_matrix
+
+# (B, H, N, d, m, topk): awkward sizes, k above N, one token, m = 1.
+SHAPES = [
+    (2, 3, 63, 16, 9, 7),
+    (1, 2, 50, 8, 4, 60),
+    (2, 1, 33, 32, 5, 33),
+    (1, 1, 1, 4, 1, 3),
+    (3, 2, 20, 12, 6, 1),
+]
+
+
+def _inputs(B, H, N, d, m, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, d, generator=g, dtype=dtype) for _ in range(3))
+    R = torch.randn(B, H, m, d, generator=g, dtype=dtype)
+    return q, k, v, R
+
+
+def _padding(B, N, seed=0):
+    """Right padding with a different valid length per sequence (at least one valid token)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    lengths = torch.randint(1, N + 1, (B,), generator=g)
+    lengths[0] = N
+    return torch.arange(N)[None, :] >= lengths[:, None]
+
+
+@pytest.mark.parametrize("shape,S", [(s, S) for s in SHAPES for S in (1, 2) if S <= s[4]])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("padded", [False, True])
+def test_naive_matches_dense_formulation(shape, S, shared, padded):
+    B, H, N, d, m, topk = shape
+    q, k, v, R = _inputs(B, H, N, d, m)
+    mask = _padding(B, N) if padded else None
+    for shared_scale in (None, d**-0.5):
+        kw = dict(experts_per_query=S, shared=shared, shared_scale=shared_scale, key_padding_mask=mask)
+        out = naive_mita(q, k, v, R, topk, **kw)
+        ref = dense_mita(q, k, v, R, topk, **kw)
+        valid = torch.ones(B, N, dtype=torch.bool) if mask is None else ~mask
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out[valid[:, None, :].expand(B, H, N)], ref[valid[:, None, :].expand(B, H, N)])
+
+
+def test_naive_gradcheck():
+    q, k, v, R = _inputs(1, 2, 11, 4, 3)
+    mask = torch.zeros(1, 11, dtype=torch.bool)
+    mask[0, 9:] = True
+    for S, shared in ((1, True), (2, True), (1, False)):
+
+        def f(q, k, v, R, S=S, shared=shared):
+            return naive_mita(q, k, v, R, 4, experts_per_query=S, shared=shared, key_padding_mask=mask)[:, :, :9]
+
+        inputs = tuple(t.clone().requires_grad_() for t in (q, k, v, R))
+        assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-5)
+
+
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
+
+
+def _rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-12)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES[:3] + [(2, 2, 197, 16, 25, 25)])
+@pytest.mark.parametrize("S,shared", [(1, True), (2, True), (1, False)])
+def test_torch_backend_matches_naive(dtype, shape, S, shared):
+    B, H, N, d, m, topk = shape
+    q, k, v, R = (t.to(dtype) for t in _inputs(B, H, N, d, m, dtype=torch.float32, seed=3))
+    mask = _padding(B, N, seed=3)
+    valid = (~mask)[:, None, :, None].expand(B, H, N, d)
+    kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
+
+    def run(fn, inputs):
+        inputs = [t.detach().clone().requires_grad_() for t in inputs]
+        out = fn(*inputs, topk, **kw)
+        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype) * valid
+        out.backward(grad_out)
+        return out, [t.grad for t in inputs]
+
+    # Reference: fp32 naive on the same (rounded) inputs. "Plain PyTorch in this dtype": the same naive
+    # function run on the inputs, then its output rounded to the dtype.
+    ref_out, ref_grads = run(naive_mita, [t.float() for t in (q, k, v, R)])
+    out, grads = run(lambda *a, **kw_: mita_attention(*a, backend="torch", **kw_), [q, k, v, R])
+    assert out.dtype == dtype and out.shape == q.shape
+    assert torch.isfinite(out).all()
+    err = _rel_err(out[valid], ref_out[valid])
+    rounding = _rel_err(ref_out[valid].to(dtype), ref_out[valid])
+    assert err <= max(2 * rounding, TOL[dtype]), (err, rounding)
+    for name, g, rg in zip("qkvR", grads, ref_grads):
+        if rg is None:
+            # Routing-only: the landmarks only route, and routing carries no gradient.
+            assert name == "R" and not shared and g is None
+            continue
+        assert g is not None and torch.isfinite(g).all(), name
+        g_err = _rel_err(g, rg)
+        assert g_err <= max(2 * _rel_err(rg.to(dtype), rg), 2 * TOL[dtype]), (name, g_err)
+
+
+def test_torch_backend_chunks_agree():
+    """Processing queries in several chunks gives the single-chunk result (to matmul rounding)."""
+    from mita.ops.mita.torch_impl import torch_mita
+
+    q, k, v, R = _inputs(2, 2, 45, 8, 4, dtype=torch.float32)
+    kw = dict(experts_per_query=2, shared=True, shared_scale=0.1, scale=0.3, key_padding_mask=_padding(2, 45))
+    whole = torch_mita(q, k, v, R, 6, **kw)
+    chunked = torch_mita(q, k, v, R, 6, chunk_elements=2 * 2 * 2 * 6 * 8 * 7, **kw)
+    assert not torch.equal(whole[:, :, :7], whole[:, :, 7:14])
+    torch.testing.assert_close(whole, chunked, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [naive_mita, mita_attention])
+def test_appending_padding_leaves_valid_outputs_unchanged(fn):
+    q, k, v, R = _inputs(2, 2, 30, 8, 4, dtype=torch.float32)
+    base_mask = _padding(2, 30)
+    out = fn(q, k, v, R, 9, key_padding_mask=base_mask)
+    extra = 13
+    g = torch.Generator().manual_seed(5)
+    # Padded positions hold large random values: they must not leak into valid outputs.
+    pad = lambda t: torch.cat([t, 100 * torch.randn(2, 2, extra, 8, generator=g)], dim=2)  # noqa: E731
+    mask = torch.cat([base_mask, torch.ones(2, extra, dtype=torch.bool)], dim=1)
+    q2, k2, v2 = pad(q), pad(k), pad(v)
+    # Padding inside the original length gets garbage too.
+    k2 = k2.masked_fill(mask[:, None, :, None], 1e3)
+    out2 = fn(q2, k2, v2, R, 9, key_padding_mask=mask)
+    valid = ~base_mask
+    torch.testing.assert_close(out2[:, :, :30][valid[:, None].expand(2, 2, 30)], out[valid[:, None].expand(2, 2, 30)])
+
+
+@pytest.mark.parametrize("fn", [naive_mita, mita_attention])
+def test_routing_only_with_all_keys_equals_full_attention(fn):
+    q, k, v, R = _inputs(2, 3, 40, 16, 5, dtype=torch.float32)
+    out = fn(q, k, v, R, 40, shared=False)
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-5)
+    out = fn(q, k, v, R, 1000, shared=False)
+    torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [naive_mita, mita_attention])
+def test_permuting_keys_does_not_change_output(fn):
+    q, k, v, R = _inputs(2, 2, 37, 8, 4, dtype=torch.float64)
+    perm = torch.randperm(37, generator=torch.Generator().manual_seed(1))
+    for S in (1, 2):
+        out = fn(q, k, v, R, 6, experts_per_query=S)
+        out_p = fn(q, k[:, :, perm], v[:, :, perm], R, 6, experts_per_query=S)
+        torch.testing.assert_close(out, out_p)
+
+
+@pytest.mark.parametrize("fn", [naive_mita, mita_attention])
+def test_ties_and_single_valid_token_are_finite(fn):
+    q, k, v, R = _inputs(2, 2, 16, 8, 4, dtype=torch.float32)
+    k_same = k[:, :, :1].expand_as(k).contiguous()
+    R_same = R[:, :, :1].expand_as(R).contiguous()
+    out = fn(q, k_same, v, R_same, 5)
+    assert torch.isfinite(out).all()
+    # All keys tie: every landmark takes the 5 lowest-index keys, so the routed part sees v[:5] only.
+    ref = naive_mita(q, k_same, v, R_same, 5)
+    torch.testing.assert_close(out, ref)
+    routed = fn(q, k_same, v, R_same, 5, shared=False)
+    torch.testing.assert_close(routed, v[:, :, :5].mean(dim=2, keepdim=True).expand_as(v))
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    mask[:, 0] = False
+    out = fn(q, k, v, R, 5, key_padding_mask=mask)
+    assert torch.isfinite(out).all()
+    # One valid key: every query's routed and shared entries average to that key's value.
+    torch.testing.assert_close(out[:, :, 0], v[:, :, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_flow_only_through_values_and_logits():
+    """q, k, v and the landmarks all receive gradient; landmarks pooled from q pass it on to q."""
+    q, k, v, _ = _inputs(1, 2, 20, 8, 4, dtype=torch.float32)
+    q.requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    R = pool_landmarks(q, 4, layout="1d")
+    mita_attention(q, k, v, R, 5).sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.abs().sum() > 0
+
+
+# Landmarks
+
+
+def test_official_and_patches_layouts_match_adaptive_pooling():
+    B, H, h, w, d = 2, 3, 7, 5, 4
+    x = torch.randn(B, H, 1 + h * w, d, dtype=torch.float64)
+    pool = torch.nn.AdaptiveAvgPool2d((3, 2))
+    official = pool_landmarks(x, (3, 2), layout="official", grid=(h, w))
+    ref = pool(x[:, :, : h * w].reshape(B * H, h, w, d).permute(0, 3, 1, 2)).permute(0, 2, 3, 1).reshape(B, H, 6, d)
+    torch.testing.assert_close(official, ref)
+    x5 = torch.randn(B, H, 5 + h * w, d, dtype=torch.float64)
+    patches = pool_landmarks(x5, (3, 2), layout="patches", grid=(h, w), num_prefix_tokens=5)
+    ref = pool(x5[:, :, 5:].reshape(B * H, h, w, d).permute(0, 3, 1, 2)).permute(0, 2, 3, 1).reshape(B, H, 6, d)
+    torch.testing.assert_close(patches, ref)
+    # Divisible grid takes the reshape path; same numbers as the pooling matrix.
+    x = torch.randn(1, 1, 1 + 196, 8, dtype=torch.float64)
+    sq = pool_landmarks(x, 49, layout="official")
+    ref = torch.nn.functional.adaptive_avg_pool2d(x[0, 0, :196].T.reshape(8, 14, 14), 7).reshape(8, 49).T
+    torch.testing.assert_close(sq[0, 0], ref)
+
+
+def test_1d_landmarks_pool_valid_tokens_only():
+    x = torch.randn(3, 2, 50, 4, dtype=torch.float64)
+    lengths = [50, 23, 3]
+    mask = torch.arange(50)[None, :] >= torch.tensor(lengths)[:, None]
+    out = pool_landmarks(x, 5, layout="1d", key_padding_mask=mask)
+    for b, n in enumerate(lengths):
+        ref = torch.nn.functional.adaptive_avg_pool1d(x[b, :, :n].transpose(1, 2), 5).transpose(1, 2)
+        torch.testing.assert_close(out[b], ref)
+    no_mask = pool_landmarks(x, 5, layout="1d")
+    torch.testing.assert_close(no_mask, pool_landmarks(x, 5, layout="1d", key_padding_mask=torch.zeros(3, 50).bool()))
+    odd = pool_landmarks(x[:, :, :47], 5, layout="1d")
+    ref = torch.nn.functional.adaptive_avg_pool1d(x[:, :, :47].reshape(6, 47, 4).transpose(1, 2), 5)
+    torch.testing.assert_close(odd, ref.transpose(1, 2).reshape(3, 2, 5, 4))
+
+
+def test_pool_matrix_rows_average():
+    P = adaptive_pool_matrix(10, 3)
+    torch.testing.assert_close(P.sum(1), torch.ones(3))
+    assert (P > 0).sum().item() == 4 + 4 + 4  # overlapping bins [0,4), [3,7), [6,10)
+
+
+# Errors
+
+
+def _good():
+    q, k, v, R = _inputs(2, 2, 16, 8, 4, dtype=torch.float32)
+    return dict(q=q, k=k, v=v, landmarks=R, topk=4)
+
+
+@pytest.mark.parametrize(
+    "change,argument",
+    [
+        (lambda a: a.update(topk=0), "topk"),
+        (lambda a: a.update(topk=2.5), "topk"),
+        (lambda a: a.update(landmarks=a["landmarks"][:, :, :0]), "landmarks"),
+        (lambda a: a.update(landmarks=a["landmarks"][:, :, :, :4]), "landmarks"),
+        (lambda a: a.update(k=a["k"][:, :, :5]), "same shape"),
+        (lambda a: a.update(v=a["v"].double()), "v must have q's dtype"),
+        (lambda a: a.update(q=a["q"][0]), "q must be 4-D"),
+        (lambda a: a.update(experts_per_query=5), "experts_per_query"),
+        (lambda a: a.update(experts_per_query=0), "experts_per_query"),
+        (lambda a: a.update(key_padding_mask=torch.zeros(2, 15, dtype=torch.bool)), "key_padding_mask"),
+        (lambda a: a.update(key_padding_mask=torch.zeros(2, 16)), "key_padding_mask"),
+        (lambda a: a.update(scale=-1.0), "scale"),
+        (lambda a: a.update(shared_scale=float("nan")), "shared_scale"),
+    ],
+)
+@pytest.mark.parametrize("fn", [naive_mita, mita_attention])
+def test_bad_arguments_raise_naming_the_argument(fn, change, argument):
+    args = _good()
+    change(args)
+    with pytest.raises(ValueError, match=argument):
+        fn(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("landmarks"), args.pop("topk"), **args)
+
+
+def test_bad_backend_and_nonfinite_input():
+    args = _good()
+    with pytest.raises(ValueError, match="backend"):
+        mita_attention(**{"backend": "nope", **args})
+    args["q"][0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="q: naive_mita needs finite"):
+        naive_mita(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs,argument",
+    [
+        (dict(m=16, layout="official"), "grid"),  # 16 tokens - 1 prefix is not a square
+        (dict(m=10, layout="official", grid=(3, 5)), "m: 2D landmarks need a perfect square"),
+        (dict(m=36, layout="patches", grid=(3, 5), num_prefix_tokens=1), "does not fit"),
+        (dict(m=4, layout="patches", grid=(4, 4), num_prefix_tokens=1), "grid: 4x4"),
+        (dict(m=20, layout="1d"), "m > N"),
+        (dict(m=4, layout="sideways"), "layout"),
+        (dict(m=4, layout="official", grid=(3, 5), key_padding_mask=torch.zeros(1, 16).bool()), "key_padding_mask"),
+    ],
+)
+def test_landmark_errors(kwargs, argument):
+    x = torch.randn(1, 1, 16, 4)
+    with pytest.raises(ValueError, match=argument):
+        pool_landmarks(x, **kwargs)
