@@ -1,0 +1,135 @@
+"""LRA and arXiv data modules read each release format and carry right-padded tokens with padding masks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_lra_fixtures import (
+    write_aan,
+    write_arxiv_parquet,
+    write_arxiv_raw,
+    write_cifar,
+    write_imdb,
+    write_imdb_parquet,
+    write_listops,
+    write_pathfinder,
+)
+
+from tasks.arxiv.data import ARXIV_LABELS, ArxivDataModule
+from tasks.lra.data import (
+    LISTOPS_VOCAB,
+    ImageDataModule,
+    ListOpsDataModule,
+    PathfinderDataModule,
+    RetrievalDataModule,
+    TextDataModule,
+    listops_tokens,
+    rgb_to_gray,
+)
+
+
+def test_listops_tokens_and_batches(tmp_path) -> None:
+    assert listops_tokens("( ( ( [MAX 2 ) 9 ) ] )").tolist() == [
+        LISTOPS_VOCAB["[MAX"],
+        LISTOPS_VOCAB["2"],
+        LISTOPS_VOCAB["9"],
+        LISTOPS_VOCAB["X"],
+    ]
+    dm = ListOpsDataModule(str(write_listops(tmp_path / "listops-1000")), max_length=12, batch_size=4)
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["tokens"].shape == (4, 12) and batch["mask"].dtype == torch.bool
+    assert batch["label"].tolist() == [9, 1, 3, 7]
+    # Right padding: the mask is True exactly where the token is padding, after the valid prefix.
+    assert batch["mask"][0].tolist() == [False] * 4 + [True] * 8
+    assert (batch["tokens"][batch["mask"]] == 0).all() and (batch["tokens"][~batch["mask"]] > 0).all()
+    dm_batch = ListOpsDataModule(str(tmp_path / "listops-1000"), batch_size=4, pad_to="batch")
+    assert next(iter(dm_batch.val_dataloader()))["tokens"].shape == (4, 8)
+    assert dm.num_classes == 10 and dm.vocab_size == 16
+
+
+def test_text_imdb_folders_and_parquet(tmp_path) -> None:
+    dm = TextDataModule(str(write_imdb(tmp_path / "imdb")), max_length=64, batch_size=2, val_fraction=0.25, seed=1)
+    dm.setup()
+    assert len(dm.datasets["train"]) + len(dm.datasets["val"]) == 12 and len(dm.datasets["val"]) == 3
+    assert len(dm.datasets["test"]) == 12
+    tokens, label = dm.datasets["test"][0]
+    # neg files come first; bytes + 1, and the UTF-8 "é" is two bytes.
+    assert label == 0 and bytes((tokens - 1).astype(np.uint8).tolist()).decode().startswith("neg review 0: caf\u00e9")
+    dm2 = TextDataModule(str(tmp_path / "imdb"), max_length=64, val_fraction=0.25, seed=1)
+    dm2.setup()
+    assert [len(t) for t in dm2.datasets["val"].tokens] == [len(t) for t in dm.datasets["val"].tokens]
+    pq_dm = TextDataModule(str(write_imdb_parquet(tmp_path / "hf")), max_length=64, val_fraction=0.0, batch_size=6)
+    batch = next(iter(pq_dm.val_dataloader()))
+    assert batch["label"].tolist() == [0, 1, 0, 1, 0, 1] and batch["tokens"].shape == (6, 64)
+
+
+def test_retrieval_pairs_keep_order(tmp_path) -> None:
+    dm = RetrievalDataModule(str(write_aan(tmp_path / "aan")), max_length=32, batch_size=3)
+    batch = next(iter(dm.test_dataloader()))
+    assert set(batch) == {"tokens", "mask", "tokens2", "mask2", "label"}
+    assert batch["label"].tolist() == [0, 1, 0]
+    first = bytes((batch["tokens"][1][~batch["mask"][1]] - 1).tolist()).decode()
+    second = bytes((batch["tokens2"][1][~batch["mask2"][1]] - 1).tolist()).decode()
+    assert first.startswith("first document 1") and second == "second 1"
+
+
+def test_image_cifar_grayscale_tokens(tmp_path) -> None:
+    dm = ImageDataModule(str(write_cifar(tmp_path / "cifar")), val_size=4, batch_size=2)
+    dm.setup()
+    assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [16, 4, 4]
+    batch = next(iter(dm.test_dataloader()))
+    assert batch["tokens"].shape == (2, 1024) and not batch["mask"].any()
+    import pickle
+
+    with open(tmp_path / "cifar" / "cifar-10-batches-py" / "test_batch", "rb") as f:
+        raw = pickle.load(f, encoding="bytes")
+    rgb = raw[b"data"][0].reshape(3, 32, 32).transpose(1, 2, 0)
+    assert torch.equal(batch["tokens"][0], torch.from_numpy(rgb_to_gray(rgb).reshape(-1).astype(np.int64) + 1))
+    assert batch["label"][0].item() == raw[b"labels"][0]
+
+
+def test_pathfinder_skips_empty_image_and_splits(tmp_path) -> None:
+    dm = PathfinderDataModule(str(write_pathfinder(tmp_path / "pathfinder32", n=21)), batch_size=4, seed=0)
+    dm.setup()
+    assert dm.skipped == ["imgs/0/sample_3.png"]
+    sizes = [len(dm.datasets[s]) for s in ("train", "val", "test")]
+    assert sizes == [16, 2, 2]
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["tokens"].shape == (2, 1024) and batch["tokens"].min() >= 1
+    other = PathfinderDataModule(str(tmp_path / "pathfinder32"), seed=1)
+    other.setup()
+    assert not torch.equal(other.datasets["val"].tokens, dm.datasets["val"].tokens)
+
+
+def test_arxiv_raw_no_ref_and_subset(tmp_path) -> None:
+    root = write_arxiv_raw(tmp_path / "arxiv")
+    dm = ArxivDataModule(str(root), max_length=256, classes="all11", no_ref=True, batch_size=6)
+    dm.setup()
+    text = bytes((dm.datasets["train"].tokens[0] - 1).astype(np.uint8).tolist()).decode()
+    assert "cs.AI" not in text and text.startswith("Paper 0 [] about")
+    assert dm.datasets["train"].labels[:2] == [ARXIV_LABELS.index("cs.AI"), ARXIV_LABELS.index("math.AC")]
+    kept = ArxivDataModule(str(root), max_length=256, no_ref=False)
+    kept.setup()
+    assert "cs.AI" in bytes((kept.datasets["train"].tokens[0] - 1).astype(np.uint8).tolist()).decode()
+    sub = ArxivDataModule(str(root), max_length=256, classes="subset4")
+    sub.setup()
+    assert sub.num_classes == 4
+    # cs.AI, math.AC, cs.NE, math.GR are kept (cs.CV and math.ST dropped) and renumbered in subset order.
+    assert sub.datasets["train"].labels == [0, 2, 1, 3]
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["tokens"].shape == (6, 256)
+
+
+def test_arxiv_parquet_export(tmp_path) -> None:
+    dm = ArxivDataModule(str(write_arxiv_parquet(tmp_path / "hf")), max_length=16384, batch_size=2)
+    dm.setup()
+    assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [6, 6, 6]
+    assert dm.num_classes == 11
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["tokens"].shape == (2, 16384) and batch["mask"][:, 400:].all() and not batch["mask"][:, :300].any()
+
+
+def test_missing_root_raises(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError):
+        ListOpsDataModule(str(tmp_path / "nowhere")).setup()
