@@ -1,0 +1,142 @@
+"""Figure F: inference throughput of a 3-layer Transformer encoder (dim 128, MLP ratio 4), bf16.
+
+Full attention runs on the fastest PyTorch SDPA backend (each is tried at every N, the fastest is kept and
+named); MiTA uses the registered MiTA layer (1D landmarks, m * k ~ N / 4). The batch size of each (method, N)
+is doubled from 1 while tokens/s improves by more than 5% and memory lasts; out-of-memory is recorded as "OOM".
+No speed-up is reported for MiTA when its correctness gate fails.
+
+    python scripts/bench/bench_figf.py --out results/bench [--max-n 1048576] [--heads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from common import cuda_time, environment, mita_correct, write_csv  # noqa: E402
+
+from mita.registry import create_attention  # noqa: E402
+
+DIM, DEPTH, MLP_RATIO = 128, 3, 4
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: x + attn(LN x), then x + MLP(LN x)."""
+
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.attn = attn
+        self.mlp = nn.Sequential(nn.Linear(DIM, MLP_RATIO * DIM), nn.GELU(), nn.Linear(MLP_RATIO * DIM, DIM))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+def budget(n: int) -> tuple[int, int]:
+    """m, k with m * k = N / 4 and m = k when N / 4 is a square (else k = 2 m)."""
+    m = 2 ** int(math.floor(math.log2(n / 4) / 2))
+    return m, (n // 4) // m
+
+
+def build(method: str, n: int, heads: int, sdpa: str = "auto") -> nn.Module:
+    if method == "full":
+        attns = [create_attention("full", DIM, heads, sdpa_backend=sdpa, use_flash_attn=False) for _ in range(DEPTH)]
+    else:
+        m, k = budget(n)
+        attns = [create_attention("mita", DIM, heads, m=m, k=k, landmark_layout="1d", backend="triton")
+                 for _ in range(DEPTH)]
+    return nn.Sequential(*[Block(a) for a in attns]).cuda().to(torch.bfloat16).eval()
+
+
+def throughput(model: nn.Module, n: int, batch: int) -> float:
+    """Tokens per second of one forward at this batch (median of CUDA-event timings)."""
+    x = torch.randn(batch, n, DIM, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        ms, _ = cuda_time(lambda: model(x), warmup=1, reps=5, max_s=6.0)
+    return batch * n / (ms * 1e-3)
+
+
+def tune(model: nn.Module, n: int, max_tokens: int) -> tuple[str | float, int, float]:
+    """Best tokens/s over batch sizes 1, 2, 4, ...; returns (tokens/s or "OOM", batch, peak MiB)."""
+    best, best_b, best_mem, b = None, 0, 0.0, 1
+    while b * n <= max_tokens:
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            tps = throughput(model, n, b)
+            mem = torch.cuda.max_memory_allocated() / 2**20
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            break
+        if best is not None and tps < 1.05 * best:
+            if tps > best:
+                best, best_b, best_mem = tps, b, mem
+            break
+        best, best_b, best_mem = tps, b, mem
+        b *= 2
+    torch.cuda.empty_cache()
+    return (best if best is not None else "OOM"), best_b, best_mem
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/bench")
+    ap.add_argument("--max-n", type=int, default=1 << 20)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=1 << 22)
+    ap.add_argument("--time-budget-s", type=float, default=300.0)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    env = environment()
+    ok, msg = mita_correct("triton")
+    print(f"correctness gate triton: {'PASS' if ok else 'FAIL'} ({msg})", flush=True)
+    t_start = time.time()
+    rows = []
+    n = 1024
+    while n <= args.max_n:
+        if time.time() - t_start > args.time_budget_s:
+            rows.append(dict(N=n, method="all", tokens_per_s="not run (time budget)", **env))
+            n *= 2
+            continue
+        torch.manual_seed(0)
+        full = {}
+        for sdpa in ("cudnn", "flash", "efficient"):
+            if n >= 1 << 18 and sdpa == "efficient":
+                continue
+            try:
+                full[sdpa] = tune(build("full", n, args.heads, sdpa), n, args.max_tokens)
+            except RuntimeError as e:
+                full[sdpa] = (f"error: {str(e).splitlines()[0][:60]}", 0, 0.0)
+        numeric = {s: r for s, r in full.items() if isinstance(r[0], float)}
+        best_sdpa = max(numeric, key=lambda s: numeric[s][0]) if numeric else None
+        f_tps, f_b, f_mem = numeric[best_sdpa] if best_sdpa else ("OOM", 0, 0.0)
+        m, k = budget(n)
+        m_tps, m_b, m_mem = tune(build("mita", n, args.heads), n, args.max_tokens)
+        speedup = ""
+        if isinstance(m_tps, float) and isinstance(f_tps, float):
+            speedup = m_tps / f_tps if ok else "refused: correctness gate failed"
+        elif isinstance(m_tps, float) and f_tps == "OOM":
+            speedup = "full OOM"
+        rows.append(dict(N=n, method=f"full ({best_sdpa})", tokens_per_s=f_tps, batch=f_b, peak_mib=f_mem,
+                         m="", k="", speedup="", **env))
+        rows.append(dict(N=n, method="mita (triton)", tokens_per_s=m_tps, batch=m_b, peak_mib=m_mem, m=m, k=k,
+                         speedup=speedup, correctness="PASS" if ok else "FAIL", **env))
+        all_full = {s: r[0] for s, r in full.items()}
+        print(f"N={n:8d} full[{best_sdpa}] {f_tps} (B={f_b}, {f_mem:.0f} MiB) all={all_full}"
+              f" | mita m={m} k={k} {m_tps} (B={m_b}, {m_mem:.0f} MiB) speedup {speedup}", flush=True)
+        write_csv(os.path.join(args.out, "figf.csv"), rows)
+        n *= 2
+
+
+if __name__ == "__main__":
+    main()

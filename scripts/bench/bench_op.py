@@ -1,0 +1,155 @@
+"""Op-level benchmark: MiTA backends against the fastest dense SDPA backend measured in the same run.
+
+For each N: forward and forward+backward time (median of CUDA-event timings), TFLOP/s (dense: 4 N^2 d per head
+forward; MiTA: 2 N d (4m + 2(m + S k)) per head forward, its routing included; backward counted as 2.5x the
+forward for both) and peak memory above the inputs. MiTA timings include landmark pooling. A backend whose
+correctness gate (naive_mita, forward and backward) fails gets no speed-up.
+
+    python scripts/bench/bench_op.py --out results/bench [--max-n 1048576]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from common import cuda_time, environment, mita_correct, peak_memory_mib, write_csv  # noqa: E402
+
+from mita.ops.landmarks import pool_landmarks  # noqa: E402
+from mita.ops.mita.api import list_backends, mita_attention  # noqa: E402
+
+DENSE = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+         "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def shapes(max_n: int) -> list[dict]:
+    """Benchmark points: long sequences (B 1, H 2, d 64, m = k = sqrt(N / 4)) and the DeiT-S layer shape."""
+    pts = [dict(name="deit_s", B=256, H=6, N=197, d=64, m=25, k=25, layout="official")]
+    n = 1024
+    while n <= max_n:
+        mk = int(math.sqrt(n / 4))
+        pts.append(dict(name=f"N{n}", B=1, H=2, N=n, d=64, m=mk, k=mk, layout="1d"))
+        n *= 4
+    return pts
+
+
+def dense_fn(q, k, v, backend):
+    def f():
+        with sdpa_kernel([DENSE[backend]]):
+            return F.scaled_dot_product_attention(q, k, v)
+    return f
+
+
+def mita_fn(q, k, v, p, backend):
+    def f():
+        if p["layout"] == "official":
+            r = pool_landmarks(q, p["m"], layout="official", grid=(14, 14), num_prefix_tokens=1)
+        else:
+            r = pool_landmarks(q, p["m"], layout="1d")
+        return mita_attention(q, k, v, r, p["k"], backend=backend)
+    return f
+
+
+def fwd_bwd(f, do, ins):
+    def g():
+        for t in ins:
+            t.grad = None
+        f().backward(do)
+    return g
+
+
+def measure(f, ins, do, long_run: bool) -> dict:
+    row = {}
+    reps = 3 if long_run else 20
+    with torch.no_grad():
+        row["fwd_ms"], row["fwd_spread_ms"] = cuda_time(f, warmup=1 if long_run else 3, reps=reps)
+        row["fwd_peak_mib"] = peak_memory_mib(f)
+    g = fwd_bwd(f, do, ins)
+    row["fwdbwd_ms"], row["fwdbwd_spread_ms"] = cuda_time(g, warmup=1 if long_run else 3, reps=reps)
+    row["fwdbwd_peak_mib"] = peak_memory_mib(g)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/bench")
+    ap.add_argument("--max-n", type=int, default=1 << 20)
+    ap.add_argument("--backends", default="triton,torch")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    env = environment()
+    backends = [b for b in args.backends.split(",") if b in list_backends()]
+    gate = {b: mita_correct(b) for b in backends}
+    for b, (ok, msg) in gate.items():
+        print(f"correctness gate {b}: {'PASS' if ok else 'FAIL'} ({msg})", flush=True)
+    rows = []
+    for p in shapes(args.max_n):
+        B, H, N, d = p["B"], p["H"], p["N"], p["d"]
+        g = torch.Generator(device="cuda").manual_seed(N)
+        q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        ins = [t.requires_grad_() for t in (q, k, v)]
+        long_run = N >= 1 << 18
+        dense_flops = 4 * N * N * d * B * H
+        mita_flops = 2 * N * d * (4 * p["m"] + 2 * (p["m"] + p["k"])) * B * H
+        res = {}
+        for name in DENSE:
+            if long_run and name == "efficient":
+                continue
+            t0 = time.time()
+            try:
+                res[f"dense_{name}"] = measure(dense_fn(q, k, v, name), ins, do, long_run)
+            except RuntimeError as e:
+                res[f"dense_{name}"] = {"error": str(e).splitlines()[0][:80]}
+                torch.cuda.empty_cache()
+            print(f"{p['name']} dense_{name} {res[f'dense_{name}']} ({time.time() - t0:.1f}s)", flush=True)
+        for b in backends:
+            try:
+                res[f"mita_{b}"] = measure(mita_fn(q, k, v, p, b), ins, do, long_run)
+            except (RuntimeError, ValueError) as e:
+                res[f"mita_{b}"] = {"error": str(e).splitlines()[0][:80]}
+                torch.cuda.empty_cache()
+            print(f"{p['name']} mita_{b} {res[f'mita_{b}']}", flush=True)
+        dense_ok = {n: r for n, r in res.items() if n.startswith("dense_") and "error" not in r}
+        best_fwd = min(dense_ok, key=lambda n: dense_ok[n]["fwd_ms"]) if dense_ok else None
+        best_fb = min(dense_ok, key=lambda n: dense_ok[n]["fwdbwd_ms"]) if dense_ok else None
+        for method, r in res.items():
+            row = dict(point=p["name"], B=B, H=H, N=N, d=d, m=p["m"], k=p["k"], method=method, **r)
+            is_mita = method.startswith("mita_")
+            fl = mita_flops if is_mita else dense_flops
+            if "fwd_ms" in r:
+                row["fwd_tflops"] = fl / (r["fwd_ms"] * 1e-3) / 1e12
+                row["fwdbwd_tflops"] = 3.5 * fl / (r["fwdbwd_ms"] * 1e-3) / 1e12
+            row["best_dense_fwd"] = best_fwd
+            row["best_dense_fwdbwd"] = best_fb
+            if is_mita and "fwd_ms" in r and best_fwd:
+                if gate[method[5:]][0]:
+                    row["speedup_fwd"] = dense_ok[best_fwd]["fwd_ms"] / r["fwd_ms"]
+                    row["speedup_fwdbwd"] = dense_ok[best_fb]["fwdbwd_ms"] / r["fwdbwd_ms"]
+                    row["mem_ratio_fwdbwd"] = r["fwdbwd_peak_mib"] / dense_ok[best_fb]["fwdbwd_peak_mib"]
+                else:
+                    row["speedup_fwd"] = row["speedup_fwdbwd"] = "refused: correctness gate failed"
+            row["correctness"] = ("PASS" if gate[method[5:]][0] else "FAIL") if is_mita else ""
+            row.update(env)
+            rows.append(row)
+        del q, k, v, do, ins
+        torch.cuda.empty_cache()
+        write_csv(os.path.join(args.out, "op_bench.csv"), rows)
+    print("\npoint    method          fwd_ms   fwdbwd_ms  speedup_fwd  speedup_fwdbwd  peak_fb_MiB")
+    for r in rows:
+        print(f"{r['point']:8s} {r['method']:15s} {r.get('fwd_ms', float('nan')):9.3f} "
+              f"{r.get('fwdbwd_ms', float('nan')):10.3f} {str(r.get('speedup_fwd', ''))[:8]:>12s} "
+              f"{str(r.get('speedup_fwdbwd', ''))[:8]:>14s} {r.get('fwdbwd_peak_mib', float('nan')):10.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Shared helpers of the benchmarks: environment stamp, CUDA-event timing, correctness gate, CSV output."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import platform
+import statistics
+import subprocess
+from collections.abc import Callable
+
+import torch
+
+
+def environment() -> dict[str, str]:
+    """GPU, driver, torch, triton, python versions and the date: stamped on every CSV row."""
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = "none"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        env["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
+    except (OSError, IndexError):
+        env["driver"] = "unknown"
+    return env
+
+
+def cuda_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: float = 20.0) -> tuple[float, float]:
+    """Median and spread (max - min) in ms of ``fn`` over ``reps`` runs timed with CUDA events.
+
+    Fewer runs are made when one run is long (``max_s`` bounds the total).
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    t_budget = max_s * 1e3
+    while len(times) < reps:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        if sum(times) > t_budget and len(times) >= 2:
+            break
+    return statistics.median(times), max(times) - min(times)
+
+
+def peak_memory_mib(fn: Callable[[], object]) -> float:
+    """Peak allocated memory of one call of ``fn`` above what was allocated before it, in MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def mita_correct(backend: str, device: str = "cuda") -> tuple[bool, str]:
+    """Correctness gate: the backend against naive_mita, forward and backward, bf16, two awkward shapes.
+
+    Returns:
+        ``(ok, message)``; benchmarks print no speed-up for a backend whose gate fails.
+    """
+    from mita.ops.mita.api import mita_attention
+    from mita.ops.mita.naive import naive_mita
+
+    msgs = []
+    ok = True
+    for N, m, k, S in ((1025, 16, 64, 1), (4097, 32, 128, 2)):
+        g = torch.Generator(device="cpu").manual_seed(N)
+        ts = [torch.randn(1, 2, N, 64, generator=g).to(device, torch.bfloat16).requires_grad_() for _ in range(3)]
+        r = torch.randn(1, 2, m, 64, generator=g).to(device, torch.bfloat16).requires_grad_()
+        do = torch.randn(1, 2, N, 64, generator=g).to(device, torch.bfloat16)
+        o = mita_attention(*ts, r, k, experts_per_query=S, backend=backend)
+        gr = torch.autograd.grad(o, (*ts, r), do)
+        o_ref = naive_mita(*ts, r, k, experts_per_query=S)
+        gr_ref = torch.autograd.grad(o_ref, (*ts, r), do)
+        for name, a, b in zip(["out", "dq", "dk", "dv", "dR"], (o, *gr), (o_ref, *gr_ref)):
+            err = ((a.float() - b.float()).norm() / b.float().norm()).item()
+            if not err < 4e-2:
+                ok = False
+                msgs.append(f"N={N} S={S} {name} rel err {err:.2e}")
+    return ok, "; ".join(msgs) if msgs else "ok"
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    """Write rows (dicts with the same keys) as CSV."""
+    if not rows:
+        return
+    keys = list(rows[0].keys())
+    for r in rows[1:]:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
