@@ -112,13 +112,15 @@ def test_fully_padded_sequence_is_finite(name, layout):
         torch.testing.assert_close(layer(x[:1]), y[:1].detach(), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("with_bias_and_norm", [False, True])
 @pytest.mark.parametrize("name", BASELINES)
-def test_loads_timm_attention_state_dict(name):
+def test_loads_timm_attention_state_dict(name, with_bias_and_norm):
     torch.manual_seed(0)
-    timm_attn = TimmAttention(DIM, HEADS, qkv_bias=True, qk_norm=True, norm_layer=nn.LayerNorm).eval()
+    flags = dict(qkv_bias=with_bias_and_norm, qk_norm=with_bias_and_norm)
+    timm_attn = TimmAttention(DIM, HEADS, **flags, norm_layer=nn.LayerNorm).eval()
     for p in timm_attn.parameters():
         nn.init.normal_(p, std=0.2)
-    layer = make(name, qkv_bias=True, qk_norm=True)
+    layer = make(name, **flags)
     result = layer.load_state_dict(timm_attn.state_dict(), strict=False)
     assert result.unexpected_keys == []
     assert set(result.missing_keys) == (AGENT_EXTRAS if name == "agent" else set())
