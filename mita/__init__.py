@@ -4,11 +4,12 @@ ops (functions on tensors) -> layers (nn.Modules, one registry) -> models (backb
 """
 
 from mita.ops import list_backends, mita_attention, naive_mita, pool_landmarks, register_backend
-from mita.registry import create_attention, get_attention_class, list_attentions, register_attention
+from mita.registry import bind_attention, create_attention, get_attention_class, list_attentions, register_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "bind_attention",
     "create_attention",
     "get_attention_class",
     "list_attentions",

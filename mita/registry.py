@@ -57,3 +57,16 @@ def create_attention(name: str, dim: int, num_heads: int = 8, **kwargs) -> nn.Mo
             layer's own options (for MiTA: ``m``, ``k``, ``experts_per_query``, ``dwc``, ``gate``, ...).
     """
     return get_attention_class(name)(dim, num_heads, **kwargs)
+
+
+def bind_attention(name: str, **options) -> type[nn.Module]:
+    """A subclass of the attention ``name`` with ``options`` as its defaults, for APIs that take a class.
+
+    Example: ``timm.create_model("vit_small_patch16_224", attn_layer=bind_attention("mita", m=25, k=25))``.
+    """
+    base = get_attention_class(name)
+
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
+        base.__init__(self, dim, num_heads, **{**options, **kwargs})
+
+    return type(f"{base.__name__}Bound", (base,), {"__init__": __init__, "bound_options": dict(options)})

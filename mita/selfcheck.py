@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=2)
     args = parser.parse_args(argv)
     rows = [check_attention(n, args.dim, args.heads, args.grid, args.batch) for n in list_attentions()]
-    print(f"Attention self-check on CPU: B={args.batch}, N={1 + args.grid**2} (CLS + {args.grid}x{args.grid}), "
-          f"C={args.dim}, H={args.heads}, torch {torch.__version__}")
+    print(
+        f"Attention self-check on CPU: B={args.batch}, N={1 + args.grid**2} (CLS + {args.grid}x{args.grid}), "
+        f"C={args.dim}, H={args.heads}, torch {torch.__version__}"
+    )
     print(format_table(rows))
     failed = [r["attention"] for r in rows if not r["ok"]]
     if failed:
