@@ -38,13 +38,13 @@ def test_listops_tokens_and_batches(tmp_path) -> None:
     ]
     dm = ListOpsDataModule(str(write_listops(tmp_path / "listops-1000")), max_length=12, batch_size=4)
     batch = next(iter(dm.val_dataloader()))
-    assert batch["tokens"].shape == (4, 12) and batch["mask"].dtype == torch.bool
+    assert batch["x"].shape == (4, 12) and batch["key_padding_mask"].dtype == torch.bool
     assert batch["label"].tolist() == [9, 1, 3, 7]
     # Right padding: the mask is True exactly where the token is padding, after the valid prefix.
-    assert batch["mask"][0].tolist() == [False] * 4 + [True] * 8
-    assert (batch["tokens"][batch["mask"]] == 0).all() and (batch["tokens"][~batch["mask"]] > 0).all()
+    assert batch["key_padding_mask"][0].tolist() == [False] * 4 + [True] * 8
+    assert (batch["x"][batch["key_padding_mask"]] == 0).all() and (batch["x"][~batch["key_padding_mask"]] > 0).all()
     dm_batch = ListOpsDataModule(str(tmp_path / "listops-1000"), batch_size=4, pad_to="batch")
-    assert next(iter(dm_batch.val_dataloader()))["tokens"].shape == (4, 8)
+    assert next(iter(dm_batch.val_dataloader()))["x"].shape == (4, 8)
     assert dm.num_classes == 10 and dm.vocab_size == 16
 
 
@@ -61,16 +61,16 @@ def test_text_imdb_folders_and_parquet(tmp_path) -> None:
     assert [len(t) for t in dm2.datasets["val"].tokens] == [len(t) for t in dm.datasets["val"].tokens]
     pq_dm = TextDataModule(str(write_imdb_parquet(tmp_path / "hf")), max_length=64, val_fraction=0.0, batch_size=6)
     batch = next(iter(pq_dm.val_dataloader()))
-    assert batch["label"].tolist() == [0, 1, 0, 1, 0, 1] and batch["tokens"].shape == (6, 64)
+    assert batch["label"].tolist() == [0, 1, 0, 1, 0, 1] and batch["x"].shape == (6, 64)
 
 
 def test_retrieval_pairs_keep_order(tmp_path) -> None:
     dm = RetrievalDataModule(str(write_aan(tmp_path / "aan")), max_length=32, batch_size=3)
     batch = next(iter(dm.test_dataloader()))
-    assert set(batch) == {"tokens", "mask", "tokens2", "mask2", "label"}
+    assert set(batch) == {"x", "key_padding_mask", "x2", "key_padding_mask2", "label"}
     assert batch["label"].tolist() == [0, 1, 0]
-    first = bytes((batch["tokens"][1][~batch["mask"][1]] - 1).tolist()).decode()
-    second = bytes((batch["tokens2"][1][~batch["mask2"][1]] - 1).tolist()).decode()
+    first = bytes((batch["x"][1][~batch["key_padding_mask"][1]] - 1).tolist()).decode()
+    second = bytes((batch["x2"][1][~batch["key_padding_mask2"][1]] - 1).tolist()).decode()
     assert first.startswith("first document 1") and second == "second 1"
 
 
@@ -79,13 +79,13 @@ def test_image_cifar_grayscale_tokens(tmp_path) -> None:
     dm.setup()
     assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [16, 4, 4]
     batch = next(iter(dm.test_dataloader()))
-    assert batch["tokens"].shape == (2, 1024) and not batch["mask"].any()
+    assert batch["x"].shape == (2, 1024) and not batch["key_padding_mask"].any()
     import pickle
 
     with open(tmp_path / "cifar" / "cifar-10-batches-py" / "test_batch", "rb") as f:
         raw = pickle.load(f, encoding="bytes")
     rgb = raw[b"data"][0].reshape(3, 32, 32).transpose(1, 2, 0)
-    assert torch.equal(batch["tokens"][0], torch.from_numpy(rgb_to_gray(rgb).reshape(-1).astype(np.int64) + 1))
+    assert torch.equal(batch["x"][0], torch.from_numpy(rgb_to_gray(rgb).reshape(-1).astype(np.int64) + 1))
     assert batch["label"][0].item() == raw[b"labels"][0]
 
 
@@ -96,7 +96,7 @@ def test_pathfinder_skips_empty_image_and_splits(tmp_path) -> None:
     sizes = [len(dm.datasets[s]) for s in ("train", "val", "test")]
     assert sizes == [16, 2, 2]
     batch = next(iter(dm.val_dataloader()))
-    assert batch["tokens"].shape == (2, 1024) and batch["tokens"].min() >= 1
+    assert batch["x"].shape == (2, 1024) and batch["x"].min() >= 1
     other = PathfinderDataModule(str(tmp_path / "pathfinder32"), seed=1)
     other.setup()
     assert not torch.equal(other.datasets["val"].tokens, dm.datasets["val"].tokens)
@@ -118,7 +118,7 @@ def test_arxiv_raw_no_ref_and_subset(tmp_path) -> None:
     # cs.AI, math.AC, cs.NE, math.GR are kept (cs.CV and math.ST dropped) and renumbered in subset order.
     assert sub.datasets["train"].labels == [0, 2, 1, 3]
     batch = next(iter(dm.train_dataloader()))
-    assert batch["tokens"].shape == (6, 256)
+    assert batch["x"].shape == (6, 256)
 
 
 def test_arxiv_parquet_export(tmp_path) -> None:
@@ -127,7 +127,8 @@ def test_arxiv_parquet_export(tmp_path) -> None:
     assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [6, 6, 6]
     assert dm.num_classes == 11
     batch = next(iter(dm.val_dataloader()))
-    assert batch["tokens"].shape == (2, 16384) and batch["mask"][:, 400:].all() and not batch["mask"][:, :300].any()
+    assert batch["x"].shape == (2, 16384)
+    assert batch["key_padding_mask"][:, 400:].all() and not batch["key_padding_mask"][:, :300].any()
 
 
 def test_missing_root_raises(tmp_path) -> None:

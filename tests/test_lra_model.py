@@ -65,7 +65,7 @@ def test_dual_encoder_respects_pair_order() -> None:
     torch.testing.assert_close(ab, manual)
     # x1 - x2 makes the head order-sensitive: swapping the documents changes the logits.
     assert not torch.allclose(ab, ba, atol=1e-4)
-    with pytest.raises(ValueError, match="tokens2"):
+    with pytest.raises(ValueError, match="x2"):
         model(t1, m1)
 
 
@@ -79,7 +79,7 @@ def test_framework_module_takes_lra_batches() -> None:
     module.log = lambda *a, **k: None
     t1, m1 = _batch([16, 10, 12, 5], 16, seed=1)
     t2, m2 = _batch([9, 16, 4, 13], 16, seed=2)
-    batch = {"tokens": t1, "mask": m1, "tokens2": t2, "mask2": m2, "label": torch.tensor([0, 1, 1, 0])}
+    batch = {"x": t1, "key_padding_mask": m1, "x2": t2, "key_padding_mask2": m2, "label": torch.tensor([0, 1, 1, 0])}
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
     losses = []
     for _ in range(25):

@@ -290,3 +290,21 @@ def test_landmark_errors(kwargs, argument):
     x = torch.randn(1, 1, 16, 4)
     with pytest.raises(ValueError, match=argument):
         pool_landmarks(x, **kwargs)
+
+
+def test_torch_backend_compiles_as_one_graph():
+    """fullgraph=True fails on any graph break, which a host synchronisation (.item(), data-dependent shape)
+    would cause: the PyTorch backend stays capturable by torch.compile and CUDA graphs."""
+    q, k, v, R = _inputs(2, 2, 30, 8, 4, dtype=torch.float32)
+    mask = _padding(2, 30)
+
+    def f(q, k, v, R, mask):
+        return mita_attention(q, k, v, R, 5, experts_per_query=2, key_padding_mask=mask, backend="torch")
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(
+        compiled(q, k, v, R, mask),
+        naive_mita(q, k, v, R, 5, experts_per_query=2, key_padding_mask=mask),
+        rtol=1e-5,
+        atol=1e-5,
+    )

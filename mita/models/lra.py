@@ -123,41 +123,42 @@ class LRAEncoder(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
-    def encode(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Pooled features of one batch of sequences.
 
         Args:
-            tokens: [B, N] token ids, right-padded, N <= max_length.
-            mask: [B, N] bool, True = padding (None: no padding).
+            x: [B, N] token ids, right-padded, N <= max_length.
+            key_padding_mask: [B, N] bool, True = padding (None: no padding).
 
         Returns:
             [B, dim] mean of the final token features over the valid tokens.
         """
-        B, N = tokens.shape
+        B, N = x.shape
         if N > self.max_length:
             raise ValueError(f"sequence length {N} exceeds max_length {self.max_length}")
-        pos = torch.arange(N, device=tokens.device)
-        x = self.drop(self.embed(tokens) + self.pos_embed(pos)[None])
+        pos = torch.arange(N, device=x.device)
+        h = self.drop(self.embed(x) + self.pos_embed(pos)[None])
         for block in self.blocks:
-            x = block(x, mask)
-        x = self.norm(x)
-        if mask is None:
-            return x.mean(dim=1)
-        valid = (~mask).to(x.dtype)[..., None]
-        return (x * valid).sum(dim=1) / valid.sum(dim=1).clamp_min(1.0)
+            h = block(h, key_padding_mask)
+        h = self.norm(h)
+        if key_padding_mask is None:
+            return h.mean(dim=1)
+        valid = (~key_padding_mask).to(h.dtype)[..., None]
+        return (h * valid).sum(dim=1) / valid.sum(dim=1).clamp_min(1.0)
 
     def forward(
         self,
-        tokens: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        tokens2: torch.Tensor | None = None,
-        mask2: torch.Tensor | None = None,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        x2: torch.Tensor | None = None,
+        key_padding_mask2: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Class logits [B, num_classes]; the dual encoder takes the second document as ``tokens2``/``mask2``."""
-        x1 = self.encode(tokens, mask)
+        """Class logits [B, num_classes] of token ids ``x`` [B, N] with ``key_padding_mask`` [B, N] (True =
+        padding); the dual encoder takes the second document as ``x2``/``key_padding_mask2``."""
+        f1 = self.encode(x, key_padding_mask)
         if not self.dual:
-            return self.head(x1)
-        if tokens2 is None:
-            raise ValueError("the retrieval dual encoder needs tokens2 (the second document)")
-        x2 = self.encode(tokens2, mask2)
-        return self.head(torch.cat([x1, x2, x1 * x2, x1 - x2], dim=-1))
+            return self.head(f1)
+        if x2 is None:
+            raise ValueError("the retrieval dual encoder needs x2 (the second document)")
+        f2 = self.encode(x2, key_padding_mask2)
+        return self.head(torch.cat([f1, f2, f1 * f2, f1 - f2], dim=-1))

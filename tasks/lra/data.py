@@ -86,16 +86,17 @@ def pad_batch(seqs: Sequence[np.ndarray], length: int | None) -> tuple[torch.Ten
 
 
 class Collate:
-    """Batch dict ``{"tokens", "mask", "label"}`` (retrieval: ``tokens``/``mask`` and ``tokens2``/``mask2``)."""
+    """Batch dict ``{"x", "key_padding_mask", "label"}`` (the framework's sequence-batch keys, which are the
+    encoder's keyword arguments); retrieval adds the second document as ``x2``/``key_padding_mask2``."""
 
     def __init__(self, length: int | None) -> None:
         self.length = length
 
     def __call__(self, items: list[tuple]) -> dict[str, torch.Tensor]:
         batch: dict[str, torch.Tensor] = {}
-        batch["tokens"], batch["mask"] = pad_batch([it[0] for it in items], self.length)
+        batch["x"], batch["key_padding_mask"] = pad_batch([it[0] for it in items], self.length)
         if len(items[0]) == 3:
-            batch["tokens2"], batch["mask2"] = pad_batch([it[1] for it in items], self.length)
+            batch["x2"], batch["key_padding_mask2"] = pad_batch([it[1] for it in items], self.length)
         batch["label"] = torch.tensor([it[-1] for it in items], dtype=torch.long)
         return batch
 
@@ -271,8 +272,8 @@ class RetrievalDataModule(LRADataModule):
     """AAN document-pair matching at byte level (LRA Retrieval), 2 classes, 4000 bytes per document.
 
     Reads ``new_aan_pairs.{train,eval,test}.tsv`` (columns label, id1, id2, text1, text2; no header) from
-    ``root`` or ``root/tsv_data``. Batches carry both documents in their file order: ``tokens``/``mask`` is
-    text1 and ``tokens2``/``mask2`` is text2.
+    ``root`` or ``root/tsv_data``. Batches carry both documents in their file order: ``x``/``key_padding_mask``
+    is text1 and ``x2``/``key_padding_mask2`` is text2.
     """
 
     num_classes = 2
