@@ -89,3 +89,13 @@ def test_framework_module_takes_lra_batches() -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_attention_config_mapping_gets_1d_layout() -> None:
+    """The attention group's mapping (2D layout by default) builds 1D MiTA layers in the sequence encoder."""
+    spec = {"name": "mita", "m": 4, "k": 4, "landmark_layout": "official", "routing_only": True}
+    model = LRAEncoder(16, 64, 2, attention=spec)
+    attn = model.blocks[0].attn
+    assert attn.landmark_layout == "1d" and attn.routing_only and attn.k == 4
+    tokens, mask = _batch([20, 9], 24)
+    assert model(tokens, mask).shape == (2, 2)

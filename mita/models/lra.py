@@ -13,10 +13,13 @@ on 1D segments of the valid tokens, and it passes the padding mask to every laye
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn
 
+from mita.models.vit import split_attention_spec
 from mita.registry import create_attention, get_attention_class
 
 
@@ -48,12 +51,13 @@ class Block(nn.Module):
 def build_attention(name: str, dim: int, num_heads: int, **kwargs) -> nn.Module:
     """A registered attention laid out for 1D sequences (no grid, no prefix tokens).
 
-    Layers that take a ``landmark_layout`` (MiTA) get ``"1d"`` unless the caller chose one.
+    A sequence has no image grid, so layers that take a ``landmark_layout`` (MiTA) always get ``"1d"``, whatever
+    the attention config group says (its default is the 2D reference layout).
     """
     cls = get_attention_class(name)
     # Subclasses may forward **kwargs to a parent that owns the option, so look along the MRO.
     takes_layout = any("landmark_layout" in inspect.signature(c.__init__).parameters for c in cls.__mro__[:-1])
-    if takes_layout and "landmark_layout" not in kwargs:
+    if takes_layout:
         kwargs["landmark_layout"] = "1d"
     layer = create_attention(name, dim, num_heads, **kwargs)
     layer.grid_size = None
@@ -69,9 +73,10 @@ class LRAEncoder(nn.Module):
         max_length: longest sequence (size of the learned position table).
         num_classes: output classes.
         attention: registered attention name (``"full"``, ``"mita"``, ``"mita_routing"``, ``"agent_minus"``,
-            ``"moba"``, ``"topk"``, ...).
+            ``"moba"``, ``"topk"``, ...) or a mapping ``{"name": "mita", "m": 32, "k": 64, ...}`` (the form of the
+            ``attention`` config group).
         attention_kwargs: the layer's own options (MiTA: ``m``, ``k``, ``experts_per_query``, ``shared_scale``,
-            ...); ``qkv_bias``/``attn_drop`` may be given here too.
+            ...), overriding the mapping's; ``qkv_bias``/``attn_drop`` may be given here too.
         dim: embedding width (64).
         depth: number of blocks (2).
         num_heads: heads (2, head dim 32).
@@ -87,8 +92,8 @@ class LRAEncoder(nn.Module):
         vocab_size: int,
         max_length: int,
         num_classes: int,
-        attention: str = "full",
-        attention_kwargs: dict | None = None,
+        attention: str | Mapping[str, Any] = "full",
+        attention_kwargs: Mapping[str, Any] | None = None,
         dim: int = 64,
         depth: int = 2,
         num_heads: int = 2,
@@ -101,13 +106,14 @@ class LRAEncoder(nn.Module):
         super().__init__()
         self.max_length = max_length
         self.dual = dual
-        self.attention = attention
+        name, options = split_attention_spec(attention, attention_kwargs)
+        self.attention = name
         self.embed = nn.Embedding(vocab_size, dim)
         self.pos_embed = nn.Embedding(max_length, dim)
         self.drop = nn.Dropout(dropout)
-        kwargs = {"qkv_bias": True, "attn_drop": attn_drop, **dict(attention_kwargs or {})}
+        kwargs = {"qkv_bias": True, "attn_drop": attn_drop, **options}
         self.blocks = nn.ModuleList(
-            Block(dim, build_attention(attention, dim, num_heads, **kwargs), mlp_dim, dropout) for _ in range(depth)
+            Block(dim, build_attention(name, dim, num_heads, **kwargs), mlp_dim, dropout) for _ in range(depth)
         )
         self.norm = nn.LayerNorm(dim)
         features = 4 * dim if dual else dim
