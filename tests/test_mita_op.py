@@ -308,3 +308,23 @@ def test_torch_backend_compiles_as_one_graph():
         rtol=1e-5,
         atol=1e-5,
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", None])
+def test_no_host_synchronisation_on_cuda(backend):
+    """torch's sync debug mode turns any device-to-host synchronisation into an error."""
+    q, k, v, R = (t.cuda().to(torch.bfloat16) for t in _inputs(2, 2, 197, 64, 25, dtype=torch.float32))
+    mask = _padding(2, 197).cuda()
+    inputs = [t.requires_grad_() for t in (q, k, v, R)]
+    mita_attention(*inputs, 25, key_padding_mask=mask, backend=backend).sum().backward()  # warm-up, autotuning
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = mita_attention(*inputs, 25, key_padding_mask=mask, backend=backend)
+        out.float().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref = naive_mita(*(t.detach().float() for t in inputs), 25, key_padding_mask=mask)
+    valid = (~mask)[:, None, :, None].expand_as(ref)
+    assert _rel_err(out.float()[valid], ref[valid]) < 2e-2
