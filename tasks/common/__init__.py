@@ -1,0 +1,1 @@
+"""Pieces every task shares: the classification LightningModule, optimisers and schedules, callbacks, run records."""

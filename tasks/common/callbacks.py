@@ -1,0 +1,130 @@
+"""Callbacks: throughput / step time / peak memory, and loggers that need a decision at start-up."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    if isinstance(batch, Mapping):
+        return _batch_size(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0])
+    return 0
+
+
+def _tokens(batch: Any) -> int | None:
+    """Valid tokens in a sequence batch (``key_padding_mask`` True = padding), else None."""
+    if isinstance(batch, Mapping):
+        mask = batch.get("key_padding_mask")
+        if isinstance(mask, torch.Tensor):
+            return int((~mask).sum())
+        x = batch.get("x")
+        if isinstance(x, torch.Tensor) and x.dim() == 2:
+            return int(x.numel())
+    return None
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak allocated accelerator memory (CUDA), else the process's peak resident set size, in GiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+class ThroughputMonitor(Callback):
+    """Logs step time, samples (and tokens) per second over all processes, and peak memory.
+
+    Times the interval between consecutive training-batch ends (data loading included), averaged over
+    ``log_every_n_steps`` steps, so no device synchronisation is added to the training loop.
+
+    Args:
+        log_every_n_steps: averaging window and logging period.
+    """
+
+    def __init__(self, log_every_n_steps: int = 50) -> None:
+        self.log_every_n_steps = max(1, int(log_every_n_steps))
+        self._t0: float | None = None
+        self._samples = 0
+        self._tokens = 0
+        self._steps = 0
+        self.last: dict[str, float] = {}
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t0 = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        if self._t0 is None:
+            # The first step includes start-up work; the window starts after it.
+            self._t0, self._samples, self._tokens, self._steps = now, 0, 0, 0
+            return
+        self._samples += _batch_size(batch)
+        tokens = _tokens(batch)
+        self._tokens += tokens or 0
+        self._steps += 1
+        if self._steps < self.log_every_n_steps:
+            return
+        elapsed = now - self._t0
+        world = trainer.world_size
+        metrics = {
+            "perf/step_time_s": elapsed / self._steps,
+            "perf/samples_per_s": self._samples * world / elapsed,
+            "perf/peak_mem_gb": peak_memory_gb(pl_module.device),
+        }
+        if tokens is not None:
+            metrics["perf/tokens_per_s"] = self._tokens * world / elapsed
+        self.last = metrics
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+        pl_module.log("samples/s", metrics["perf/samples_per_s"], prog_bar=True, on_step=True, rank_zero_only=True)
+        self._t0, self._samples, self._tokens, self._steps = now, 0, 0, 0
+
+
+class BestTracker(Callback):
+    """Keeps the best value of one metric (times ``scale``) over the validation runs during training.
+
+    Args:
+        key: logged metric name (``val/acc1``), or None to track nothing.
+        scale: factor applied to the value (100: fraction -> percent).
+    """
+
+    def __init__(self, key: str | None, scale: float = 1.0) -> None:
+        self.key, self.scale = key, float(scale)
+        self.best: float | None = None
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or not self.key or trainer.state.fn != "fit":
+            return
+        value = trainer.callback_metrics.get(self.key)
+        if value is not None:
+            value = float(value) * self.scale
+            self.best = value if self.best is None else max(self.best, value)
+
+
+def wandb_logger(**kwargs: Any):
+    """A W&B logger: online when ``WANDB_API_KEY`` is set (or ``offline=False`` is forced), otherwise offline files
+    that ``wandb sync <dir>`` uploads later.
+
+    Args:
+        **kwargs: ``lightning.pytorch.loggers.WandbLogger`` arguments; ``offline=None`` means "decide from the key".
+    """
+    from lightning.pytorch.loggers import WandbLogger
+
+    if kwargs.get("offline") is None:
+        kwargs["offline"] = not os.environ.get("WANDB_API_KEY")
+    tags = kwargs.get("tags") or []
+    kwargs["tags"] = [tags] if isinstance(tags, str) else [str(t) for t in tags]
+    return WandbLogger(**kwargs)

@@ -1,0 +1,171 @@
+"""Train and evaluate one configuration: ``python -m tasks.run experiment=<task>/<row> [key=value ...]``.
+
+Any config key can be overridden on the command line; ``-m`` sweeps (``-m model.attention.m=16,25,36``).
+A configuration error (unknown attention, a landmark count that does not fit the patch grid, a missing data
+folder) ends the run with one line on stderr and exit code 2; set ``MITA_FULL_ERROR=1`` for the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from tasks.common.callbacks import BestTracker
+from tasks.common.config import CONFIG_DIR as CONFIG_PATH
+from tasks.common.config import register_resolvers
+
+register_resolvers()
+
+CONFIG_DIR = str(CONFIG_PATH)
+
+
+class ConfigError(Exception):
+    """A configuration that cannot run; reported as one line."""
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the root cause of ``exc`` (Hydra wraps errors raised while instantiating)."""
+    root = exc
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    message = " ".join(str(root).split())
+    where = ""
+    full_key = getattr(exc, "full_key", None)
+    if full_key:
+        where = f" (config key: {full_key})"
+    if type(root).__name__ in ("ValueError", "ConfigError", "KeyError"):
+        return f"{message}{where}"
+    return f"{type(root).__name__}: {message}{where}"
+
+
+def _instantiate_dict(node: Any) -> list[Any]:
+    from hydra.utils import instantiate
+
+    if not node:
+        return []
+    return [instantiate(v) for v in node.values() if isinstance(v, DictConfig) and "_target_" in v]
+
+
+def build(cfg: DictConfig) -> dict[str, Any]:
+    """Instantiate the data module, network, LightningModule, callbacks, loggers and trainer from ``cfg``."""
+    import lightning as L
+    import torch
+    from hydra.utils import instantiate
+
+    import mita.models  # noqa: F401  (registers the timm entrypoints)
+
+    L.seed_everything(int(cfg.seed), workers=True)
+    datamodule = instantiate(cfg.data)
+    net = instantiate(cfg.model)
+    if cfg.get("preflight", True) and hasattr(datamodule, "example_input"):
+        # One eval forward on a single example: shape/grid errors surface now, as configuration errors.
+        was_training = net.training
+        net.eval()
+        with torch.no_grad():
+            net(**datamodule.example_input())
+        net.train(was_training)
+    optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    scheduler = OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None
+    module = instantiate(cfg.task, net=net, optimizer=optimizer, scheduler=scheduler, _convert_="all")
+    loggers = _instantiate_dict(cfg.get("logger"))
+    callbacks = _instantiate_dict(cfg.get("callbacks"))
+    if not loggers:
+        callbacks = [c for c in callbacks if type(c).__name__ != "LearningRateMonitor"]
+    if not cfg.trainer.get("enable_progress_bar", True):
+        callbacks = [c for c in callbacks if "ProgressBar" not in type(c).__name__]
+    deterministic = cfg.get("deterministic", False)
+    trainer = instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers if loggers else False,
+        deterministic=deterministic,
+        use_distributed_sampler=not getattr(datamodule, "handles_distributed_sampling", False),
+        _convert_="all",
+    )
+    return {"datamodule": datamodule, "net": net, "module": module, "trainer": trainer, "callbacks": callbacks}
+
+
+def resolve_checkpoint(cfg: DictConfig, output_dir: Path) -> str | None:
+    """The checkpoint to continue from: None, ``<output_dir>/checkpoints/last.ckpt`` (resume=auto), or a path."""
+    resume = cfg.get("resume")
+    if not resume:
+        return None
+    if resume == "auto":
+        last = output_dir / "checkpoints" / "last.ckpt"
+        return str(last) if last.exists() else None
+    if not Path(resume).exists():
+        raise ConfigError(f"resume: checkpoint {resume} does not exist")
+    return str(resume)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Train / evaluate as ``cfg`` says and write the run record. Returns the final metrics and the record path."""
+    start = time.time()
+    output_dir = Path(cfg.paths.output_dir)
+    try:
+        objects = build(cfg)
+        ckpt_path = resolve_checkpoint(cfg, output_dir)
+    except Exception as exc:  # noqa: BLE001 - every failure while building is a configuration problem
+        if os.environ.get("MITA_FULL_ERROR"):
+            raise
+        print(f"config error: {describe(exc)}  [MITA_FULL_ERROR=1 for the traceback]", file=sys.stderr)
+        sys.exit(2)
+    trainer, module, datamodule = objects["trainer"], objects["module"], objects["datamodule"]
+    best = BestTracker(cfg.report.key if cfg.get("report") else None, cfg.report.scale if cfg.get("report") else 1)
+    trainer.callbacks.append(best)
+    if ckpt_path and trainer.is_global_zero:
+        print(f"resuming from {ckpt_path}", file=sys.stderr)
+    if cfg.get("train", True):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        if cfg.get("save_final_checkpoint", True):
+            trainer.save_checkpoint(str(output_dir / "checkpoints" / "last.ckpt"))
+    metrics: dict[str, Any] = {}
+    if cfg.get("validate", True):
+        for result in trainer.validate(module, datamodule=datamodule, verbose=False):
+            metrics.update(result)
+    if cfg.get("test", False):
+        for result in trainer.test(module, datamodule=datamodule, verbose=False):
+            metrics.update(result)
+    for callback in trainer.callbacks:
+        metrics.update(getattr(callback, "last", {}) or {})
+    record_path = None
+    if cfg.get("record", True) and trainer.is_global_zero:
+        from hydra.core.hydra_config import HydraConfig
+
+        from tasks.common.records import write_record
+
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+        record_path = write_record(
+            cfg.paths.results_dir,
+            cfg.name,
+            metrics,
+            paper=OmegaConf.to_container(cfg.paper, resolve=True) if cfg.get("paper") else None,
+            report=OmegaConf.to_container(cfg.report, resolve=True) if cfg.get("report") else None,
+            overrides=overrides,
+            steps=int(trainer.global_step),
+            epochs=int(trainer.current_epoch),
+            wall_time_s=time.time() - start,
+            world_size=int(trainer.world_size),
+            config=OmegaConf.to_container(cfg, resolve=False),
+            output_dir=str(output_dir),
+            best=best.best,
+            smoke=bool(cfg.get("smoke", False)),
+        )
+        print(f"run record: {record_path}", file=sys.stderr)
+    return {"metrics": metrics, "record": record_path, "global_step": int(trainer.global_step), "trainer": trainer}
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point."""
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
