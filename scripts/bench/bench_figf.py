@@ -92,6 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--max-n", type=int, default=1 << 20)
+    ap.add_argument("--min-n", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=1 << 22)
     ap.add_argument("--time-budget-s", type=float, default=300.0)
@@ -102,7 +103,7 @@ def main() -> None:
     print(f"correctness gate triton: {'PASS' if ok else 'FAIL'} ({msg})", flush=True)
     t_start = time.time()
     rows = []
-    n = 1024
+    n = args.min_n
     while n <= args.max_n:
         if time.time() - t_start > args.time_budget_s:
             rows.append(dict(N=n, method="all", tokens_per_s="not run (time budget)", **env))
