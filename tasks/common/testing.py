@@ -21,5 +21,7 @@ def run_in_process(overrides: list[str], output_dir: str | Path) -> dict[str, An
     from tasks.run import run
 
     output_dir = Path(output_dir)
-    cfg = compose([*overrides, f"paths.output_dir={output_dir}", f"paths.log_dir={output_dir.parent}"], hydra_config=True)
+    cfg = compose(
+        [*overrides, f"paths.output_dir={output_dir}", f"paths.log_dir={output_dir.parent}"], hydra_config=True
+    )
     return run(cfg)
