@@ -11,9 +11,9 @@ and on one NVIDIA H200 (triton 3.6, torch 2.11). Differences from the reference 
 - the backward is deterministic: dk/dv of each (expert, slot) are written to their own rows and reduced per key
   through a CSR list in a fixed order, and the shared-expert gradients are reduced over query chunks with a sum.
 
-Routing (R k^T scores, top-k with ties to the lower key index, per-query argmax/top-S) and the landmark values
-softmax(R k^T s) v are small [m, N] problems done with PyTorch ops (float32) without host synchronisation;
-the landmark-value branch is differentiated by autograd.
+Routing (R k^T scores, top-k with ties to the lower key index, per-query argmax/top-S) is done with PyTorch
+ops in float32 without host synchronisation; the landmark values softmax(R k^T s) v are a dense attention of m
+queries over N keys, computed (and differentiated) by PyTorch SDPA.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import math
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -47,11 +48,34 @@ def _dot(a, b, PREC: tl.constexpr, UP: tl.constexpr):
 
 @triton.jit
 def _mita_fwd_kernel(
-    Q, K, V, R, VT, IDX, ROWS, TILE_E, TILE_RS, TILE_RE, O, LSE,
-    N, M, KSEL, NROWS, T,
-    scale_log2, sscale_log2,
-    S: tl.constexpr, SHARED: tl.constexpr, DIRECT: tl.constexpr, D: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+    Q,
+    K,
+    V,
+    R,
+    VT,
+    IDX,
+    ROWS,
+    TILE_E,
+    TILE_RS,
+    TILE_RE,
+    O,
+    LSE,
+    N,
+    M,
+    KSEL,
+    NROWS,
+    T,
+    scale_log2,
+    sscale_log2,
+    S: tl.constexpr,
+    SHARED: tl.constexpr,
+    DIRECT: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BS: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -119,11 +143,38 @@ def _mita_fwd_kernel(
 
 @triton.jit
 def _mita_bwd_dq_kernel(
-    Q, K, V, R, VT, IDX, ROWS, TILE_E, TILE_RS, TILE_RE, DO, LSE, DELTA, DQ,
-    N, M, KSEL, NROWS, T,
-    scale, sscale, scale_log2, sscale_log2,
-    S: tl.constexpr, SHARED: tl.constexpr, DIRECT: tl.constexpr, D: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+    Q,
+    K,
+    V,
+    R,
+    VT,
+    IDX,
+    ROWS,
+    TILE_E,
+    TILE_RS,
+    TILE_RE,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    N,
+    M,
+    KSEL,
+    NROWS,
+    T,
+    scale,
+    sscale,
+    scale_log2,
+    sscale_log2,
+    S: tl.constexpr,
+    SHARED: tl.constexpr,
+    DIRECT: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BS: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -182,10 +233,29 @@ def _mita_bwd_dq_kernel(
 
 @triton.jit
 def _mita_bwd_dkdv_routed_kernel(
-    Q, K, V, IDX, ROWS, STARTS, DO, LSE, DELTA, DK, DV,
-    N, M, KSEL, NROWS,
-    scale, scale_log2,
-    S: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+    Q,
+    K,
+    V,
+    IDX,
+    ROWS,
+    STARTS,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    N,
+    M,
+    KSEL,
+    NROWS,
+    scale,
+    scale_log2,
+    S: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
 ):
     i_j = tl.program_id(0)
     e = tl.program_id(1)
@@ -229,10 +299,24 @@ def _mita_bwd_dkdv_routed_kernel(
 
 @triton.jit
 def _mita_bwd_shared_kernel(
-    Q, R, VT, DO, LSE, DELTA, DR, DVT,
-    N, M, CHUNK,
-    sscale, sscale_log2,
-    D: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+    Q,
+    R,
+    VT,
+    DO,
+    LSE,
+    DELTA,
+    DR,
+    DVT,
+    N,
+    M,
+    CHUNK,
+    sscale,
+    sscale_log2,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BS: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
 ):
     i_s = tl.program_id(0)
     i_c = tl.program_id(1)
@@ -273,9 +357,14 @@ def _mita_bwd_shared_kernel(
 
 @triton.jit
 def _csr_reduce_kernel(
-    SRC, PERM, PTR, DST,
-    N, L,
-    D: tl.constexpr, BK: tl.constexpr,
+    SRC,
+    PERM,
+    PTR,
+    DST,
+    N,
+    L,
+    D: tl.constexpr,
+    BK: tl.constexpr,
 ):
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -318,7 +407,7 @@ def topk_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     L = scores.shape[-1]
     bits = (scores.float() + 0.0).view(torch.int32)
     key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
-    low = (0xFFFFFFFF - torch.arange(L, device=scores.device, dtype=torch.int64))
+    low = 0xFFFFFFFF - torch.arange(L, device=scores.device, dtype=torch.int64)
     packed = (key << 32) + low
     top = torch.topk(packed, k, dim=-1, sorted=False).values
     return 0xFFFFFFFF - (top & 0xFFFFFFFF)
@@ -389,8 +478,13 @@ def build_plan(rk: torch.Tensor, rq: torch.Tensor, key_valid: torch.Tensor | Non
     tile_e = torch.where(ok_t, e_c, -1)
     i32 = torch.int32
     return RoutingPlan(
-        idx, rows.to(i32).contiguous(), starts.to(i32).contiguous(), tile_e.to(i32).contiguous(),
-        tile_rs.to(i32).contiguous(), tile_re.to(i32).contiguous(), bm,
+        idx,
+        rows.to(i32).contiguous(),
+        starts.to(i32).contiguous(),
+        tile_e.to(i32).contiguous(),
+        tile_rs.to(i32).contiguous(),
+        tile_re.to(i32).contiguous(),
+        bm,
     )
 
 
@@ -438,9 +532,33 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         o = torch.empty(BH, nrows, D, device=q.device, dtype=torch.float32)
         lse = torch.empty(BH, nrows, device=q.device, dtype=torch.float32)
     _mita_fwd_kernel[(T, BH)](
-        q, k, v, r, vt, plan.idx, plan.rows, plan.tile_e, plan.tile_rs, plan.tile_re, o, lse,
-        N, m, ksel, nrows, T, scale * LOG2E, sscale * LOG2E,
-        S=S, SHARED=shared, DIRECT=direct, D=D, BM=plan.bm, BN=bn, BS=bs, PREC=_prec(q.dtype),
+        q,
+        k,
+        v,
+        r,
+        vt,
+        plan.idx,
+        plan.rows,
+        plan.tile_e,
+        plan.tile_rs,
+        plan.tile_re,
+        o,
+        lse,
+        N,
+        m,
+        ksel,
+        nrows,
+        T,
+        scale * LOG2E,
+        sscale * LOG2E,
+        S=S,
+        SHARED=shared,
+        DIRECT=direct,
+        D=D,
+        BM=plan.bm,
+        BN=bn,
+        BS=bs,
+        PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
         num_warps=_num_warps(plan.bm, D),
     )
@@ -470,9 +588,38 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
     direct = S == 1
     dq = torch.empty(BH, nrows, D, device=q.device, dtype=torch.float32)
     _mita_bwd_dq_kernel[(T, BH)](
-        q, k, v, r, vt, plan.idx, plan.rows, plan.tile_e, plan.tile_rs, plan.tile_re, do, lse, delta, dq,
-        N, m, ksel, nrows, T, scale, sscale, scale * LOG2E, sscale * LOG2E,
-        S=S, SHARED=shared, DIRECT=direct, D=D, BM=plan.bm, BN=bn, BS=bs, PREC=prec, UP=_upcast(q.dtype),
+        q,
+        k,
+        v,
+        r,
+        vt,
+        plan.idx,
+        plan.rows,
+        plan.tile_e,
+        plan.tile_rs,
+        plan.tile_re,
+        do,
+        lse,
+        delta,
+        dq,
+        N,
+        m,
+        ksel,
+        nrows,
+        T,
+        scale,
+        sscale,
+        scale * LOG2E,
+        sscale * LOG2E,
+        S=S,
+        SHARED=shared,
+        DIRECT=direct,
+        D=D,
+        BM=plan.bm,
+        BN=bn,
+        BS=bs,
+        PREC=prec,
+        UP=_upcast(q.dtype),
         num_warps=_num_warps(plan.bm, D),
     )
     if not direct:
@@ -482,9 +629,30 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
     dk_e = torch.empty(BH, m * ksel, D, device=q.device, dtype=torch.float32)
     dv_e = torch.empty(BH, m * ksel, D, device=q.device, dtype=torch.float32)
     _mita_bwd_dkdv_routed_kernel[(triton.cdiv(ksel, bn), m, BH)](
-        q, k, v, plan.idx, plan.rows, plan.starts, do, lse, delta, dk_e, dv_e,
-        N, m, ksel, nrows, scale, scale * LOG2E,
-        S=S, D=D, BM=bmk, BN=bn, PREC=prec, UP=_upcast(q.dtype), num_warps=4,
+        q,
+        k,
+        v,
+        plan.idx,
+        plan.rows,
+        plan.starts,
+        do,
+        lse,
+        delta,
+        dk_e,
+        dv_e,
+        N,
+        m,
+        ksel,
+        nrows,
+        scale,
+        scale * LOG2E,
+        S=S,
+        D=D,
+        BM=bmk,
+        BN=bn,
+        PREC=prec,
+        UP=_upcast(q.dtype),
+        num_warps=4,
     )
     L = m * ksel
     flat = plan.idx.view(BH, L).long()
@@ -508,8 +676,25 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
         dr = torch.empty(BH, n_chunk, m, D, device=q.device, dtype=torch.float32)
         dvt = torch.empty(BH, n_chunk, m, D, device=q.device, dtype=torch.float32)
         _mita_bwd_shared_kernel[(n_sblk, n_chunk, BH)](
-            q, r, vt, do, lse, delta, dr, dvt, N, m, chunk, sscale, sscale * LOG2E,
-            D=D, BM=bms, BS=bs, PREC=prec, UP=_upcast(q.dtype), num_warps=4,
+            q,
+            r,
+            vt,
+            do,
+            lse,
+            delta,
+            dr,
+            dvt,
+            N,
+            m,
+            chunk,
+            sscale,
+            sscale * LOG2E,
+            D=D,
+            BM=bms,
+            BS=bs,
+            PREC=prec,
+            UP=_upcast(q.dtype),
+            num_warps=4,
         )
         dr, dvt = dr.sum(1), dvt.sum(1)
     else:
@@ -534,21 +719,19 @@ class _MiTAAttnFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, r, vt, o, lse = ctx.saved_tensors
-        dq, dk, dv, dr, dvt = mita_bwd(do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale,
-                                       ctx.sscale)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dr.to(r.dtype), dvt.to(vt.dtype),
-                None, None, None, None, None)
-
-
-def _masked_softmax(logits: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-    # Rows with no valid entry give zeros (a fully padded sequence), matching the reference.
-    if valid is None:
-        return torch.softmax(logits, dim=-1)
-    logits = logits.masked_fill(~valid, float("-inf"))
-    row_max = logits.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    e = torch.exp(logits - row_max) * valid
-    return e / e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+        dq, dk, dv, dr, dvt = mita_bwd(do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale)
+        return (
+            dq.to(q.dtype),
+            dk.to(k.dtype),
+            dv.to(v.dtype),
+            dr.to(r.dtype),
+            dvt.to(vt.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def triton_mita(
@@ -594,23 +777,24 @@ def triton_mita(
     key_valid = None
     if key_padding_mask is not None:
         key_valid = (~key_padding_mask)[:, None, :].expand(B, H, N).reshape(BH, N)
-    need_lv = shared and torch.is_grad_enabled() and (landmarks.requires_grad or k.requires_grad or v.requires_grad)
-    with torch.set_grad_enabled(need_lv):
-        # [BH, m, N] float32 scores, shared by top-k selection (detached) and the landmark values.
-        rk = torch.matmul(rf.float(), kf.float().transpose(1, 2))
     with torch.no_grad():
-        rk_sel = rk.detach()
+        # [BH, m, N] float32 scores for the exact top-k; [BH, N, m] for the routing.
+        rk = torch.matmul(rf.float(), kf.float().transpose(1, 2))
         if key_valid is not None:
-            rk_sel = rk_sel.masked_fill(~key_valid[:, None, :], float("-inf"))
+            rk = rk.masked_fill(~key_valid[:, None, :], float("-inf"))
         rq = torch.matmul(qf.float(), rf.float().transpose(1, 2))
-        plan = build_plan(rk_sel, rq, key_valid, ksel, S)
-        del rq, rk_sel
+        plan = build_plan(rk, rq, key_valid, ksel, S)
+        del rq, rk
     if shared:
-        with torch.set_grad_enabled(need_lv):
-            valid = None if key_valid is None else key_valid[:, None, :]
-            vt = (_masked_softmax(rk * scale, valid) @ vf.float()).to(q.dtype).contiguous()
+        # Landmark values softmax(R k^T s) v: a dense attention of m queries over N keys, so SDPA (and its
+        # backward) does it without materialising the [m, N] probabilities.
+        mask = None if key_valid is None else key_valid[:, None, :]
+        vt = F.scaled_dot_product_attention(rf, kf, vf, attn_mask=mask, scale=scale)
+        if key_valid is not None:
+            # A fully padded sequence gives NaN rows in SDPA; the reference gives zeros.
+            vt = torch.where(key_valid.any(-1)[:, None, None], vt, torch.zeros_like(vt))
+        vt = vt.contiguous()
     else:
         vt = torch.zeros(BH, m, D, device=q.device, dtype=q.dtype)
-    del rk
     o = _MiTAAttnFn.apply(qf, kf, vf, rf, vt, plan, S, shared, scale, sscale)
     return o.view(B, H, N, D)
