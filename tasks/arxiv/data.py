@@ -65,12 +65,12 @@ class ArxivDataModule(LRADataModule):
     def __init__(
         self, root: str, max_length: int = 16384, classes: str = "all11", no_ref: bool = True, **kwargs
     ) -> None:
-        super().__init__(root, max_length, **kwargs)
         if classes not in CLASS_SETS:
             raise ValueError(f"classes must be one of {sorted(CLASS_SETS)}, got {classes!r}")
         self.classes = classes
         self.class_names = CLASS_SETS[classes]
         self.num_classes = len(self.class_names)
+        super().__init__(root, max_length, **kwargs)
         self.no_ref = no_ref
 
     def _rows(self, split: str) -> list[dict]:

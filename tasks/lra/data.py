@@ -121,6 +121,8 @@ class LRADataModule(L.LightningDataModule):
             pads to the longest sequence of the batch (faster; the encoder is padding-invariant).
         seed: seed of the splits the release does not fix.
         limit: keep at most this many examples per split (smoke tests and short runs); None keeps all.
+        num_classes, vocab_size: optional, as written in the data config for the model to read
+            (``${data.num_classes}``); checked against the task's own values.
     """
 
     num_classes: int = 2
@@ -136,8 +138,15 @@ class LRADataModule(L.LightningDataModule):
         pad_to: str = "max",
         seed: int = 0,
         limit: int | None = None,
+        num_classes: int | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         super().__init__()
+        for key, given in (("num_classes", num_classes), ("vocab_size", vocab_size)):
+            if given is not None and given != getattr(self, key):
+                raise ValueError(
+                    f"{type(self).__name__}: {key}={given} in the config, but the data has {getattr(self, key)}"
+                )
         if pad_to not in ("max", "batch"):
             raise ValueError(f"pad_to must be 'max' or 'batch', got {pad_to!r}")
         self.root = Path(os.path.expanduser(str(root)))
@@ -152,6 +161,14 @@ class LRADataModule(L.LightningDataModule):
     def load(self) -> dict[str, TokenDataset]:
         """The train/val/test datasets (implemented per task)."""
         raise NotImplementedError
+
+    def example_input(self) -> dict[str, torch.Tensor]:
+        """One full-length input of ones (the framework's preflight forward), without reading the data."""
+        x = torch.ones(1, self.max_length, dtype=torch.long)
+        out = {"x": x, "key_padding_mask": torch.zeros_like(x, dtype=torch.bool)}
+        if self.dual:
+            out["x2"], out["key_padding_mask2"] = x.clone(), out["key_padding_mask"].clone()
+        return out
 
     def setup(self, stage: str | None = None) -> None:
         if not self.datasets:
