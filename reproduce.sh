@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Reproduce the paper's tables, or run the embedded default main job.
+#
+#   ./reproduce.sh                 default main job: CPU, no downloads, a few minutes. FLOPs/params of Table A,
+#                                  the operator self-check, and MiTA against full attention on generated shape
+#                                  images, ending in a printed table and results/main_job/shapes.png
+#   ./reproduce.sh A               every experiment of Table A (ImageNet-1K; needs data.root, GPUs), then tables
+#   ./reproduce.sh all             every table
+#   ./reproduce.sh A --dry-run     print the commands only
+#   ./reproduce.sh A --smoke       run each experiment for one step on tiny generated data (CPU)
+#
+# Tables: A (ImageNet), B (fine-tuning / inference budgets), C (ADE20K), D (LRA), E (arXiv), F (throughput),
+# G (token pruning). Extra arguments after the options are passed to every `python -m tasks.run` command
+# (e.g. data.root=/data/imagenet trainer.devices=8).
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python}
+
+TABLE=""
+DRY_RUN=0
+SMOKE=0
+EXTRA=()
+for arg in "$@"; do
+    case "$arg" in
+        A|B|C|D|E|F|G|all) TABLE="$arg" ;;
+        --dry-run) DRY_RUN=1 ;;
+        --smoke) SMOKE=1 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        *=*) EXTRA+=("$arg") ;;
+        *) echo "reproduce.sh: unknown argument '$arg' (tables: A B C D E F G all; --dry-run, --smoke)" >&2; exit 2 ;;
+    esac
+done
+
+run() {
+    echo "+ $*"
+    if [ "$DRY_RUN" = 0 ]; then
+        "$@"
+    fi
+}
+
+SMOKE_DIR=""
+smoke_args() {
+    # Tiny data for tasks whose real data cannot be generated here; other tasks' configs generate their own.
+    local experiment="$1"
+    case "$experiment" in
+        imagenet/*)
+            if [ -z "$SMOKE_DIR" ]; then
+                SMOKE_DIR=$(mktemp -d)
+                if [ "$DRY_RUN" = 0 ]; then
+                    "$PYTHON" -m tasks.imagenet.fake "$SMOKE_DIR/imagenet" --classes 3 --per-class 2 >/dev/null
+                fi
+            fi
+            echo "debug=smoke data.root=$SMOKE_DIR/imagenet data.num_classes=3 paths.log_dir=$SMOKE_DIR/outputs"
+            ;;
+        *)
+            echo "debug=smoke paths.log_dir=${SMOKE_DIR:-/tmp}/mita-smoke-outputs"
+            ;;
+    esac
+}
+
+run_table() {
+    local table="$1"
+    local experiments
+    experiments=$("$PYTHON" scripts/make_tables.py --list "$table")
+    for experiment in $experiments; do
+        if [ "$SMOKE" = 1 ]; then
+            # shellcheck disable=SC2046
+            run "$PYTHON" -m tasks.run "experiment=$experiment" $(smoke_args "$experiment") "${EXTRA[@]}"
+        else
+            run "$PYTHON" -m tasks.run "experiment=$experiment" "${EXTRA[@]}"
+        fi
+    done
+    case "$table" in
+        A) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only imagenet/ ;;
+        F) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/bench/bench_figf.py --out results/bench ;;
+    esac
+    if [ -z "$experiments" ] && [ "$table" != F ]; then
+        echo "table $table: no experiment files yet (see results/tables/$table.md)"
+    fi
+}
+
+main_job() {
+    mkdir -p results/main_job
+    run "$PYTHON" scripts/flops.py --only imagenet/ synthetic/
+    run "$PYTHON" -m mita.selfcheck
+    run "$PYTHON" -m tasks.run experiment=synthetic/shapes-full trainer.enable_progress_bar=false "${EXTRA[@]}"
+    run "$PYTHON" -m tasks.run experiment=synthetic/shapes-mita trainer.enable_progress_bar=false "${EXTRA[@]}"
+    run "$PYTHON" -m tasks.synthetic.report --out results/main_job
+    run "$PYTHON" scripts/make_tables.py
+}
+
+if [ -z "$TABLE" ]; then
+    main_job
+elif [ "$TABLE" = all ]; then
+    for t in A B C D E F G; do
+        run_table "$t"
+    done
+    [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/make_tables.py
+else
+    run_table "$TABLE"
+    [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/make_tables.py
+fi
