@@ -68,14 +68,20 @@ class AttentionBase(nn.Module):
         # Token layout, set by the model that owns the layer (None: infer a square grid).
         self.grid_size: tuple[int, int] | None = None
         self.num_prefix_tokens: int = 1
+        # Rotary position embedding applied to q and k after their norms, set by models that use one (ViT-5).
+        self.rope: nn.Module | None = None
 
     def split_qkv(self, x: torch.Tensor, n_parts: int = 3) -> list[torch.Tensor]:
-        """[B, N, C] -> n_parts tensors [B, H, N, d]; q and k pass through their norms."""
+        """[B, N, C] -> n_parts tensors [B, H, N, d]; q and k pass through their norms, then the rotary
+        embedding if the layer has one (cast back to v's dtype: a float32 RoPE would promote them)."""
         B, N, _ = x.shape
         parts = self.qkv(x).reshape(B, N, n_parts, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         parts = list(parts)
         parts[0] = self.q_norm(parts[0])
         parts[1] = self.k_norm(parts[1])
+        if self.rope is not None:
+            parts[0] = self.rope(parts[0]).to(parts[2].dtype)
+            parts[1] = self.rope(parts[1]).to(parts[2].dtype)
         return parts
 
     def merge_heads(self, o: torch.Tensor) -> torch.Tensor:
