@@ -104,13 +104,24 @@ def resolve_checkpoint(cfg: DictConfig, output_dir: Path) -> str | None:
     return str(resume)
 
 
+def keep_previous_logs(output_dir: Path) -> None:
+    """Move CSV metrics of the interrupted run aside (Lightning's CSV logger would delete them on resume)."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
+        return
+    for metrics in output_dir.glob("*/metrics.csv"):
+        index = len(list(metrics.parent.glob("metrics-before-resume-*.csv")))
+        metrics.rename(metrics.with_name(f"metrics-before-resume-{index}.csv"))
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train / evaluate as ``cfg`` says and write the run record. Returns the final metrics and the record path."""
     start = time.time()
     output_dir = Path(cfg.paths.output_dir)
     try:
-        objects = build(cfg)
         ckpt_path = resolve_checkpoint(cfg, output_dir)
+        if ckpt_path:
+            keep_previous_logs(output_dir)
+        objects = build(cfg)
     except Exception as exc:  # noqa: BLE001 - every failure while building is a configuration problem
         if os.environ.get("MITA_FULL_ERROR"):
             raise
@@ -158,7 +169,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             smoke=bool(cfg.get("smoke", False)),
         )
         print(f"run record: {record_path}", file=sys.stderr)
-    return {"metrics": metrics, "record": record_path, "global_step": int(trainer.global_step), "trainer": trainer}
+    return {
+        "metrics": metrics,
+        "record": record_path,
+        "global_step": int(trainer.global_step),
+        "resumed_from": ckpt_path,
+        "trainer": trainer,
+    }
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")

@@ -1,0 +1,130 @@
+"""The experiment framework: configs compose, runs write records, resume continues, errors are one line, DDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.common.config import compose
+from tasks.common.experiments import EXPERIMENT_DIR, list_experiments, paper_blocks
+from tasks.common.testing import run_in_process
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = ["experiment=synthetic/shapes-full", "debug=smoke", "data.num_train=16", "data.num_val=8", "data.num_test=8"]
+
+
+def _cli(args: list[str], cwd: Path = REPO, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.pop("MITA_FULL_ERROR", None)
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.run", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_every_experiment_file_composes_and_names_itself():
+    experiments = list_experiments()
+    assert "imagenet/deit_s-mita" in experiments and "synthetic/shapes-mita" in experiments
+    for name in experiments:
+        cfg = compose([f"experiment={name}"])
+        assert cfg.name == name, f"{name}: name: {cfg.name} does not match the file path"
+        paper = cfg.paper
+        for key in ("table", "row", "metric", "value"):
+            assert key in paper, f"{name}: paper block lacks {key}"
+        assert "name" in cfg.model.attention, f"{name}: no attention selected"
+
+
+def test_experiment_files_have_a_header_comment():
+    for name in paper_blocks():
+        text = (EXPERIMENT_DIR / f"{name}.yaml").read_text()
+        header = [line for line in text.splitlines()[:8] if line.startswith("#")]
+        assert any("Command:" in line for line in header), f"{name}: header lacks the command"
+        assert any("Hardware" in line for line in header), f"{name}: header lacks hardware/time"
+
+
+def test_overrides_reach_the_attention_layer():
+    cfg = compose(["experiment=imagenet/deit_s-mita", "model.attention.m=49", "model.attention.k=49"])
+    assert (cfg.model.attention.m, cfg.model.attention.k) == (49, 49)
+    cfg = compose(["experiment=imagenet/deit_s-mita", "attention=agent_minus"])
+    assert cfg.model.attention.name == "agent_minus"
+    # The DeiT recipe: lr 5e-4 x batch / 512 (global batch 1024 -> 1e-3), EMA, Mixup / CutMix, label smoothing.
+    assert cfg.optimizer.lr == 5e-4 and cfg.optimizer.lr_batch_ref == 512
+    assert cfg.task.ema.decay == 0.99996 and cfg.task.mixup.cutmix_alpha == 1.0 and cfg.task.label_smoothing == 0.1
+
+
+def test_smoke_run_writes_a_record_with_provenance(tmp_path):
+    result = run_in_process([*SMOKE, "trainer.max_steps=2", "test=true"], tmp_path / "run")
+    assert result["global_step"] == 2
+    record = json.loads(Path(result["record"]).read_text())
+    assert record["experiment"] == "synthetic/shapes-full" and record["smoke"] is True
+    for key in ("command", "git", "hardware", "versions", "date", "metrics", "wall_time_s", "steps"):
+        assert key in record
+    assert 0.0 <= record["metrics"]["val/acc1"] <= 1.0 and "test/acc1" in record["metrics"]
+    assert record["result"]["value"] == pytest.approx(100 * record["metrics"]["val/acc1"])
+    assert (tmp_path / "run" / "csv" / "metrics.csv").exists()
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
+
+
+def test_resume_auto_continues_the_step_count(tmp_path):
+    out = tmp_path / "run"
+    first = run_in_process([*SMOKE, "trainer.max_steps=2", "validate=false", "record=false"], out)
+    assert first["global_step"] == 2
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 2
+    second = run_in_process([*SMOKE, "trainer.max_steps=3", "resume=auto", "validate=false", "record=false"], out)
+    assert second["resumed_from"] == str(out / "checkpoints" / "last.ckpt")
+    assert second["global_step"] == 3
+    # The optimiser state came back too: the schedule continued from step 2, not from 0.
+    assert second["trainer"].lr_scheduler_configs[0].scheduler.last_epoch == 3
+    # The first run's metrics are kept beside the resumed run's.
+    assert (out / "csv" / "metrics-before-resume-0.csv").exists() and (out / "csv" / "metrics.csv").exists()
+
+
+def test_config_error_in_process_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_in_process(["experiment=synthetic/shapes-mita", "debug=smoke", "model.attention.m=100"], tmp_path / "run")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "10x10 landmark grid does not fit the 8x8 patch grid" in err[0]
+
+
+def test_config_error_from_the_command_line_is_one_line(tmp_path):
+    proc = _cli(["debug=smoke", "model.attention.name=nope", f"paths.log_dir={tmp_path}"])
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr
+    assert lines[-1].startswith("config error: unknown attention 'nope'; known attentions:")
+    assert len([line for line in lines if "error" in line.lower()]) == 1
+
+
+def _only_record(root: Path) -> dict:
+    records = list(root.rglob("records/**/*.json"))
+    assert len(records) == 1, records
+    return json.loads(records[0].read_text())
+
+
+def test_sweep_and_ddp_two_processes_match_one_process(tmp_path):
+    """``-m`` runs a sweep; a 2-process gloo DDP run writes its metrics where a 1-process run does."""
+    common = [*SMOKE, "trainer.max_steps=2", f"paths.log_dir={tmp_path}"]
+    one = _cli([*common, "run_name=one"])
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _cli([*common, "run_name=two", "trainer.strategy=ddp", "trainer.devices=2"])
+    assert two.returncode == 0, two.stderr[-2000:]
+    paths = {}
+    for name in ("one", "two"):
+        record = _only_record(tmp_path / name)
+        out = Path(record["output_dir"])
+        metrics = [p.relative_to(out).as_posix() for p in (tmp_path / name).rglob("metrics.csv")]
+        paths[name] = metrics
+        assert record["steps"] == 2
+    assert paths["one"] == paths["two"] == ["csv/metrics.csv"]
+    assert _only_record(tmp_path / "two")["hardware"]["world_size"] == 2
+    sweep = _cli([*common, "-m", "run_name=sweep", "attention=full,mita"])
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    jobs = sorted(p.parent.parent.name for p in (tmp_path / "multirun" / "sweep").rglob("metrics.csv"))
+    assert len(jobs) == 2 and any("attention=mita" in j for j in jobs), jobs
