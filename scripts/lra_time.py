@@ -1,0 +1,158 @@
+"""Estimate the full training time of LRA / arXiv experiments from measured step time x steps (Table D time column).
+
+For each experiment file the script composes its config, builds the network, and times ``--steps`` optimiser
+steps (forward, backward, AdamW) on random full-length batches of the task's shape (batch size, length, dual
+inputs), after ``--warmup`` untimed steps, at the recipe's precision. The estimate is
+``median step time x trainer.max_steps``; data loading and periodic evaluation are not included. The output
+says so, and the CSV it writes (``--out``) carries the hardware and versions.
+
+Usage::
+
+    python scripts/lra_time.py --experiments lra/listops-full lra/listops-mita --out results/lra/time_estimate.csv
+    python scripts/lra_time.py --table D          # every Table D row
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
+ROWS = ("full", "mita", "mita_routing", "agent_minus", "moba", "topk")
+
+
+def compose(experiment: str, overrides: list[str]):
+    """The resolved config of ``experiment`` (path under configs/experiment) with extra overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import tasks.run  # noqa: F401  (registers the resolvers the configs use)
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return hydra_compose("train", overrides=[f"experiment={experiment}", *overrides])
+
+
+def time_experiment(experiment: str, steps: int, warmup: int, device: str, overrides: list[str]) -> dict:
+    """Median seconds per optimiser step and the estimated total for one experiment file.
+
+    Args:
+        experiment: e.g. ``lra/listops-mita``.
+        steps: timed steps.
+        warmup: untimed steps first (compilation, autotuning, allocator).
+        device: ``cuda`` or ``cpu``.
+        overrides: extra Hydra overrides (e.g. ``data.batch_size=8``).
+
+    Returns:
+        dict with experiment, batch, length, max_steps, step_s, estimate_h.
+    """
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    cfg = compose(experiment, overrides)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
+    # The data module is not built (no data needed): the model reads vocab/length/classes from cfg.data.
+    data = cfg.data
+    net = instantiate(
+        OmegaConf.create(
+            {**model_cfg, "vocab_size": data.vocab_size, "max_length": data.max_length, "num_classes": data.num_classes}
+        )
+    )
+    net = net.to(device).train()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, eps=1e-6)
+    B, N = int(data.batch_size), int(data.max_length)
+    g = torch.Generator().manual_seed(0)
+    batch = {"x": torch.randint(1, int(data.vocab_size), (B, N), generator=g)}
+    batch["key_padding_mask"] = torch.zeros(B, N, dtype=torch.bool)
+    if net.dual:
+        batch["x2"] = torch.randint(1, int(data.vocab_size), (B, N), generator=g)
+        batch["key_padding_mask2"] = torch.zeros(B, N, dtype=torch.bool)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    labels = torch.randint(0, int(data.num_classes), (B,), generator=g).to(device)
+    bf16 = "bf16" in str(cfg.trainer.precision) and device == "cuda"
+
+    def step() -> None:
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+            loss = torch.nn.functional.cross_entropy(net(**batch).float(), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    times = []
+    for i in range(warmup + steps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    step_s = statistics.median(times)
+    max_steps = int(cfg.trainer.max_steps)
+    return {
+        "experiment": experiment,
+        "batch": B,
+        "length": N,
+        "max_steps": max_steps,
+        "step_s": round(step_s, 6),
+        "estimate_h": round(step_s * max_steps / 3600, 4),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiments", nargs="*", default=[], help="experiment paths, e.g. lra/listops-mita")
+    parser.add_argument("--table", choices=["D"], help="every Table D row (5 tasks x 6 attentions)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, help="CSV to write")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every experiment")
+    args = parser.parse_args(argv)
+    experiments = list(args.experiments)
+    if args.table == "D":
+        experiments += [f"lra/{t}-{r}" for t in TASKS for r in ROWS]
+    if not experiments:
+        parser.error("give --experiments or --table")
+    hw = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    print(
+        f"ESTIMATE, not a measured training time: median step time over {args.steps} synthetic full-length steps x "
+        f"trainer.max_steps; excludes data loading and evaluation. {hw}, torch {torch.__version__}, {stamp}"
+    )
+    rows = []
+    for exp in experiments:
+        row = time_experiment(exp, args.steps, args.warmup, args.device, args.overrides)
+        row.update({"hardware": hw, "torch": torch.__version__, "date": stamp, "kind": "estimate"})
+        rows.append(row)
+        print(
+            f"{exp:32s} batch {row['batch']:4d} N {row['length']:6d}  {row['step_s'] * 1000:9.2f} ms/step x "
+            f"{row['max_steps']} steps = {row['estimate_h']:.3f} h (estimate)"
+        )
+    totals: dict[str, float] = {}
+    for row in rows:
+        attention = row["experiment"].split("-", 1)[-1]
+        if row["experiment"].startswith("lra/"):
+            totals[attention] = totals.get(attention, 0.0) + row["estimate_h"]
+    for attention, hours in totals.items():
+        print(f"total over the LRA tasks timed, {attention}: {hours:.2f} h (estimate)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
