@@ -22,10 +22,12 @@ triton = pytest.importorskip("triton")
 
 from mita.ops.mita import triton_backend  # noqa: E402
 from mita.ops.mita import triton_mita as tm  # noqa: E402
+from mita.ops.mita import triton_routing as tr  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
 from mita.ops.mita.naive import naive_mita  # noqa: E402
 
 if not _CUDA and type(tm._mita_fwd_kernel).__name__ != "InterpretedFunction":
+    importlib.reload(tr)
     importlib.reload(tm)
 
 DEV = "cuda" if _CUDA else "cpu"

@@ -11,22 +11,29 @@ and on one NVIDIA H200 (triton 3.6, torch 2.11). Differences from the reference 
 - the backward is deterministic: dk/dv of each (expert, slot) are written to their own rows and reduced per key
   through a CSR list in a fixed order, and the shared-expert gradients are reduced over query chunks with a sum.
 
-Routing (R k^T scores, top-k with ties to the lower key index, per-query argmax/top-S) is done with PyTorch
-ops in float32 without host synchronisation; the landmark values softmax(R k^T s) v are a dense attention of m
-queries over N keys, computed (and differentiated) by PyTorch SDPA.
+Routing (exact top-k of R k^T with ties to the lower key index, per-query top-S of q R^T) and the landmark
+values softmax(R k^T s) v (split-key forward and backward) are Triton kernels in triton_routing.py; the plan
+(queries sorted by expert, the tile table) is a few PyTorch ops without host synchronisation.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from mita.ops.mita.checks import check_mita_args
+from mita.ops.mita.triton_routing import (
+    LandmarkValuesFn,
+    _dot,
+    _next_pow2,
+    _prec,
+    _upcast,
+    exact_topk,
+    route_topk,
+)
 
 LOG2E = 1.4426950408889634
 _BIG_NEG = float("-inf")
@@ -35,15 +42,6 @@ _BIG_NEG = float("-inf")
 # ----------------------------------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _dot(a, b, PREC: tl.constexpr, UP: tl.constexpr):
-    # UP: the CPU interpreter multiplies bf16 tiles as their raw uint16 bits, so upcast there first.
-    if UP:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -389,10 +387,6 @@ def _csr_reduce_kernel(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
 def topk_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest float32 scores along the last dim, ties to the lower index, in no order.
 
@@ -434,32 +428,19 @@ def _choose_bm(nrows: int, m: int) -> int:
     return int(min(64, max(16, _next_pow2(avg))))
 
 
-def build_plan(rk: torch.Tensor, rq: torch.Tensor, key_valid: torch.Tensor | None, ksel: int, S: int) -> RoutingPlan:
-    """Build the routing plan from float32 scores.
+def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
+    """Build the routing plan from the expert key lists and the query routes (no host synchronisation).
 
     Args:
-        rk: ``[BH, m, N]`` raw scores R k^T (padded keys already ``-inf``).
-        rq: ``[BH, N, m]`` raw scores q R^T.
-        key_valid: ``[BH, N]`` bool or None (all valid).
-        ksel: keys per expert, ``min(topk, N)``.
-        S: experts per query.
+        idx: ``[BH, m, ksel]`` int32 key index of each routed slot, -1 for a slot with no valid key.
+        route: ``[BH, N * S]`` int32 landmark of row ``n * S + s``.
+        m: number of landmarks.
 
     Returns:
         The :class:`RoutingPlan`.
     """
-    BH, m, N = rk.shape
-    dev = rk.device
-    idx = topk_lowest_index(rk, ksel)
-    if key_valid is not None:
-        ok = torch.gather(key_valid[:, None, :].expand(BH, m, N), 2, idx)
-        idx = torch.where(ok, idx, -1)
-    idx = torch.sort(idx, dim=-1).values.to(torch.int32).contiguous()
-    if S == 1:
-        route = torch.argmax(rq, dim=-1, keepdim=True)
-    else:
-        route = topk_lowest_index(rq, S)
-    nrows = N * S
-    route = route.reshape(BH, nrows)
+    BH, nrows = route.shape
+    dev = route.device
     sorted_e, rows = torch.sort(route, dim=-1, stable=True)
     ar = torch.arange(m + 1, device=dev, dtype=sorted_e.dtype)
     starts = torch.searchsorted(sorted_e.contiguous(), ar.expand(BH, m + 1).contiguous())
@@ -491,14 +472,6 @@ def build_plan(rk: torch.Tensor, rq: torch.Tensor, key_valid: torch.Tensor | Non
 # ----------------------------------------------------------------------------------------------------------------
 # launchers
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _prec(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _upcast(dtype: torch.dtype) -> bool:
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _blocks(m: int, ksel: int, d: int) -> tuple[int, int]:
@@ -778,22 +751,14 @@ def triton_mita(
     if key_padding_mask is not None:
         key_valid = (~key_padding_mask)[:, None, :].expand(B, H, N).reshape(BH, N)
     with torch.no_grad():
-        # [BH, m, N] float32 scores for the exact top-k; [BH, N, m] for the routing.
-        rk = torch.matmul(rf.float(), kf.float().transpose(1, 2))
-        if key_valid is not None:
-            rk = rk.masked_fill(~key_valid[:, None, :], float("-inf"))
-        rq = torch.matmul(qf.float(), rf.float().transpose(1, 2))
-        plan = build_plan(rk, rq, key_valid, ksel, S)
-        del rq, rk
+        # Exact top-k per landmark and top-S routing per query, scores computed tile by tile, never stored.
+        idx = exact_topk(rf, kf, key_valid, ksel)
+        route = route_topk(qf, rf, S)
+        plan = build_plan(idx, route, m)
     if shared:
-        # Landmark values softmax(R k^T s) v: a dense attention of m queries over N keys, so SDPA (and its
-        # backward) does it without materialising the [m, N] probabilities.
-        mask = None if key_valid is None else key_valid[:, None, :]
-        vt = F.scaled_dot_product_attention(rf, kf, vf, attn_mask=mask, scale=scale)
-        if key_valid is not None:
-            # A fully padded sequence gives NaN rows in SDPA; the reference gives zeros.
-            vt = torch.where(key_valid.any(-1)[:, None, None], vt, torch.zeros_like(vt))
-        vt = vt.contiguous()
+        # Landmark values softmax(R k^T s) v: split-key kernels (forward and backward), zeros for a row with no
+        # valid key, as the reference gives.
+        vt = LandmarkValuesFn.apply(rf, kf, vf, key_valid, scale)
     else:
         vt = torch.zeros(BH, m, D, device=q.device, dtype=q.dtype)
     o = _MiTAAttnFn.apply(qf, kf, vf, rf, vt, plan, S, shared, scale, sscale)

@@ -1,0 +1,181 @@
+"""Routing and landmark-value kernels (triton_routing.py): exact top-k, top-S routing, split-key landmark values.
+
+Integer-valued inputs make every score exact in float32 whatever the summation order, so index sets are compared
+exactly, ties included. Without a GPU the kernels run under TRITON_INTERPRET=1 at small shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+_CUDA = torch.cuda.is_available()
+if not _CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+triton = pytest.importorskip("triton")
+
+from mita.ops.mita import triton_routing as tr  # noqa: E402
+from mita.ops.mita.naive import stable_topk_indices  # noqa: E402
+
+if not _CUDA and type(tr._route_kernel).__name__ != "InterpretedFunction":
+    importlib.reload(tr)
+
+DEV = "cuda" if _CUDA else "cpu"
+
+
+def _ints(shape, lo, hi, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi, shape, generator=g).to(DEV, dtype)
+
+
+def _ref_topk(r, k, valid, ksel):
+    sc = r.double() @ k.double().transpose(1, 2)
+    if valid is not None:
+        sc = sc.masked_fill(~valid[:, None, :], float("-inf"))
+    idx = stable_topk_indices(sc, ksel)
+    if valid is not None:
+        ok = torch.gather(valid[:, None, :].expand_as(sc), 2, idx)
+        idx = torch.where(ok, idx, -1)
+    return idx
+
+
+def _same_sets(a, b):
+    a = torch.where(a < 0, 1 << 30, a.long()).sort(-1).values
+    b = torch.where(b < 0, 1 << 30, b.long()).sort(-1).values
+    return torch.equal(a.cpu(), b.cpu())
+
+
+@pytest.mark.parametrize("path", ["small", "long"])
+@pytest.mark.parametrize("N,M,d,ksel,span,pad", [(70, 5, 32, 9, 2, False), (150, 20, 32, 40, 3, True),
+                                                 (130, 4, 64, 130, 1, True)])
+def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
+    BH = 2
+    r = _ints((BH, M, d), -span, span + 1, 1, torch.bfloat16)
+    k = _ints((BH, N, d), -span, span + 1, 2, torch.bfloat16)
+    valid = None
+    if pad:
+        valid = torch.ones(BH, N, dtype=torch.bool, device=DEV)
+        valid[0, N // 3:] = False
+        valid[1, :5] = False
+    kw = dict(small_max_n=0, cap=max(64, tr._next_pow2(ksel))) if path == "long" else {}
+    got = tr.exact_topk(r, k, valid, ksel, **kw)
+    assert got.shape == (BH, M, ksel) and got.dtype == torch.int32
+    assert _same_sets(got, _ref_topk(r, k, valid, ksel))
+    # Ascending valid indices first, then -1.
+    key = torch.where(got < 0, 1 << 30, got.long())
+    assert torch.equal(key, key.sort(-1).values)
+
+
+def test_exact_topk_long_rows_massive_ties_and_refinement():
+    # Many keys tie with the k-th score and the candidate list is short: the refinement passes must narrow the
+    # threshold to the k-th key itself and the emitting pass must keep the lowest-index ties.
+    BH, N, M, d, ksel = 1, 200, 3, 32, 20
+    r = _ints((BH, M, d), 0, 2, 3)
+    k = _ints((BH, N, d), 0, 2, 4)
+    k[:, 50:180] = k[:, 10:11]
+    got = tr.exact_topk(r, k, None, ksel, small_max_n=0, cap=64)
+    assert _same_sets(got, _ref_topk(r, k, None, ksel))
+    assert _same_sets(tr.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
+
+
+def test_exact_topk_long_rows_start_from_block_maxima():
+    # Enough key blocks (N / 64 >= k) for the block-maximum start threshold; integer ties across blocks.
+    r = _ints((1, 3, 32), -2, 3, 9, torch.bfloat16)
+    k = _ints((1, 1300, 32), -2, 3, 10, torch.bfloat16)
+    valid = torch.ones(1, 1300, dtype=torch.bool, device=DEV)
+    valid[0, 1000:1100] = False
+    got = tr.exact_topk(r, k, valid, 8)
+    assert _same_sets(got, _ref_topk(r, k, valid, 8))
+
+
+def test_exact_topk_fully_padded_row():
+    r = _ints((2, 4, 32), -2, 3, 5)
+    k = _ints((2, 90, 32), -2, 3, 6)
+    valid = torch.ones(2, 90, dtype=torch.bool, device=DEV)
+    valid[1] = False
+    for kw in ({}, dict(small_max_n=0)):
+        got = tr.exact_topk(r, k, valid, 8, **kw)
+        assert torch.all(got[1] == -1)
+        assert _same_sets(got[0:1], _ref_topk(r[0:1], k[0:1], valid[0:1], 8))
+
+
+@pytest.mark.parametrize("S", [1, 2, 3])
+def test_route_topk_matches_stable_sort(S):
+    q = _ints((2, 77, 32), -2, 3, 7, torch.bfloat16)
+    r = _ints((2, 19, 32), -2, 3, 8, torch.bfloat16)
+    got = tr.route_topk(q, r, S)
+    ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), S)
+    assert torch.equal(got.view(2, 77, S).long().cpu(), ref.cpu())
+
+
+def _lv_ref(r, k, v, valid, scale):
+    s = (r.double() @ k.double().transpose(1, 2)) * scale
+    if valid is not None:
+        s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v.double()
+
+
+@pytest.mark.parametrize("N,M,d,dtype,pad", [(100, 7, 32, torch.float32, False), (300, 20, 32, torch.float32, True),
+                                             (530, 9, 64, torch.bfloat16, True), (200, 5, 128, torch.float16, False)])
+def test_landmark_values_forward_backward(N, M, d, dtype, pad):
+    BH = 2
+    g = torch.Generator().manual_seed(N)
+    r, k, v = (torch.randn(BH, n, d, generator=g).to(DEV, dtype).requires_grad_() for n in (M, N, N))
+    valid = None
+    if pad:
+        valid = torch.ones(BH, N, dtype=torch.bool, device=DEV)
+        valid[0, N // 2:] = False
+        valid[1] = False
+    scale = d**-0.5
+    out = tr.LandmarkValuesFn.apply(r, k, v, valid, scale)
+    ref = _lv_ref(r, k, v, valid, scale)
+    dvt = torch.randn(BH, M, d, generator=g).to(DEV, dtype)
+    grads = torch.autograd.grad(out, (r, k, v), dvt)
+    ref_grads = torch.autograd.grad(ref, (r, k, v), dvt.double())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert torch.isfinite(out).all()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < tol, err
+    if pad:
+        assert torch.all(out[1] == 0)
+    for a, b in zip(grads, ref_grads):
+        assert torch.isfinite(a).all()
+        e = ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+        assert e < 2 * tol, e
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,M,ksel", [(1000, 25, 25), (4097, 32, 64), (65536, 128, 128), (262144, 64, 256)])
+def test_gpu_exact_topk_and_route(N, M, ksel):
+    r = _ints((2, M, 64), -3, 4, N, torch.bfloat16)
+    k = _ints((2, N, 64), -3, 4, N + 1, torch.bfloat16)
+    valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
+    valid[1, N // 2:] = False
+    assert _same_sets(tr.exact_topk(r, k, valid, ksel), _ref_topk(r, k, valid, ksel))
+    assert _same_sets(tr.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
+    got = tr.route_topk(k, r, 2)
+    ref = stable_topk_indices(k.double() @ r.double().transpose(1, 2), 2)
+    assert torch.equal(got.view(2, N, 2).long(), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,M", [(197, 25), (65536, 128), (1 << 20, 512)])
+def test_gpu_landmark_values(N, M):
+    g = torch.Generator().manual_seed(N)
+    r, k, v = (torch.randn(1, n, 64, generator=g).to(DEV, torch.bfloat16).requires_grad_() for n in (M, N, N))
+    out = tr.LandmarkValuesFn.apply(r, k, v, None, 0.125)
+    dvt = torch.randn(1, M, 64, generator=g).to(DEV, torch.bfloat16)
+    grads = torch.autograd.grad(out, (r, k, v), dvt)
+    rf, kf, vf = (t.detach().float().requires_grad_() for t in (r, k, v))
+    ref = torch.softmax(rf @ kf.transpose(1, 2) * 0.125, -1) @ vf
+    ref_grads = torch.autograd.grad(ref, (rf, kf, vf), dvt.float())
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
+    for a, b in zip(grads, ref_grads):
+        assert ((a.float() - b).norm() / b.norm()).item() < 4e-2
