@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Without a GPU, Triton kernels run in its CPU interpreter. The variable must be set before anything imports
+# triton (torch may), in every pytest-xdist worker too, so it is set here rather than in a test module.
+if not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
