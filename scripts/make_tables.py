@@ -21,7 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tasks.common.experiments import list_experiments, paper_blocks  # noqa: E402
-from tasks.common.records import read_records  # noqa: E402
 
 TITLES = {
     "A": "Table A: ImageNet-1K classification (224 x 224, from scratch, top-1 %)",
@@ -55,6 +54,9 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def latest_records(records_dir: Path) -> dict[str, dict[str, Any]]:
     """Experiment -> its newest record that is not a smoke run and has a value."""
+    # Imported here so that `--list` (used by reproduce.sh) does not pay for importing torch.
+    from tasks.common.records import read_records
+
     latest: dict[str, dict[str, Any]] = {}
     for rec in read_records(records_dir):
         if rec.get("smoke"):
