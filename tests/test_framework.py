@@ -108,8 +108,8 @@ def _only_record(root: Path) -> dict:
     return json.loads(records[0].read_text())
 
 
-def test_sweep_and_ddp_two_processes_match_one_process(tmp_path):
-    """``-m`` runs a sweep; a 2-process gloo DDP run writes its metrics where a 1-process run does."""
+def test_ddp_two_processes_match_one_process(tmp_path):
+    """A 2-process gloo DDP run on CPU writes its metrics and one record where a 1-process run does."""
     common = [*SMOKE, "trainer.max_steps=2", f"paths.log_dir={tmp_path}"]
     one = _cli([*common, "run_name=one"])
     assert one.returncode == 0, one.stderr[-2000:]
@@ -124,7 +124,12 @@ def test_sweep_and_ddp_two_processes_match_one_process(tmp_path):
         assert record["steps"] == 2
     assert paths["one"] == paths["two"] == ["csv/metrics.csv"]
     assert _only_record(tmp_path / "two")["hardware"]["world_size"] == 2
-    sweep = _cli([*common, "-m", "run_name=sweep", "attention=full,mita"])
+
+
+@pytest.mark.slow
+def test_multirun_sweep_runs_every_combination(tmp_path):
+    common = [*SMOKE, "trainer.max_steps=1", f"paths.log_dir={tmp_path}"]
+    sweep = _cli(["-m", *common, "run_name=sweep", "attention=full,mita"])
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     jobs = sorted(p.parent.parent.name for p in (tmp_path / "multirun" / "sweep").rglob("metrics.csv"))
     assert len(jobs) == 2 and any("attention=mita" in j for j in jobs), jobs
