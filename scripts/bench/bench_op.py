@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--max-n", type=int, default=1 << 20)
     ap.add_argument("--backends", default="triton,torch")
+    ap.add_argument("--dense-long", default="flash,cudnn",
+                    help="dense SDPA backends timed at N >= 256K (each point costs seconds there)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     env = environment()
@@ -103,7 +105,7 @@ def main() -> None:
         mita_flops = 2 * N * d * (4 * p["m"] + 2 * (p["m"] + p["k"])) * B * H
         res = {}
         for name in DENSE:
-            if long_run and name == "efficient":
+            if long_run and name not in args.dense_long.split(","):
                 continue
             t0 = time.time()
             try:

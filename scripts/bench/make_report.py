@@ -18,7 +18,8 @@ def read(paths: list[str]) -> list[dict]:
     rows = []
     for p in paths:
         with open(p) as f:
-            rows += list(csv.DictReader(f))
+            # The run folder names the kernel version a row was measured with.
+            rows += [dict(r, run=os.path.basename(os.path.dirname(p)) or p) for r in csv.DictReader(f)]
     return rows
 
 
@@ -51,16 +52,16 @@ def figf_table(rows: list[dict]) -> str:
     env = rows[0]
     out = [f"Figure F, 3 layers, dim 128, 2 heads, bf16, inference ({env['gpu']}, torch {env['torch']}, triton "
            f"{env['triton']}). tokens/s at the best batch.", "",
-           "| N | full: kernel | full tokens/s (batch) | MiTA m, k | MiTA tokens/s (batch) | speed-up "
+           "| N | run | full: kernel | full tokens/s (batch) | MiTA m, k | MiTA tokens/s (batch) | speed-up "
            "| paper speed-up |",
-           "|---|---|---|---|---|---|---|"]
-    by_n: dict[int, dict] = {}
+           "|---|---|---|---|---|---|---|---|"]
+    by_n: dict[tuple[int, str], dict] = {}
     for r in rows:
-        by_n.setdefault(int(r["N"]), {})["mita" if r["method"].startswith("mita") else "full"] = r
-    for n in sorted(by_n):
-        fu, mi = by_n[n].get("full", {}), by_n[n].get("mita", {})
+        by_n.setdefault((int(r["N"]), r["run"]), {})["mita" if r["method"].startswith("mita") else "full"] = r
+    for n, run in sorted(by_n):
+        fu, mi = by_n[n, run].get("full", {}), by_n[n, run].get("mita", {})
         ft, mt, sp = num(fu.get("tokens_per_s")), num(mi.get("tokens_per_s")), num(mi.get("speedup"))
-        out.append(f"| {n} | {fu.get('method', '')} | {f'{ft:.3g}' if ft else fu.get('tokens_per_s', '')} "
+        out.append(f"| {n} | {run} | {fu.get('method', '')} | {f'{ft:.3g}' if ft else fu.get('tokens_per_s', '')} "
                    f"({fu.get('batch', '')}) | {mi.get('m', '')}, {mi.get('k', '')} | "
                    f"{f'{mt:.3g}' if mt else mi.get('tokens_per_s', '')} ({mi.get('batch', '')}) | "
                    f"{f'{sp:.2f}' if sp else mi.get('speedup', '')} | {PAPER_FIGF_SPEEDUP.get(n, '')} |")
@@ -74,12 +75,20 @@ def figf_plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    latest = max(r["run"] for r in rows)
     for key, label in (("full", "full attention (fastest SDPA)"), ("mita", "MiTA (Triton)")):
-        pts = sorted((int(r["N"]), num(r["tokens_per_s"])) for r in rows
-                     if r["method"].startswith(key) and num(r["tokens_per_s"]))
-        a1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
-    sp = sorted((int(r["N"]), num(r["speedup"])) for r in rows if r["method"].startswith("mita") and num(r["speedup"]))
-    a2.plot([p[0] for p in sp], [p[1] for p in sp], "o-", label="measured (H200)")
+        for run in sorted({r["run"] for r in rows}):
+            if key == "full" and run != latest:
+                continue
+            pts = sorted((int(r["N"]), num(r["tokens_per_s"])) for r in rows
+                         if r["run"] == run and r["method"].startswith(key) and num(r["tokens_per_s"]))
+            if pts:
+                a1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{label}, {run}")
+    for run in sorted({r["run"] for r in rows}):
+        sp = sorted((int(r["N"]), num(r["speedup"])) for r in rows
+                    if r["run"] == run and r["method"].startswith("mita") and num(r["speedup"]))
+        if sp:
+            a2.plot([p[0] for p in sp], [p[1] for p in sp], "o-", label=f"measured (H200, {run})")
     a2.plot(list(PAPER_FIGF_SPEEDUP), list(PAPER_FIGF_SPEEDUP.values()), "s--", label="paper (RTX 4090)")
     for a, t in ((a1, "tokens/s"), (a2, "speed-up over full attention")):
         a.set_xscale("log", base=2)

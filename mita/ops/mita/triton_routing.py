@@ -25,8 +25,9 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-# Rows up to this length take the on-chip top-k.
-SMALL_N = 1024
+# Rows up to this length take the on-chip top-k (if the [N, d] key tile stays within _SMALL_BYTES).
+SMALL_N = 512
+_SMALL_BYTES = 1 << 16
 # Threshold candidates per refinement pass of the long-row top-k, and the number of passes (16^8 = 2^32).
 _P = 16
 _PASSES = 8
@@ -295,7 +296,7 @@ def exact_topk(
         k: ``[BH, N, d]`` keys (same dtype as r).
         key_valid: ``[BH, N]`` bool, or None when every key is valid.
         ksel: keys per landmark, ``1 <= ksel <= N``.
-        small_max_n: rows up to this length take the on-chip kernel.
+        small_max_n: rows up to this length take the on-chip kernel (when the key tile fits in 64 KiB).
         cap: candidate-list length of the long-row path (default ``max(2 ksel, 64)`` rounded to a power of 2).
 
     Returns:
@@ -307,9 +308,9 @@ def exact_topk(
     kk = _valid_counts(key_valid, BH, N, ksel, dev)
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else torch.empty(1, device=dev)
     prec, up = _prec(r.dtype), _upcast(r.dtype)
-    if N <= small_max_n:
+    NP = max(16, _next_pow2(N))
+    if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
         idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
-        NP = max(16, _next_pow2(N))
         bs = 16
         _topk_small_kernel[(triton.cdiv(M, bs), BH)](
             r, k, kv, kk, idx, N, M, ksel, HAS_KV=key_valid is not None, D=D, BS=bs, NP=NP,
