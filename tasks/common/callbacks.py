@@ -61,13 +61,23 @@ class ThroughputMonitor(Callback):
         self._samples = 0
         self._tokens = 0
         self._steps = 0
+        # Whole-run totals (after each epoch's first step) for the mean throughput in the run record.
+        self._run_samples = 0
+        self._run_time = 0.0
+        self._prev: float | None = None
         self.last: dict[str, float] = {}
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = None
+        self._prev = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         now = time.perf_counter()
+        if self._prev is not None:
+            self._run_samples += _batch_size(batch)
+            self._run_time += now - self._prev
+            self.last["perf/mean_samples_per_s"] = self._run_samples * trainer.world_size / self._run_time
+        self._prev = now
         if self._t0 is None:
             # The first step includes start-up work; the window starts after it.
             self._t0, self._samples, self._tokens, self._steps = now, 0, 0, 0
@@ -87,7 +97,7 @@ class ThroughputMonitor(Callback):
         }
         if tokens is not None:
             metrics["perf/tokens_per_s"] = self._tokens * world / elapsed
-        self.last = metrics
+        self.last.update(metrics)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
         pl_module.log("samples/s", metrics["perf/samples_per_s"], prog_bar=True, on_step=True, rank_zero_only=True)
         self._t0, self._samples, self._tokens, self._steps = now, 0, 0, 0

@@ -47,7 +47,7 @@ def build_report(records_dir: Path, flops_csv: Path, out: Path) -> str:
         if rec["experiment"] in EXPERIMENTS and not rec.get("smoke"):
             records[rec["experiment"]] = rec
     gmacs = _gmacs(flops_csv)
-    header = "| attention | val top-1 | test top-1 | MMACs / image | steps | train+eval wall time | samples/s (train) |"
+    header = "| attention | val top-1 | test top-1 | MMACs / image | steps | wall time | train samples/s |"
     lines = [header, "|---|---|---|---|---|---|---|"]
     out.mkdir(parents=True, exist_ok=True)
     import matplotlib
@@ -67,11 +67,11 @@ def build_report(records_dir: Path, flops_csv: Path, out: Path) -> str:
         lines.append(
             f"| {label} | {100 * m.get('val/acc1', float('nan')):.1f} | {100 * m.get('test/acc1', float('nan')):.1f} "
             f"| {float(macs) * 1e3:.2f} | {rec['steps']} | {rec['wall_time_s']:.0f} s "
-            f"| {m.get('perf/samples_per_s', float('nan')):.0f} |"
+            f"| {m.get('perf/mean_samples_per_s', float('nan')):.0f} |"
             if macs
             else f"| {label} | {100 * m.get('val/acc1', float('nan')):.1f} | "
             f"{100 * m.get('test/acc1', float('nan')):.1f} | — | {rec['steps']} | {rec['wall_time_s']:.0f} s "
-            f"| {m.get('perf/samples_per_s', float('nan')):.0f} |"
+            f"| {m.get('perf/mean_samples_per_s', float('nan')):.0f} |"
         )
         steps, accs = _curve(rec["output_dir"])
         ax.plot(steps, accs, marker="o", label=f"{label} attention")
