@@ -8,6 +8,7 @@ bin i of p over length L covers ``[floor(i L / p), ceil((i + 1) L / p))``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -15,8 +16,11 @@ import torch
 LAYOUTS = ("official", "patches", "1d")
 
 
+@functools.lru_cache(maxsize=64)
 def adaptive_pool_matrix(length: int, bins: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """``[bins, length]`` matrix whose row i averages adaptive-pooling bin i of a length-``length`` axis."""
+    """``[bins, length]`` matrix whose row i averages adaptive-pooling bin i of a length-``length`` axis.
+
+    Cached per (length, bins, device, dtype): a layer calls it every forward with the same sizes."""
     i = torch.arange(bins, device=device)
     start = (i * length) // bins
     end = ((i + 1) * length + bins - 1) // bins
