@@ -88,6 +88,8 @@ def build(cfg: DictConfig) -> dict[str, Any]:
         use_distributed_sampler=not getattr(datamodule, "handles_distributed_sampling", False),
         _convert_="all",
     )
+    if "FSDP" in type(trainer.strategy).__name__ and module.ema is not None:
+        raise ValueError("task.ema: the EMA copy cannot be sharded with trainer=fsdp; set task.ema=null")
     return {"datamodule": datamodule, "net": net, "module": module, "trainer": trainer, "callbacks": callbacks}
 
 

@@ -133,3 +133,18 @@ def test_multirun_sweep_runs_every_combination(tmp_path):
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     jobs = sorted(p.parent.parent.name for p in (tmp_path / "multirun" / "sweep").rglob("metrics.csv"))
     assert len(jobs) == 2 and any("attention=mita" in j for j in jobs), jobs
+
+
+def test_strategies_and_loggers_instantiate(monkeypatch, tmp_path):
+    from hydra.utils import instantiate
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    cfg = compose(["experiment=imagenet/deit_s-mita", "trainer=fsdp"])
+    assert isinstance(instantiate(cfg.trainer.strategy), FSDPStrategy)
+    cfg = compose(["experiment=imagenet/deit_s-mita", "trainer=ddp"])
+    assert isinstance(instantiate(cfg.trainer.strategy), DDPStrategy) and cfg.trainer.precision == "bf16-mixed"
+    from tasks.common.callbacks import wandb_logger
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    logger = wandb_logger(project="mita", save_dir=str(tmp_path), offline=None, tags="imagenet/deit_s-mita")
+    assert logger._offline is True
