@@ -148,3 +148,27 @@ def test_strategies_and_loggers_instantiate(monkeypatch, tmp_path):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     logger = wandb_logger(project="mita", save_dir=str(tmp_path), offline=None, tags="imagenet/deit_s-mita")
     assert logger._offline is True
+
+
+def test_deit_schedule_and_optimizer_groups():
+    import timm
+
+    from tasks.common.optim import build_optimizer, build_scheduler
+
+    net = timm.create_model("mita_deit_tiny_patch16_224", attention="full", depth=1)
+    cfg = {"name": "adamw", "lr": 5e-4, "lr_batch_ref": 512, "weight_decay": 0.05}
+    opt = build_optimizer(net, cfg, global_batch=1024)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)
+    # No weight decay on biases, norms, the cls token and the position embedding.
+    no_decay = [g for g in opt.param_groups if g["weight_decay"] == 0.0]
+    assert no_decay and sum(p.numel() for g in no_decay for p in g["params"]) > net.pos_embed.numel()
+    sched = build_scheduler(opt, {"name": "cosine", "warmup_epochs": 5, "warmup_lr": 1e-6, "min_lr": 1e-5}, 3000, 100)
+    lrs = []
+    for _ in range(3000):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert (
+        lrs[0] == pytest.approx(1e-6) and lrs[500] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-5, rel=1e-2)
+    )
+    assert max(lrs) == pytest.approx(1e-3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -153,13 +154,12 @@ class ClassificationModule(L.LightningModule):
         optimizer = build_optimizer(self.net, self.optimizer_cfg, self.global_batch_size())
         if self.scheduler_cfg is None:
             return optimizer
+        # Loads the train loader once, so num_training_batches is known below.
         total = int(self.trainer.estimated_stepping_batches)
-        max_epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
-        steps_per_epoch = max(1, total // max_epochs) if self.trainer.max_steps in (-1, None) else None
-        if steps_per_epoch is None:
-            batches = self.trainer.num_training_batches
-            if batches in (None, float("inf")):
-                batches = total
-            steps_per_epoch = max(1, int(batches) // self.trainer.accumulate_grad_batches)
+        batches = self.trainer.num_training_batches
+        if batches in (None, float("inf")):
+            steps_per_epoch = total
+        else:
+            steps_per_epoch = max(1, math.ceil(int(batches) / self.trainer.accumulate_grad_batches))
         scheduler = build_scheduler(optimizer, self.scheduler_cfg, total, steps_per_epoch)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
