@@ -26,12 +26,14 @@ import triton.language as tl
 
 from mita.ops.mita.checks import check_mita_args
 from mita.ops.mita.triton_routing import (
-    LandmarkValuesFn,
     _dot,
+    _lv_bwd_dr_kernel,
+    _n_chunks,
     _next_pow2,
     _prec,
     _upcast,
     exact_topk,
+    landmark_values_fwd,
     route_topk,
 )
 
@@ -152,6 +154,7 @@ def _mita_bwd_dq_kernel(
     TILE_RS,
     TILE_RE,
     DO,
+    O,
     LSE,
     DELTA,
     DQ,
@@ -191,7 +194,11 @@ def _mita_bwd_dq_kernel(
         b_do = tl.load(DO + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
-        b_delta = tl.load(DELTA + i_bh * N + o_n, mask=m_r, other=0.0)
+        # delta = rowsum(dO * O), computed here and stored for the key-side kernels (a query's S rows write the
+        # same value).
+        b_o = tl.load(O + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
+        tl.store(DELTA + i_bh * N + o_n, b_delta, mask=m_r)
         b_dq = tl.zeros([BM, D], tl.float32)
         if SHARED:
             for j0 in range(0, M, BS):
@@ -223,7 +230,8 @@ def _mita_bwd_dq_kernel(
             b_ds = b_p * (b_dp - b_delta[:, None])
             b_dq += _dot(b_ds.to(b_k.dtype), b_k, PREC, UP) * scale
         if DIRECT:
-            tl.store(DQ + i_bh * N * D + o_n[:, None] * D + o_d[None, :], b_dq, mask=m_r[:, None])
+            tl.store(DQ + i_bh * N * D + o_n[:, None] * D + o_d[None, :], b_dq.to(DQ.dtype.element_ty),
+                     mask=m_r[:, None])
         else:
             o_w = rows.to(tl.int64)
             tl.store(DQ + i_bh * NROWS * D + o_w[:, None] * D + o_d[None, :], b_dq, mask=m_r[:, None])
@@ -354,32 +362,153 @@ def _mita_bwd_shared_kernel(
 
 
 @triton.jit
-def _csr_reduce_kernel(
-    SRC,
+def _dkdv_final_kernel(
+    DKE,
+    DVE,
+    IDX,
     PERM,
     PTR,
-    DST,
+    R,
+    K,
+    V,
+    KV,
+    DVT,
+    LV_LSE,
+    LV_DELTA,
+    DK,
+    DV,
     N,
+    M,
+    KSEL,
     L,
+    scale,
+    scale_log2,
+    CSR: tl.constexpr,
+    LV: tl.constexpr,
+    HAS_KV: tl.constexpr,
     D: tl.constexpr,
     BK: tl.constexpr,
+    KP: tl.constexpr,
+    BS: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
 ):
+    # Final dk, dv of a block of keys, in the keys' dtype: the sum of the key's routed (expert, slot) rows in
+    # ascending expert order, plus (LV) the landmark-value attention's dk, dv. The routed rows are found through a
+    # CSR list (CSR) or by matching the key against each expert's index list (small m * N: no sort needed).
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_n = i_n * BK + tl.arange(0, BK)
-    m_n = o_n < N
+    m_in = o_n < N
+    o_n64 = o_n.to(tl.int64)
     o_d = tl.arange(0, D)
-    b_start = tl.load(PTR + i_bh * (N + 1) + o_n, mask=m_n, other=0)
-    b_end = tl.load(PTR + i_bh * (N + 1) + o_n + 1, mask=m_n, other=0)
-    n_max = tl.max(b_end - b_start, 0)
-    b_acc = tl.zeros([BK, D], tl.float32)
-    for i in range(0, n_max):
-        o_p = b_start + i
-        m_p = o_p < b_end
-        b_src = tl.load(PERM + i_bh * L + o_p, mask=m_p, other=0).to(tl.int64)
-        # [BK, D]
-        b_acc += tl.load(SRC + (i_bh * L + b_src)[:, None] * D + o_d[None, :], mask=m_p[:, None], other=0.0)
-    tl.store(DST + (i_bh * N + o_n.to(tl.int64))[:, None] * D + o_d[None, :], b_acc, mask=m_n[:, None])
+    b_dk = tl.zeros([BK, D], tl.float32)
+    b_dv = tl.zeros([BK, D], tl.float32)
+    if CSR:
+        b_start = tl.load(PTR + i_bh * (N + 1) + o_n, mask=m_in, other=0)
+        b_end = tl.load(PTR + i_bh * (N + 1) + o_n + 1, mask=m_in, other=0)
+        n_max = tl.max(b_end - b_start, 0)
+        for i in range(0, n_max):
+            o_p = b_start + i
+            m_p = o_p < b_end
+            b_src = tl.load(PERM + i_bh * L + o_p, mask=m_p, other=0).to(tl.int64)
+            o_w = (i_bh * L + b_src)[:, None] * D + o_d[None, :]
+            b_dk += tl.load(DKE + o_w, mask=m_p[:, None], other=0.0)
+            b_dv += tl.load(DVE + o_w, mask=m_p[:, None], other=0.0)
+    else:
+        o_p = tl.arange(0, KP)
+        for e in range(0, M):
+            # An expert's index list holds each key at most once.
+            b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_p, mask=o_p < KSEL, other=-1)
+            hit = b_idx[None, :] == o_n[:, None]
+            found = tl.sum(hit.to(tl.int32), 1) > 0
+            pos = tl.sum(tl.where(hit, o_p[None, :], 0), 1)
+            o_w = ((i_bh * M + e) * KSEL + pos).to(tl.int64)[:, None] * D + o_d[None, :]
+            b_dk += tl.load(DKE + o_w, mask=(found & m_in)[:, None], other=0.0)
+            b_dv += tl.load(DVE + o_w, mask=(found & m_in)[:, None], other=0.0)
+    if LV:
+        m_n = m_in
+        if HAS_KV:
+            m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_in, other=0) != 0)
+        b_k = tl.load(K + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_v = tl.load(V + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_lk = tl.zeros([BK, D], tl.float32)
+        for j0 in range(0, M, BS):
+            o_j = j0 + tl.arange(0, BS)
+            m_j = o_j < M
+            b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+            b_dvt = tl.load(DVT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+            b_lse = tl.load(LV_LSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
+            b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+            b_delta = tl.load(LV_DELTA + i_bh * M + o_j, mask=m_j, other=0.0)
+            # [BK, BS]
+            b_pt = tl.exp2(_dot(b_k, tl.trans(b_r), PREC, UP) * scale_log2 - b_lse[None, :])
+            b_pt = tl.where(m_n[:, None] & m_j[None, :], b_pt, 0.0)
+            b_dv += _dot(b_pt.to(b_dvt.dtype), b_dvt, PREC, UP)
+            b_dpt = _dot(b_v, tl.trans(b_dvt), PREC, UP)
+            b_dst = b_pt * (b_dpt - b_delta[None, :])
+            b_lk += _dot(b_dst.to(b_r.dtype), b_r, PREC, UP)
+        b_dk += b_lk * scale
+    o_w = o_n64[:, None] * D + o_d[None, :]
+    tl.store(DK + i_bh * N * D + o_w, b_dk.to(DK.dtype.element_ty), mask=m_in[:, None])
+    tl.store(DV + i_bh * N * D + o_w, b_dv.to(DV.dtype.element_ty), mask=m_in[:, None])
+
+
+@triton.jit
+def _plan_kernel(
+    ROUTE,
+    ROWS,
+    STARTS,
+    TILE_E,
+    TILE_RS,
+    TILE_RE,
+    NR,
+    M,
+    T,
+    BMQ,
+    MP: tl.constexpr,
+    BR: tl.constexpr,
+    BT: tl.constexpr,
+):
+    # The whole routing plan of one (batch, head) in one program: a counting sort of the rows by expert (stable:
+    # ranks are cumulative counts in row order) and the tile table. For small N * S * m only.
+    i_bh = tl.program_id(0).to(tl.int64)
+    o_m = tl.arange(0, MP)
+    cnt = tl.zeros([MP], tl.int32)
+    for r0 in range(0, NR, BR):
+        o_r = r0 + tl.arange(0, BR)
+        b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=o_r < NR, other=-1)
+        cnt += tl.sum((b_e[:, None] == o_m[None, :]).to(tl.int32), 0)
+    incl = tl.cumsum(cnt, 0)
+    start = incl - cnt
+    tl.store(STARTS + i_bh * (M + 1) + o_m, start, mask=o_m < M)
+    tl.store(STARTS + i_bh * (M + 1) + o_m + 1, incl, mask=o_m == M - 1)
+    base = start
+    for r0 in range(0, NR, BR):
+        o_r = r0 + tl.arange(0, BR)
+        m_r = o_r < NR
+        b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=m_r, other=-1)
+        oh = (b_e[:, None] == o_m[None, :]).to(tl.int32)
+        rank = tl.cumsum(oh, 0)
+        pos = tl.sum(tl.where(oh > 0, base[None, :] + rank - 1, 0), 1)
+        tl.store(ROWS + i_bh * NR + pos, o_r, mask=m_r)
+        base += tl.sum(oh, 0)
+    tiles = (cnt + BMQ - 1) // BMQ
+    tcum = tl.cumsum(tiles, 0)
+    for t0 in range(0, T, BT):
+        o_t = t0 + tl.arange(0, BT)
+        m_t = o_t < T
+        # Expert of tile t: the number of experts whose tiles all come before t (padded experts have no tiles
+        # and count only past the last tile, giving e >= M there).
+        e_t = tl.sum((tcum[None, :] <= o_t[:, None]).to(tl.int32), 1)
+        ok = e_t < M
+        sel = o_m[None, :] == e_t[:, None]
+        first_t = tl.sum(tl.where(sel, (tcum - tiles)[None, :], 0), 1)
+        rs = tl.sum(tl.where(sel, start[None, :], 0), 1) + (o_t - first_t) * BMQ
+        re = tl.sum(tl.where(sel, incl[None, :], 0), 1)
+        tl.store(TILE_E + i_bh * T + o_t, tl.where(ok, e_t, -1), mask=m_t)
+        tl.store(TILE_RS + i_bh * T + o_t, tl.where(ok, rs, 0), mask=m_t)
+        tl.store(TILE_RE + i_bh * T + o_t, tl.where(ok, re, 0), mask=m_t)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -423,6 +552,12 @@ class RoutingPlan:
         self.bm = bm
 
 
+# The fused plan kernel takes N * S * next_pow2(m) up to this (one program per (batch, head) loops over the rows
+# in chunks of _PLAN_CHUNK one-hot entries); beyond it the PyTorch sort path has more parallelism.
+_PLAN_FUSED_MAX = 1 << 18
+_PLAN_CHUNK = 8192
+
+
 def _choose_bm(nrows: int, m: int) -> int:
     avg = max(1, nrows // m)
     return int(min(64, max(16, _next_pow2(avg))))
@@ -441,14 +576,25 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
     """
     BH, nrows = route.shape
     dev = route.device
+    bm = _choose_bm(nrows, m)
+    T = triton.cdiv(nrows, bm) + min(m, nrows)
+    mp = max(16, _next_pow2(m))
+    if nrows * mp <= _PLAN_FUSED_MAX:
+        # One program per (batch, head) builds the whole plan (one launch instead of ~25 small PyTorch ops).
+        i32 = torch.int32
+        rows = torch.empty(BH, nrows, device=dev, dtype=i32)
+        starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
+        tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
+        br = max(16, _PLAN_CHUNK // mp)
+        _plan_kernel[(BH,)](route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br,
+                            num_warps=8)
+        return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     sorted_e, rows = torch.sort(route, dim=-1, stable=True)
     ar = torch.arange(m + 1, device=dev, dtype=sorted_e.dtype)
     starts = torch.searchsorted(sorted_e.contiguous(), ar.expand(BH, m + 1).contiguous())
     cnt = starts[:, 1:] - starts[:, :-1]
-    bm = _choose_bm(nrows, m)
     tiles = (cnt + bm - 1) // bm
     tcum = torch.cumsum(tiles, dim=-1)
-    T = triton.cdiv(nrows, bm) + min(m, nrows)
     t = torch.arange(T, device=dev, dtype=tcum.dtype)
     e_t = torch.searchsorted(tcum.contiguous(), t.expand(BH, T).contiguous(), right=True)
     ok_t = e_t < m
@@ -547,98 +693,61 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
     return out.to(q.dtype), tot
 
 
-def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float):
-    """Fused backward. Returns ``(dq, dk, dv, dr, dvt)``, float32, shapes of q, k, v, r, vt."""
+# Routed dk, dv rows are matched to their keys by comparing each key block with every expert's index list when
+# BH * N * m * next_pow2(ksel) is at most this; above it a CSR list from a stable sort is cheaper.
+_MATCH_MAX = 1 << 28
+
+
+def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float,
+             key_valid=None, lv_lse=None):
+    """Fused backward, landmark values' backward included.
+
+    Args:
+        do, q, k, v, o: ``[BH, N, d]``; r, vt: ``[BH, m, d]``; lse: the forward's ``[BH, N]`` log2 LSE.
+        key_valid: ``[BH, N]`` bool or None; lv_lse: the landmark values' ``[BH, m]`` log2 LSE (with ``shared``).
+
+    Returns:
+        ``(dq, dk, dv, dr)`` in the dtypes of q, k, v, r (one rounding each: everything is summed in float32 first).
+    """
     BH, N, D = q.shape
     m = r.shape[1]
     ksel = plan.idx.shape[-1]
     nrows = N * S
     T = plan.tile_e.shape[1]
     bn, bs = _blocks(m, ksel, D)
-    prec = _prec(q.dtype)
+    prec, up = _prec(q.dtype), _upcast(q.dtype)
+    dev = q.device
     do = do.contiguous()
-    delta = (do.float() * o.float()).sum(-1).contiguous()
     direct = S == 1
-    dq = torch.empty(BH, nrows, D, device=q.device, dtype=torch.float32)
+    delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
+    dq = torch.empty_like(q) if direct else torch.empty(BH, nrows, D, device=dev, dtype=torch.float32)
     _mita_bwd_dq_kernel[(T, BH)](
-        q,
-        k,
-        v,
-        r,
-        vt,
-        plan.idx,
-        plan.rows,
-        plan.tile_e,
-        plan.tile_rs,
-        plan.tile_re,
-        do,
-        lse,
-        delta,
-        dq,
-        N,
-        m,
-        ksel,
-        nrows,
-        T,
-        scale,
-        sscale,
-        scale * LOG2E,
-        sscale * LOG2E,
-        S=S,
-        SHARED=shared,
-        DIRECT=direct,
-        D=D,
-        BM=plan.bm,
-        BN=bn,
-        BS=bs,
-        PREC=prec,
-        UP=_upcast(q.dtype),
-        num_warps=_num_warps(plan.bm, D),
+        q, k, v, r, vt, plan.idx, plan.rows, plan.tile_e, plan.tile_rs, plan.tile_re, do, o, lse, delta, dq, N, m,
+        ksel, nrows, T, scale, sscale, scale * LOG2E, sscale * LOG2E, S=S, SHARED=shared, DIRECT=direct, D=D,
+        BM=plan.bm, BN=bn, BS=bs, PREC=prec, UP=up, num_warps=_num_warps(plan.bm, D),
     )
     if not direct:
-        dq = dq.view(BH, N, S, D).sum(dim=2)
+        dq = dq.view(BH, N, S, D).sum(dim=2).to(q.dtype)
     # Routed keys/values: one row per (expert, slot), then a per-key reduction in a fixed order.
     bmk = 32 if D <= 64 else 16
-    dk_e = torch.empty(BH, m * ksel, D, device=q.device, dtype=torch.float32)
-    dv_e = torch.empty(BH, m * ksel, D, device=q.device, dtype=torch.float32)
-    _mita_bwd_dkdv_routed_kernel[(triton.cdiv(ksel, bn), m, BH)](
-        q,
-        k,
-        v,
-        plan.idx,
-        plan.rows,
-        plan.starts,
-        do,
-        lse,
-        delta,
-        dk_e,
-        dv_e,
-        N,
-        m,
-        ksel,
-        nrows,
-        scale,
-        scale * LOG2E,
-        S=S,
-        D=D,
-        BM=bmk,
-        BN=bn,
-        PREC=prec,
-        UP=_upcast(q.dtype),
-        num_warps=4,
-    )
     L = m * ksel
-    flat = plan.idx.view(BH, L).long()
-    flat = torch.where(flat < 0, N, flat)
-    sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
-    ar = torch.arange(N + 1, device=q.device, dtype=sorted_idx.dtype)
-    ptr = torch.searchsorted(sorted_idx.contiguous(), ar.expand(BH, N + 1).contiguous()).to(torch.int32).contiguous()
-    perm = perm.to(torch.int32).contiguous()
-    dk = torch.empty(BH, N, D, device=q.device, dtype=torch.float32)
-    dv = torch.empty(BH, N, D, device=q.device, dtype=torch.float32)
-    bk = 16
-    _csr_reduce_kernel[(triton.cdiv(N, bk), BH)](dk_e, perm, ptr, dk, N, L, D=D, BK=bk)
-    _csr_reduce_kernel[(triton.cdiv(N, bk), BH)](dv_e, perm, ptr, dv, N, L, D=D, BK=bk)
+    dk_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
+    dv_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
+    _mita_bwd_dkdv_routed_kernel[(triton.cdiv(ksel, bn), m, BH)](
+        q, k, v, plan.idx, plan.rows, plan.starts, do, lse, delta, dk_e, dv_e, N, m, ksel, nrows, scale,
+        scale * LOG2E, S=S, D=D, BM=bmk, BN=bn, PREC=prec, UP=up, num_warps=4,
+    )
+    kp = max(16, _next_pow2(ksel))
+    csr = BH * N * m * kp > _MATCH_MAX
+    if csr:
+        flat = plan.idx.view(BH, L).long()
+        flat = torch.where(flat < 0, N, flat)
+        sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
+        ar = torch.arange(N + 1, device=dev, dtype=sorted_idx.dtype)
+        ptr = torch.searchsorted(sorted_idx.contiguous(), ar.expand(BH, N + 1).contiguous()).to(torch.int32)
+        perm = perm.to(torch.int32).contiguous()
+    else:
+        ptr = perm = plan.idx
     if shared:
         bms = 64 if D <= 64 else 32
         n_sblk = triton.cdiv(m, bs)
@@ -646,34 +755,39 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
         n_chunk = max(1, min(triton.cdiv(N, 4 * bms), triton.cdiv(512, n_sblk * BH)))
         chunk = triton.cdiv(triton.cdiv(N, n_chunk), bms) * bms
         n_chunk = triton.cdiv(N, chunk)
-        dr = torch.empty(BH, n_chunk, m, D, device=q.device, dtype=torch.float32)
-        dvt = torch.empty(BH, n_chunk, m, D, device=q.device, dtype=torch.float32)
+        dr = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
+        dvt = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
         _mita_bwd_shared_kernel[(n_sblk, n_chunk, BH)](
-            q,
-            r,
-            vt,
-            do,
-            lse,
-            delta,
-            dr,
-            dvt,
-            N,
-            m,
-            chunk,
-            sscale,
-            sscale * LOG2E,
-            D=D,
-            BM=bms,
-            BS=bs,
-            PREC=prec,
-            UP=_upcast(q.dtype),
-            num_warps=4,
+            q, r, vt, do, lse, delta, dr, dvt, N, m, chunk, sscale, sscale * LOG2E, D=D, BM=bms, BS=bs, PREC=prec,
+            UP=up, num_warps=4,
         )
-        dr, dvt = dr.sum(1), dvt.sum(1)
+        dr = dr[:, 0] if n_chunk == 1 else dr.sum(1)
+        dvt = (dvt[:, 0] if n_chunk == 1 else dvt.sum(1)).to(r.dtype)
+        lv_delta = (dvt.float() * vt.float()).sum(-1).contiguous()
     else:
-        dr = torch.zeros_like(r, dtype=torch.float32)
-        dvt = torch.zeros_like(vt, dtype=torch.float32)
-    return dq, dk, dv, dr, dvt
+        dvt = lv_delta = lv_lse = vt
+    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else delta
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    bk = 32
+    lbs = int(min(64 if D <= 64 else 32, max(16, _next_pow2(m))))
+    _dkdv_final_kernel[(triton.cdiv(N, bk), BH)](
+        dk_e, dv_e, plan.idx, perm, ptr, r, k, v, kv, dvt, lv_lse, lv_delta, dk, dv, N, m, ksel, L, scale,
+        scale * LOG2E, CSR=csr, LV=shared, HAS_KV=key_valid is not None, D=D, BK=bk, KP=kp, BS=lbs, PREC=prec,
+        UP=up, num_warps=4,
+    )
+    if shared:
+        # dR of the landmark values (dR partials per key chunk, summed in order) joins the shared expert's dR.
+        nc, ch = _n_chunks(N, triton.cdiv(m, lbs), BH, 64)
+        dr_lv = torch.empty(BH, nc, m, D, device=dev, dtype=torch.float32)
+        _lv_bwd_dr_kernel[(triton.cdiv(m, lbs), nc, BH)](
+            r, k, v, kv, dvt, lv_lse, lv_delta, dr_lv, N, m, ch, scale, scale * LOG2E,
+            HAS_KV=key_valid is not None, D=D, BS=lbs, BN=64, PREC=prec, UP=up, num_warps=4,
+        )
+        dr = (dr + (dr_lv[:, 0] if nc == 1 else dr_lv.sum(1))).to(r.dtype)
+    else:
+        dr = torch.zeros_like(r)
+    return dq, dk, dv, dr
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -681,30 +795,29 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
 # ----------------------------------------------------------------------------------------------------------------
 
 
-class _MiTAAttnFn(torch.autograd.Function):
+class _MiTAFn(torch.autograd.Function):
+    """Landmark values and the fused attention as one autograd node: one backward writes dq, dk, dv, dR once."""
+
     @staticmethod
-    def forward(ctx, q, k, v, r, vt, plan, S, shared, scale, sscale):
+    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale):
+        BH, _, D = q.shape
+        if shared:
+            # softmax(R k^T s) v: split-key kernels; zeros for a row with no valid key, as the reference gives.
+            vt, lv_lse = landmark_values_fwd(r, k, v, key_valid, scale)
+        else:
+            vt = torch.zeros_like(r)
+            lv_lse = None
         o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale)
-        ctx.save_for_backward(q, k, v, r, vt, o, lse)
-        ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale = plan, S, shared, scale, sscale
+        ctx.save_for_backward(q, k, v, r, vt, o, lse, lv_lse)
+        ctx.key_valid, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, plan, S, shared, scale, sscale
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, r, vt, o, lse = ctx.saved_tensors
-        dq, dk, dv, dr, dvt = mita_bwd(do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale)
-        return (
-            dq.to(q.dtype),
-            dk.to(k.dtype),
-            dv.to(v.dtype),
-            dr.to(r.dtype),
-            dvt.to(vt.dtype),
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        q, k, v, r, vt, o, lse, lv_lse = ctx.saved_tensors
+        dq, dk, dv, dr = mita_bwd(do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale,
+                                  ctx.key_valid, lv_lse)
+        return dq, dk, dv, dr, None, None, None, None, None, None
 
 
 def triton_mita(
@@ -755,11 +868,5 @@ def triton_mita(
         idx = exact_topk(rf, kf, key_valid, ksel)
         route = route_topk(qf, rf, S)
         plan = build_plan(idx, route, m)
-    if shared:
-        # Landmark values softmax(R k^T s) v: split-key kernels (forward and backward), zeros for a row with no
-        # valid key, as the reference gives.
-        vt = LandmarkValuesFn.apply(rf, kf, vf, key_valid, scale)
-    else:
-        vt = torch.zeros(BH, m, D, device=q.device, dtype=q.dtype)
-    o = _MiTAAttnFn.apply(qf, kf, vf, rf, vt, plan, S, shared, scale, sscale)
+    o = _MiTAFn.apply(qf, kf, vf, rf, key_valid, plan, S, shared, scale, sscale)
     return o.view(B, H, N, D)

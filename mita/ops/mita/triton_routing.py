@@ -114,7 +114,10 @@ def _topk_small_kernel(
     # [BS, NP] order keys of the raw scores; invalid keys take no part.
     b_key = _order_key(_score(b_r, b_k, PREC, UP, EXACT))
     m_v = m_n[None, :] & m_j[:, None]
-    kk = tl.load(KK + i_bh)
+    if HAS_KV:
+        kk = tl.load(KK + i_bh)
+    else:
+        kk = KSEL
     # Largest t with count(key >= t) >= kk, by bisection on [lo, hi): count(>= lo) >= kk > count(>= hi).
     lo = tl.full([BS], -2147483648, tl.int64)
     hi = tl.full([BS], 2147483648, tl.int64)
@@ -305,11 +308,12 @@ def exact_topk(
     BH, M, D = r.shape
     N = k.shape[1]
     dev = r.device
-    kk = _valid_counts(key_valid, BH, N, ksel, dev)
-    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else torch.empty(1, device=dev)
+    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     prec, up = _prec(r.dtype), _upcast(r.dtype)
     NP = max(16, _next_pow2(N))
     if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
+        # Without padding every row keeps ksel keys: no count tensor (one launch in all).
+        kk = _valid_counts(key_valid, BH, N, ksel, dev) if key_valid is not None else r
         idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
         bs = 16
         _topk_small_kernel[(triton.cdiv(M, bs), BH)](
@@ -317,6 +321,7 @@ def exact_topk(
             KP=max(16, _next_pow2(ksel)), PREC=prec, UP=up, EXACT=_interpreting(), num_warps=4 if NP <= 256 else 8,
         )
         return idx
+    kk = _valid_counts(key_valid, BH, N, ksel, dev)
     bn = 64
     bs = 64 if D <= 64 else 32
     n_s = triton.cdiv(M, bs)
@@ -675,7 +680,7 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
     bs, bn = _lv_blocks(M, D)
     n_s = triton.cdiv(M, bs)
     nc, ch = _n_chunks(N, n_s, BH, bn)
-    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else torch.empty(1, device=dev)
+    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
     lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
     direct = nc == 1
@@ -703,7 +708,7 @@ def landmark_values_bwd(dvt, r, k, v, key_valid, vt, lse, scale: float):
     n_s = triton.cdiv(M, bs)
     dvt = dvt.to(r.dtype).contiguous()
     delta = (dvt.float() * vt.float()).sum(-1).contiguous()
-    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else torch.empty(1, device=dev)
+    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     prec, up = _prec(r.dtype), _upcast(r.dtype)
     has_kv = key_valid is not None
     dk = torch.empty(BH, N, D, device=dev, dtype=torch.float32)

@@ -1,0 +1,97 @@
+"""Compile the Triton MiTA kernels for sm_90 (H100/H200) without a GPU: catches compile errors before a device run.
+
+    python scripts/bench/compile_check.py
+
+Each kernel is compiled (TTIR -> TTGIR -> PTX -> cubin with Triton's bundled ptxas) at the constexpr settings the
+launchers use for bf16, d 64; the shared memory of each is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from mita.ops.mita import triton_mita as tm  # noqa: E402
+from mita.ops.mita import triton_routing as tr  # noqa: E402
+
+# Pointer arguments by name (everything else in upper case is a float32 pointer; lower/mixed case is a scalar).
+_BF16 = {"Q", "K", "V", "R", "VT", "O", "DO", "DVT", "DK", "DV"}
+_I32 = {"IDX", "ROWS", "STARTS", "TILE_E", "TILE_RS", "TILE_RE", "ROUTE", "PERM", "PTR", "KK", "DONE", "OFF"}
+_I64 = {"LO", "HI", "CAND"}
+_I8 = {"KV"}
+_FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}
+_INT_SCALARS = {"N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "CAP", "NC"}
+
+
+def _sig(fn, consts: dict, overrides: dict | None = None) -> dict:
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif overrides and name in overrides:
+            sig[name] = overrides[name]
+        elif name in _INT_SCALARS:
+            sig[name] = "i32"
+        elif name in _FLOAT_SCALARS:
+            sig[name] = "fp32"
+        elif name in _BF16:
+            sig[name] = "*bf16"
+        elif name in _I32:
+            sig[name] = "*i32"
+        elif name in _I64:
+            sig[name] = "*i64"
+        elif name in _I8:
+            sig[name] = "*i8"
+        elif name.isupper() and len(name) > 1 or name in ("O",):
+            sig[name] = "*fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def main() -> None:
+    target = GPUTarget("cuda", 90, 32)
+    common = dict(D=64, PREC="tf32", UP=False)
+    cases = [
+        ("mita_fwd", tm._mita_fwd_kernel, dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, **common), 4, None),
+        ("mita_bwd_dq", tm._mita_bwd_dq_kernel, dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, **common),
+         4, None),
+        ("mita_bwd_dq S=2", tm._mita_bwd_dq_kernel,
+         dict(S=2, SHARED=True, DIRECT=False, BM=64, BN=64, BS=64, **common), 8, {"DQ": "*fp32"}),
+        ("dkdv_final match", tm._dkdv_final_kernel,
+         dict(CSR=False, LV=True, HAS_KV=True, BK=32, KP=32, BS=32, **common), 4, None),
+        ("dkdv_final csr", tm._dkdv_final_kernel,
+         dict(CSR=True, LV=True, HAS_KV=False, BK=16, KP=512, BS=64, **common), 4, None),
+        ("plan", tm._plan_kernel, dict(MP=32, BR=256, BT=256), 8, None),
+        ("topk_small", tr._topk_small_kernel,
+         dict(HAS_KV=False, BS=16, NP=256, KP=32, EXACT=False, **common), 4, None),
+    ]
+    for mode in range(4):
+        cases.append((f"topk_scan mode {mode}", tr._topk_scan_kernel,
+                      dict(MODE=mode, P=16, HAS_KV=False, BS=64, BN=64, EXACT=False, **common), 4,
+                      {"CMAX": "*fp32", "CNT": "*i32"}))
+    extra = getattr(tr, "_compile_cases", None)
+    if extra is not None:
+        cases += extra()
+    failed = 0
+    for name, fn, consts, warps, over in cases:
+        try:
+            src = ASTSource(fn=fn, signature=_sig(fn, consts, over), constexprs=consts)
+            c = triton.compile(src, target=target, options=dict(num_warps=warps))
+            print(f"{name:28s} ok  "
+                  f"shared {c.metadata.shared} B", flush=True)
+        except Exception as e:  # noqa: BLE001 (report every kernel, then fail)
+            failed += 1
+            print(f"{name:28s} FAILED: {str(e).strip().splitlines()[-1][:300]}", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
