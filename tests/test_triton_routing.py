@@ -92,6 +92,25 @@ def test_exact_topk_long_rows_start_from_block_maxima():
     assert _same_sets(got, _ref_topk(r, k, valid, 8))
 
 
+def test_exact_topk_long_rows_count_first_then_refine_some_rows():
+    # One landmark tile mixes rows the count pass settles (random scores) with a row it cannot: its start (the
+    # 4th largest block maximum) is a level 600 keys reach, above which only two keys lie, so it is refined.
+    N, M, d, ksel = 1024, 5, 32, 4
+    g = torch.Generator().manual_seed(21)
+    r = torch.randn(1, M, d, generator=g)
+    e1 = torch.zeros(d)
+    e1[0] = 1.0
+    r[0, 1] = e1
+    k = torch.randn(1, N, d, generator=g) * 0.1
+    k[0, :, 0] = 1.0
+    k[0, 100:700, 0] = 2.0
+    k[0, 300, 0] = 3.0
+    k[0, 900, 0] = 3.0
+    r, k = r.to(DEV), k.to(DEV)
+    got = tr.exact_topk(r, k, None, ksel, small_max_n=0, cap=64)
+    assert _same_sets(got, _ref_topk(r, k, None, ksel))
+
+
 def test_exact_topk_fully_padded_row():
     r = _ints((2, 4, 32), -2, 3, 5)
     k = _ints((2, 90, 32), -2, 3, 6)

@@ -68,9 +68,9 @@ def fwd_bwd(f, do, ins):
     return g
 
 
-def measure(f, ins, do, long_run: bool) -> dict:
+def measure(f, ins, do, long_run: bool, reps_long: int = 3) -> dict:
     row = {}
-    reps = 3 if long_run else 20
+    reps = reps_long if long_run else 20
     with torch.no_grad():
         row["fwd_ms"], row["fwd_spread_ms"] = cuda_time(f, warmup=1 if long_run else 3, reps=reps)
         row["fwd_peak_mib"] = peak_memory_mib(f)
@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("--backends", default="triton,torch")
     ap.add_argument("--dense-long", default="flash,cudnn",
                     help="dense SDPA backends timed at N >= 256K (each point costs seconds there)")
+    ap.add_argument("--points", default="", help="comma-separated point names (deit_s, N65536, ...); empty: all")
+    ap.add_argument("--dense-reps-long", type=int, default=3, help="timed runs of a dense backend at N >= 256K")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     env = environment()
@@ -95,7 +97,10 @@ def main() -> None:
     for b, (ok, msg) in gate.items():
         print(f"correctness gate {b}: {'PASS' if ok else 'FAIL'} ({msg})", flush=True)
     rows = []
+    wanted = [x for x in args.points.split(",") if x]
     for p in shapes(args.max_n):
+        if wanted and p["name"] not in wanted:
+            continue
         B, H, N, d = p["B"], p["H"], p["N"], p["d"]
         g = torch.Generator(device="cuda").manual_seed(N)
         q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
@@ -109,7 +114,7 @@ def main() -> None:
                 continue
             t0 = time.time()
             try:
-                res[f"dense_{name}"] = measure(dense_fn(q, k, v, name), ins, do, long_run)
+                res[f"dense_{name}"] = measure(dense_fn(q, k, v, name), ins, do, long_run, args.dense_reps_long)
             except RuntimeError as e:
                 res[f"dense_{name}"] = {"error": str(e).splitlines()[0][:80]}
                 torch.cuda.empty_cache()

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# One device call: GPU tests of the Triton kernels, the forward stage profile, the op-level benchmark, then
-# Figure F. Logs and CSVs go to $OUT (or results/bench when OUT is unset). Time limits per step are variables.
+# One device call: the repository's whole GPU test suite (three pytest processes side by side, since Triton
+# compilation is CPU-bound), the forward stage profile (top-k passes one by one), then the op-level benchmark.
+# Logs and CSVs go to $OUT (or results/bench when OUT is unset). Time limits per step are variables.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-results/bench}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
-timeout "${TEST_S:-200}" python3 -m pytest tests/test_triton_routing.py tests/test_triton_mita.py -m gpu -q \
-  -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
-timeout "${PROF_S:-60}" python3 scripts/bench/profile_stages.py 2>&1 | tee "$OUT/profile.log"
-timeout "${OP_S:-220}" python3 scripts/bench/bench_op.py --out "$OUT" --max-n "${OP_MAX_N:-1048576}" \
-  --backends triton --dense-long "${DENSE_LONG:-cudnn}" 2>&1 | tee "$OUT/op_bench.log" | tail -24
-if [ "${FIGF_S:-0}" -gt 0 ]; then
-  timeout "$FIGF_S" python3 scripts/bench/bench_figf.py --out "$OUT" --min-n "${FIGF_MIN_N:-65536}" \
-    --max-n "${FIGF_MAX_N:-262144}" --time-budget-s "${FIGF_BUDGET_S:-40}" 2>&1 | tee "$OUT/figf.log" | tail -8
-fi
+# Test modules that cannot be imported here (the device lacks hydra/omegaconf/wandb/datasets) are listed and left
+# out; every other module's gpu-marked tests run.
+IGN=$(python3 scripts/bench/unimportable_tests.py tests 2>>"$OUT/env.txt")
+echo "left out (not importable here): $IGN" | tee -a "$OUT/env.txt"
+T=${TEST_S:-110}
+PT="python3 -m pytest -m gpu -q -p no:cacheprovider -rfE"
+timeout "$T" $PT tests/test_triton_mita.py -k "gpu_matches_naive" >"$OUT/gpu_tests_1.log" 2>&1 &
+timeout "$T" $PT tests/test_triton_mita.py -k "not gpu_matches_naive" >"$OUT/gpu_tests_2.log" 2>&1 &
+# shellcheck disable=SC2086
+timeout "$T" $PT tests --ignore=tests/test_triton_mita.py $IGN >"$OUT/gpu_tests_3.log" 2>&1 &
+wait
+cat "$OUT"/gpu_tests_?.log > "$OUT/gpu_tests.log"
+grep -h -E "passed|failed|error" "$OUT"/gpu_tests_?.log | tail -6
+timeout "${PROF_S:-45}" python3 scripts/bench/profile_stages.py 2>&1 | tee "$OUT/profile.log" | tail -30
+timeout "${OP_S:-90}" python3 scripts/bench/bench_op.py --out "$OUT" --points "${OP_POINTS:-deit_s,N65536,N262144,N1048576}" \
+  --backends triton --dense-long "${DENSE_LONG:-cudnn}" --dense-reps-long 2 2>&1 | tee "$OUT/op_bench.log" | tail -14

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -52,6 +53,32 @@ def profile_point(name: str, B: int, H: int, N: int, m: int, k: int) -> None:
         print(f"{name:9s} {sname:40s} {ms:9.3f} ms (spread {spread:.3f})", flush=True)
     ms, spread = cuda_time(fwd_bwd, warmup=2, reps=10, max_s=5.0)
     print(f"{name:9s} {'whole forward + backward':40s} {ms:9.3f} ms (spread {spread:.3f})", flush=True)
+    if N > tr.SMALL_N:
+        profile_topk_passes(name, r, kk, k)
+
+
+def profile_topk_passes(name: str, r, kk, k: int, reps: int = 5) -> None:
+    """Print the median time of each pass of the long-row exact top-k, each timed in its place in a full call."""
+    acc: dict[str, list] = {}
+
+    def timer(sname, fn):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        acc.setdefault(sname, []).append((start, end))
+        return out
+
+    tr.exact_topk(r, kk, None, k)
+    for _ in range(reps):
+        tr.exact_topk(r, kk, None, k, timer=timer)
+    torch.cuda.synchronize()
+    total = 0.0
+    for sname, evs in acc.items():
+        ms = statistics.median(s.elapsed_time(e) for s, e in evs)
+        total += ms
+        print(f"{name:9s}   top-k: {sname:38s} {ms:9.3f} ms", flush=True)
+    print(f"{name:9s}   top-k: {'sum of passes':38s} {total:9.3f} ms", flush=True)
 
 
 def main() -> None:

@@ -165,6 +165,7 @@ def _topk_scan_kernel(
     CAP,
     MODE: tl.constexpr,
     P: tl.constexpr,
+    SKIP: tl.constexpr,
     HAS_KV: tl.constexpr,
     D: tl.constexpr,
     BS: tl.constexpr,
@@ -185,7 +186,8 @@ def _topk_scan_kernel(
     m_j = o_j < M
     row = i_bh * M + o_j
     active = tl.sum(m_j.to(tl.int32), 0) > 0
-    if MODE == 1:
+    if MODE == 1 or SKIP:
+        # Only landmark tiles with a row still to refine (MODE 1) or to recount (MODE 2 after refinement).
         b_done = tl.load(DONE + row, mask=m_j, other=1)
         active = tl.sum((b_done == 0).to(tl.int32), 0) > 0
     if active:
@@ -193,12 +195,15 @@ def _topk_scan_kernel(
         n0 = i_g * CH
         n1 = tl.minimum(n0 + CH, N)
         if MODE != 0:
-            b_lo = tl.load(LO + row, mask=m_j, other=0)
-            b_hi = tl.load(HI + row, mask=m_j, other=0)
+            b_lo64 = tl.load(LO + row, mask=m_j, other=0)
+            b_hi64 = tl.load(HI + row, mask=m_j, other=0)
+            # Compares in int32 (keys are int32; hi = 2^31 only above a NaN key, which scores never are).
+            b_lo = b_lo64.to(tl.int32)
+            b_hi = tl.minimum(b_hi64, 2147483647).to(tl.int32)
         if MODE == 1:
             o_p = tl.arange(0, P)
-            # [BS, P] thresholds lo + (hi - lo) * p / P (p = 0 gives lo itself).
-            b_t = b_lo[:, None] + ((b_hi - b_lo)[:, None] * o_p[None, :]) // P
+            # [BS, P] thresholds lo + (hi - lo) * p / P (p = 0 gives lo itself), all below hi: int32.
+            b_t = (b_lo64[:, None] + ((b_hi64 - b_lo64)[:, None] * o_p[None, :]) // P).to(tl.int32)
             b_cnt = tl.zeros([BS, P], tl.int32)
         if MODE >= 2:
             c_hi = tl.zeros([BS], tl.int32)
@@ -219,7 +224,7 @@ def _topk_scan_kernel(
                 b_max = tl.max(tl.where(m_v, b_sc, float("-inf")), 1)
                 tl.store(CMAX + row * NB + n_b // BN, b_max, mask=m_j)
             else:
-                b_key = _order_key(b_sc).to(tl.int64)
+                b_key = _order_key(b_sc)
                 m_lo = m_v & (b_key >= b_lo[:, None])
                 if tl.sum(m_lo.to(tl.int32)) > 0:
                     if MODE == 1:
@@ -239,7 +244,7 @@ def _topk_scan_kernel(
                             pos = tl.where(m_hi, r_hi, r_band)
                             m_w = (m_hi | m_band) & (pos < CAP)
                             # (order key, reversed index): one int64 whose order is score desc, index asc.
-                            packed = (b_key << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
+                            packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
                             tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_w)
                         c_hi += tl.sum(m_hi.to(tl.int32), 1)
                         c_band += tl.sum(m_band.to(tl.int32), 1)
@@ -291,6 +296,7 @@ def exact_topk(
     *,
     small_max_n: int = SMALL_N,
     cap: int | None = None,
+    timer=None,
 ) -> torch.Tensor:
     """Per landmark, the indices of the ``ksel`` valid keys with the largest raw score, ties to the lower index.
 
@@ -301,6 +307,8 @@ def exact_topk(
         ksel: keys per landmark, ``1 <= ksel <= N``.
         small_max_n: rows up to this length take the on-chip kernel (when the key tile fits in 64 KiB).
         cap: candidate-list length of the long-row path (default ``max(2 ksel, 64)`` rounded to a power of 2).
+        timer: None, or ``timer(name, fn)`` that runs ``fn()`` (profiling: each pass of the long-row path is one
+            named call).
 
     Returns:
         ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for.
@@ -335,47 +343,80 @@ def exact_topk(
     common = dict(HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P,
                   num_warps=4)
     i64 = torch.int64
+
+    def run(name, fn):
+        return fn() if timer is None else timer(name, fn)
+
     dummy64 = torch.empty(1, device=dev, dtype=i64)
     cmax = torch.empty(BH, M, NB, device=dev, dtype=torch.float32)
     lo = torch.empty(rows, device=dev, dtype=i64)
     hi = torch.empty(rows, device=dev, dtype=i64)
-    done = torch.zeros(rows, device=dev, dtype=torch.int32)
+    done = torch.empty(rows, device=dev, dtype=torch.int32)
     cnt = torch.zeros(rows, _P, device=dev, dtype=torch.int32)
-    _topk_scan_kernel[grid](r, k, kv, lo, hi, done, cmax, cnt, dummy64, dummy64, N, M, CH, G, NB, cap, MODE=0,
-                            **common)
-    # Start: lo = the kk-th largest block maximum (kk keys reach it), hi = just above the row maximum.
-    kk_row = kk.repeat_interleave(M)
-    if NB >= ksel:
-        top = torch.topk(cmax.view(rows, NB), ksel, dim=-1, sorted=True).values
-        start = torch.gather(top, 1, (kk_row.long() - 1).clamp(min=0)[:, None])[:, 0]
-    else:
-        start = torch.full((rows,), float("-inf"), device=dev)
-    rmax = cmax.view(rows, NB).max(-1).values
-
-    def key(x):
-        b = torch.where(x == 0, torch.zeros_like(x), x).contiguous().view(torch.int32)
-        return torch.where(b >= 0, b, b ^ 0x7FFFFFFF).to(i64)
-
-    lo.copy_(key(start))
-    hi.copy_(key(rmax) + 1)
-    for _ in range(_PASSES):
-        _topk_scan_kernel[grid](r, k, kv, lo, hi, done, cmax, cnt, dummy64, dummy64, N, M, CH, G, NB, cap,
-                                MODE=1, **common)
-        _topk_update_kernel[(triton.cdiv(rows, 128),)](lo, hi, done, cnt, kk, rows, M, cap, P=_P, BLK=128)
     counts = torch.empty(rows, G, 2, device=dev, dtype=torch.int32)
-    _topk_scan_kernel[grid](r, k, kv, lo, hi, done, cmax, counts, dummy64, dummy64, N, M, CH, G, NB, cap,
-                            MODE=2, **common)
-    n_hi = counts[..., 0].sum(-1, keepdim=True)
-    off = torch.stack([torch.cumsum(counts[..., 0], -1) - counts[..., 0],
-                       n_hi + torch.cumsum(counts[..., 1], -1) - counts[..., 1]], -1).to(torch.int32).contiguous()
+
+    def scan(mode, cnt_buf, done_buf=done, off=dummy64, cand=dummy64, skip=False):
+        _topk_scan_kernel[grid](r, k, kv, lo, hi, done_buf, cmax, cnt_buf, off, cand, N, M, CH, G, NB, cap,
+                                MODE=mode, SKIP=skip, **common)
+
+    run("block maxima", lambda: scan(0, cnt))
+    kk_row = kk.repeat_interleave(M)
+
+    def start_bounds():
+        # lo = the kk-th largest maximum of key groups (kk distinct keys reach it), hi = just above the row maximum.
+        # Groups of f blocks keep >= 4 ksel maxima (so the start stays close to the k-th key) in a smaller top-k.
+        f = 1
+        while NB % (2 * f) == 0 and NB // (2 * f) >= 4 * ksel:
+            f *= 2
+        gmax = cmax.view(rows, NB // f, f).amax(-1) if f > 1 else cmax.view(rows, NB)
+        if gmax.shape[1] >= ksel:
+            top = torch.topk(gmax, ksel, dim=-1, sorted=True).values
+            start = torch.gather(top, 1, (kk_row.long() - 1).clamp(min=0)[:, None])[:, 0]
+        else:
+            start = torch.full((rows,), float("-inf"), device=dev)
+        rmax = gmax.max(-1).values
+
+        def key(x):
+            b = torch.where(x == 0, torch.zeros_like(x), x).contiguous().view(torch.int32)
+            return torch.where(b >= 0, b, b ^ 0x7FFFFFFF).to(i64)
+
+        lo.copy_(key(start))
+        hi.copy_(key(rmax) + 1)
+
+    run("start threshold (top-k of group maxima)", start_bounds)
+    # Count first: a row whose start already leaves at most cap candidates needs no refinement pass at all.
+    run("count pass", lambda: scan(2, counts))
+
+    def mark_done():
+        tot = counts.view(rows, -1).sum(-1)
+        done.copy_(((tot <= cap) | (hi - lo <= 1)).to(torch.int32))
+
+    run("mark done rows", mark_done)
+    done0 = done.clone()
+    for i in range(_PASSES):
+        run(f"refine pass {i}", lambda: scan(1, cnt))
+        run(f"refine update {i}", lambda: _topk_update_kernel[(triton.cdiv(rows, 128),)](
+            lo, hi, done, cnt, kk, rows, M, cap, P=_P, BLK=128))
+    # Recount only the landmark tiles that had a row to refine (the others keep their first counts).
+    run("recount pass", lambda: scan(2, counts, done_buf=done0, skip=True))
     cand = torch.full((rows, cap), torch.iinfo(i64).min, device=dev, dtype=i64)
-    _topk_scan_kernel[grid](r, k, kv, lo, hi, done, cmax, counts, off, cand, N, M, CH, G, NB, cap, MODE=3,
-                            **common)
-    top = torch.topk(cand, ksel, dim=-1, sorted=False).values
-    idx = torch.where(top == torch.iinfo(i64).min, -1, 0xFFFFFFFF - (top & 0xFFFFFFFF))
-    # Ascending valid indices, then -1.
-    idx = torch.where(idx < 0, N, idx).sort(-1).values
-    return torch.where(idx == N, -1, idx).to(torch.int32).view(BH, M, ksel).contiguous()
+
+    def emit():
+        n_hi = counts[..., 0].sum(-1, keepdim=True)
+        off = torch.stack([torch.cumsum(counts[..., 0], -1) - counts[..., 0],
+                           n_hi + torch.cumsum(counts[..., 1], -1) - counts[..., 1]], -1).to(torch.int32)
+        scan(3, counts, off=off.contiguous(), cand=cand)
+
+    run("emit pass", emit)
+
+    def final():
+        top = torch.topk(cand, ksel, dim=-1, sorted=False).values
+        idx = torch.where(top == torch.iinfo(i64).min, -1, 0xFFFFFFFF - (top & 0xFFFFFFFF))
+        # Ascending valid indices, then -1.
+        idx = torch.where(idx < 0, N, idx).sort(-1).values
+        return torch.where(idx == N, -1, idx).to(torch.int32).view(BH, M, ksel).contiguous()
+
+    return run("top-k of the candidate list", final)
 
 
 # ----------------------------------------------------------------------------------------------------------------
