@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -73,22 +74,19 @@ def read_flops(path: Path) -> dict[str, dict[str, str]]:
         return {row["experiment"]: row for row in csv.DictReader(f)}
 
 
-def provenance(rec: dict[str, Any]) -> str:
+def provenance(rec: dict[str, Any], table_dir: Path) -> str:
     """One cell: date, commit, hardware, steps, wall time, record file."""
     git = rec.get("git") or {}
     commit = (git.get("commit") or "?")[:8] + ("+dirty" if git.get("dirty") else "")
     hw = (rec.get("hardware") or {}).get("summary", "?")
     hours = float(rec.get("wall_time_s") or 0) / 3600
     wall = f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.1f} min"
-    path = rec.get("_path", "")
-    try:
-        path = str(Path(path).resolve().relative_to(REPO))
-    except ValueError:
-        pass
+    # A link relative to the table's folder, so it works on GitHub and locally.
+    path = os.path.relpath(Path(rec.get("_path", "")).resolve(), table_dir.resolve())
     return f"{rec.get('date', '?')[:10]}, {commit}, {hw}, {rec.get('steps')} steps, {wall} ([record]({path}))"
 
 
-def build_table(table: str, records_dir: Path, flops_csv: Path) -> str:
+def build_table(table: str, records_dir: Path, flops_csv: Path, table_dir: Path) -> str:
     """Markdown of one table."""
     blocks = {name: b for name, b in paper_blocks().items() if str(b.get("table")) == table}
     records = latest_records(records_dir)
@@ -128,7 +126,7 @@ def build_table(table: str, records_dir: Path, flops_csv: Path) -> str:
                 _fmt(block.get("params_m"), 1),
                 _fmt(count.get("params_m"), 1),
             ]
-        cells.append(provenance(rec) if rec else "not run")
+        cells.append(provenance(rec, table_dir) if rec else "not run")
         lines.append("| " + " | ".join(cells) + " |")
     for missing in MISSING_ROWS.get(table, []):
         cells = [missing["row"], "no experiment file", _fmt(missing.get("value")), "not run", "—"]
@@ -163,7 +161,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     for table in tables:
         path = out / f"{table}.md"
-        path.write_text(build_table(table, Path(args.records), Path(args.flops)))
+        path.write_text(build_table(table, Path(args.records), Path(args.flops), out))
         print(f"wrote {path}")
 
 
