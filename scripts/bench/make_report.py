@@ -37,12 +37,17 @@ def cell(r: dict, key: str, digits: int = 3) -> str:
 
 def op_table(rows: list[dict]) -> str:
     env = rows[0]
-    out = [f"Op level, bf16, d 64 ({env['gpu']}, driver {env['driver']}, torch {env['torch']}, triton "
-           f"{env['triton']}, {env['date']}). Times in ms (median of CUDA events); peak = fwd+bwd MiB above inputs.",
-           "", "| point | method | fwd ms | fwd+bwd ms | fwd TFLOP/s | speed-up fwd | speed-up fwd+bwd | peak MiB |",
-           "|---|---|---|---|---|---|---|---|"]
+    dates = {}
     for r in rows:
-        out.append(f"| {r['point']} | {r['method']} | {cell(r, 'fwd_ms')} | {cell(r, 'fwdbwd_ms')} | "
+        dates.setdefault(r["run"], r["date"])
+    out = [f"Op level, bf16, d 64 ({env['gpu']}, driver {env['driver']}, torch {env['torch']}, triton "
+           f"{env['triton']}; runs: " + ", ".join(f"{k} {v}" for k, v in dates.items()) + "). Times in ms (median of "
+           "CUDA events); peak = fwd+bwd MiB above inputs; speed-ups against the fastest dense backend of the same "
+           "run.", "",
+           "| point | run | method | fwd ms | fwd+bwd ms | fwd TFLOP/s | speed-up fwd | speed-up fwd+bwd | peak MiB |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['point']} | {r['run']} | {r['method']} | {cell(r, 'fwd_ms')} | {cell(r, 'fwdbwd_ms')} | "
                    f"{cell(r, 'fwd_tflops', 1)} | {cell(r, 'speedup_fwd', 2)} | {cell(r, 'speedup_fwdbwd', 2)} | "
                    f"{cell(r, 'fwdbwd_peak_mib', 0)} |")
     return "\n".join(out)

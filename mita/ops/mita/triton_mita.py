@@ -13,7 +13,8 @@ and on one NVIDIA H200 (triton 3.6, torch 2.11). Differences from the reference 
 
 Routing (exact top-k of R k^T with ties to the lower key index, per-query top-S of q R^T) and the landmark
 values softmax(R k^T s) v (split-key forward and backward) are Triton kernels in triton_routing.py; the plan
-(queries sorted by expert, the tile table) is a few PyTorch ops without host synchronisation.
+(queries sorted by expert, the tile table) is one kernel at small N * S * m and a few PyTorch ops otherwise, both
+without host synchronisation.
 """
 
 from __future__ import annotations
