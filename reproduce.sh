@@ -39,22 +39,26 @@ run() {
 }
 
 SMOKE_DIR=""
-smoke_args() {
-    # Tiny data for tasks whose real data cannot be generated here; other tasks' configs generate their own.
-    local experiment="$1"
-    case "$experiment" in
+if [ "$SMOKE" = 1 ]; then
+    SMOKE_DIR=$(mktemp -d)
+    trap 'rm -rf "$SMOKE_DIR"' EXIT
+fi
+
+prepare_smoke_data() {
+    # Tiny data for tasks whose real data cannot be generated here (written once per call of this script).
+    case "$1" in
         imagenet/*)
-            if [ -z "$SMOKE_DIR" ]; then
-                SMOKE_DIR=$(mktemp -d)
-                if [ "$DRY_RUN" = 0 ]; then
-                    "$PYTHON" -m tasks.imagenet.fake "$SMOKE_DIR/imagenet" --classes 3 --per-class 2 >/dev/null
-                fi
+            if [ ! -d "$SMOKE_DIR/imagenet" ] && [ "$DRY_RUN" = 0 ]; then
+                "$PYTHON" -m tasks.imagenet.fake "$SMOKE_DIR/imagenet" --classes 3 --per-class 2 >/dev/null
             fi
-            echo "debug=smoke data.root=$SMOKE_DIR/imagenet data.num_classes=3 paths.log_dir=$SMOKE_DIR/outputs"
             ;;
-        *)
-            echo "debug=smoke paths.log_dir=${SMOKE_DIR:-/tmp}/mita-smoke-outputs"
-            ;;
+    esac
+}
+
+smoke_args() {
+    case "$1" in
+        imagenet/*) echo "debug=smoke data.root=$SMOKE_DIR/imagenet data.num_classes=3 paths.log_dir=$SMOKE_DIR/outputs" ;;
+        *) echo "debug=smoke paths.log_dir=$SMOKE_DIR/outputs" ;;
     esac
 }
 
@@ -64,6 +68,7 @@ run_table() {
     experiments=$("$PYTHON" scripts/make_tables.py --list "$table")
     for experiment in $experiments; do
         if [ "$SMOKE" = 1 ]; then
+            prepare_smoke_data "$experiment"
             # shellcheck disable=SC2046
             run "$PYTHON" -m tasks.run "experiment=$experiment" $(smoke_args "$experiment") "${EXTRA[@]}"
         else
