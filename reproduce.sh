@@ -57,7 +57,9 @@ prepare_smoke_data() {
 
 smoke_args() {
     case "$1" in
-        imagenet/*) echo "debug=smoke data.root=$SMOKE_DIR/imagenet data.num_classes=3 paths.log_dir=$SMOKE_DIR/outputs" ;;
+        imagenet/*)
+            echo "debug=smoke data.root=$SMOKE_DIR/imagenet data.num_classes=3 paths.log_dir=$SMOKE_DIR/outputs"
+            ;;
         *) echo "debug=smoke paths.log_dir=$SMOKE_DIR/outputs" ;;
     esac
 }
