@@ -58,13 +58,21 @@ def test_overrides_reach_the_attention_layer():
 
 
 def test_smoke_run_writes_a_record_with_provenance(tmp_path):
-    result = run_in_process([*SMOKE, "trainer.max_steps=2", "test=true"], tmp_path / "run")
+    # Also exercises bf16 autocast, gradient clipping, deterministic mode and a validated EMA.
+    extra = [
+        "trainer.precision=bf16-mixed",
+        "trainer.gradient_clip_val=1.0",
+        "deterministic=true",
+        "task.ema={decay:0.9,validate:true}",
+    ]
+    result = run_in_process([*SMOKE, "trainer.max_steps=2", "test=true", *extra], tmp_path / "run")
     assert result["global_step"] == 2
     record = json.loads(Path(result["record"]).read_text())
     assert record["experiment"] == "synthetic/shapes-full" and record["smoke"] is True
     for key in ("command", "git", "hardware", "versions", "date", "metrics", "wall_time_s", "steps"):
         assert key in record
     assert 0.0 <= record["metrics"]["val/acc1"] <= 1.0 and "test/acc1" in record["metrics"]
+    assert "val/acc1_ema" in record["metrics"] and record["metrics"]["perf/mean_samples_per_s"] > 0
     assert record["result"]["value"] == pytest.approx(100 * record["metrics"]["val/acc1"])
     assert (tmp_path / "run" / "csv" / "metrics.csv").exists()
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
