@@ -28,6 +28,17 @@ def test_table_a_flops_match_the_paper(size, attention, gmacs):
     assert round(model_gmacs(_deit(size, **attention)), 2) == gmacs
 
 
+@pytest.mark.parametrize(
+    "attention, gmacs",
+    [({"name": "full"}, 4.70), ({"name": "mita", "m": 25, "k": 30, "landmark_layout": "patches"}, 4.52)],
+)
+def test_vit5_flops_match_the_paper(attention, gmacs):
+    # Paper: ViT-5-S 4.7G, MiTA-ViT-5-S 4.5G (N = 201: CLS + 4 registers + 196 patches).
+    with torch.device("meta"):
+        net = timm.create_model("mita_vit5_small_patch16_224", attention=attention)
+    assert round(model_gmacs(net), 2) == gmacs
+
+
 def test_gate_is_counted_honestly():
     base = _deit("small", name="mita", dwc=True)
     gated = _deit("small", name="mita", dwc=True, gate=True)

@@ -23,10 +23,11 @@ def tiny_imagefolder(tmp_path_factory) -> Path:
     return write_fake_imagefolder(tmp_path_factory.mktemp("imagenet"), num_classes=3, per_class=2)
 
 
-def test_table_a_has_every_deit_row():
+def test_table_a_has_every_row():
     expected = {"full", "agent_minus", "mita", "mita_dwc", "mita_dwc_gate", "mita_routing", "moba", "topk"}
     assert {name.split("deit_s-")[1] for name in TABLE_A if "deit_s-" in name} == expected
     assert {"imagenet/deit_t-mita", "imagenet/deit_t-mita_dwc"} <= set(TABLE_A)
+    assert {"imagenet/vit5_s-full", "imagenet/vit5_s-mita", "imagenet/vit5_s-mita_dwc"} <= set(TABLE_A)
 
 
 @pytest.mark.parametrize("experiment", TABLE_A)
@@ -69,6 +70,40 @@ def test_entrypoints_take_any_attention_and_load_timm_weights():
     full.load_state_dict(ref.state_dict())
     x = torch.randn(2, 3, 224, 224)
     torch.testing.assert_close(full(x), ref.eval()(x))
+
+
+def test_vit5_rope_depends_on_relative_patch_positions():
+    from mita.models.vit import Rope2D
+
+    rope = Rope2D(16, theta=100.0, prefix_theta=100.0)
+    rope.grid_size, rope.num_prefix_tokens = (6, 7), 5
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+    n = 5 + 6 * 7
+
+    def score(i: int, j: int) -> torch.Tensor:
+        qs, ks = torch.zeros(1, 1, n, 16), torch.zeros(1, 1, n, 16)
+        qs[..., i, :], ks[..., j, :] = q[..., 0, :], k[..., 0, :]
+        return (rope(qs)[..., i, :] * rope(ks)[..., j, :]).sum()
+
+    def patch(r: int, c: int) -> int:
+        return 5 + r * 7 + c
+
+    # The same offset (1 row, 2 columns) at two places of the grid gives the same score; another offset does not.
+    torch.testing.assert_close(score(patch(0, 0), patch(1, 2)), score(patch(3, 4), patch(4, 6)))
+    assert not torch.allclose(score(patch(0, 0), patch(1, 2)), score(patch(0, 0), patch(2, 1)))
+    # Rotations keep norms.
+    x = torch.randn(2, 3, n, 16)
+    torch.testing.assert_close(rope(x).norm(dim=-1), x.norm(dim=-1))
+
+
+def test_vit5_has_registers_rope_and_patch_landmarks():
+    net = timm.create_model(
+        "mita_vit5_small_patch16_224", attention={"name": "mita", "m": 25, "k": 30, "landmark_layout": "patches"}
+    )
+    assert net.num_prefix_tokens == 5 and net.blocks[0].attn.num_prefix_tokens == 5
+    assert net.blocks[0].attn.rope is net.rope and net.blocks[0].ls1.gamma.abs().max().item() == pytest.approx(1e-4)
+    assert not any("rope" in key for key in net.state_dict())
+    assert net(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
 
 
 def test_set_input_size_updates_the_attention_grid():

@@ -196,6 +196,127 @@ def mita_deit_base_patch16_224(
     return _create("base", pretrained, attention, **kwargs)
 
 
+class Rope2D(nn.Module):
+    """Rotary position embedding for ViT-5 style token sequences ``[prefix tokens, h x w patches]``.
+
+    Patches get axial 2D RoPE: the first half of each head's channels rotates with the row index, the second half
+    with the column index (pairs of channels, frequencies ``theta^(-2i / (d/2))``). The prefix tokens (CLS and
+    registers) get their own 1D RoPE over their index ``0 .. P-1`` with ``prefix_theta``. ASSUMPTION: the spec
+    gives theta 100 for the registers; the patches' theta is not stated and is 100 here too (a config value).
+
+    Args:
+        head_dim: d (a multiple of 4).
+        theta: base of the patch frequencies.
+        prefix_theta: base of the prefix tokens' frequencies.
+    """
+
+    def __init__(self, head_dim: int, theta: float = 100.0, prefix_theta: float = 100.0) -> None:
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"head_dim must be a multiple of 4 for 2D RoPE, got {head_dim}")
+        self.head_dim, self.theta, self.prefix_theta = head_dim, float(theta), float(prefix_theta)
+        self.grid_size: tuple[int, int] = (1, 1)
+        self.num_prefix_tokens = 0
+        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def angles(self, device: torch.device) -> torch.Tensor:
+        """[N, d/2] rotation angles of every token for the current grid and prefix."""
+        d, (h, w), p = self.head_dim, self.grid_size, self.num_prefix_tokens
+        quarter = torch.arange(d // 4, device=device, dtype=torch.float32)
+        freqs = self.theta ** (-quarter / (d // 4))
+        rows = torch.arange(h, device=device, dtype=torch.float32).repeat_interleave(w)
+        cols = torch.arange(w, device=device, dtype=torch.float32).repeat(h)
+        patches = torch.cat([rows[:, None] * freqs, cols[:, None] * freqs], dim=-1)
+        half = torch.arange(d // 2, device=device, dtype=torch.float32)
+        prefix_freqs = self.prefix_theta ** (-half / (d // 2))
+        prefix = torch.arange(p, device=device, dtype=torch.float32)[:, None] * prefix_freqs
+        return torch.cat([prefix, patches], dim=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [B, H, N, d] (N = prefix + h w); computed in float32."""
+        key = (x.device, self.grid_size, self.num_prefix_tokens)
+        if key not in self._cache:
+            a = self.angles(x.device)
+            self._cache = {key: (a.cos(), a.sin())}
+        cos, sin = self._cache[key]
+        if x.shape[-2] != cos.shape[0]:
+            raise ValueError(f"rope: {x.shape[-2]} tokens, expected {cos.shape[0]} (prefix + grid {self.grid_size})")
+        x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+        out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+        return out.flatten(-2)
+
+
+class ViT5(AttentionVisionTransformer):
+    """ViT-5 (arXiv 2602.08071) as the MiTA reference uses it: RMSNorm (eps 1e-6), QK-norm, LayerScale 1e-4, no
+    qkv bias, GELU MLP, CLS + 4 registers, a learned absolute position embedding on the patches plus RoPE on q
+    and k (:class:`Rope2D`), with any registered attention.
+
+    Args:
+        attention: registered name or ``{"name": ..., **options}``.
+        attention_kwargs: the attention's own options.
+        rope_theta, prefix_rope_theta: RoPE bases (patches; CLS and registers).
+        **kwargs: ``VisionTransformer`` arguments.
+    """
+
+    def __init__(
+        self,
+        attention: str | Mapping[str, Any] = "full",
+        attention_kwargs: Mapping[str, Any] | None = None,
+        rope_theta: float = 100.0,
+        prefix_rope_theta: float = 100.0,
+        **kwargs: Any,
+    ) -> None:
+        from timm.layers import RmsNorm
+
+        args = dict(
+            norm_layer=partial(RmsNorm, eps=1e-6),
+            qkv_bias=False,
+            qk_norm=True,
+            init_values=1e-4,
+            reg_tokens=4,
+            no_embed_class=True,
+        )
+        args.update(kwargs)
+        super().__init__(attention=attention, attention_kwargs=attention_kwargs, **args)
+        self.rope = Rope2D(self.embed_dim // self.blocks[0].attn.num_heads, rope_theta, prefix_rope_theta)
+        self.sync_attention_layout()
+
+    def sync_attention_layout(self) -> None:
+        """Grid and prefix for every attention layer and the shared rotary embedding."""
+        super().sync_attention_layout()
+        rope = getattr(self, "rope", None)
+        if rope is None:
+            return
+        rope.grid_size = tuple(int(g) for g in self.patch_embed.grid_size)
+        rope.num_prefix_tokens = self.num_prefix_tokens
+        for block in self.blocks:
+            # Shared, parameter-free; bypass Module registration so the state dict stays timm's.
+            object.__setattr__(block.attn, "rope", rope)
+
+
+@register_model
+def mita_vit5_small_patch16_224(
+    pretrained: bool = False, attention: str | Mapping[str, Any] = "mita", **kwargs: Any
+) -> ViT5:
+    """ViT-5-S (dim 384, depth 12, 6 heads, CLS + 4 registers, N = 201) with a registered attention.
+
+    For MiTA the reference pools landmarks from the patch queries only (``landmark_layout="patches"``), m = 25,
+    k = 30.
+    """
+    if pretrained:
+        raise ValueError("pretrained: no ViT-5 weights are available here")
+    for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):
+        kwargs.pop(key, None)
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, mlp_ratio=4.0)
+    args.update(kwargs)
+    model = ViT5(attention=attention, **args)
+    cfg = dict(
+        DEIT_PRETRAINED_CFG, crop_pct=1.0, input_size=(3, *model.patch_embed.img_size), num_classes=model.num_classes
+    )
+    model.pretrained_cfg = model.default_cfg = cfg
+    return model
+
+
 def create_vit(model_name: str, attention: str | Mapping[str, Any] = "full", **kwargs: Any) -> nn.Module:
     """``timm.create_model`` for the entrypoints above, taking the attention as a name or a mapping.
 

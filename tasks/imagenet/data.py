@@ -66,6 +66,41 @@ class ParquetImageDataset(Dataset):
         return image, int(self.labels[index])
 
 
+def three_augment_transform(
+    img_size: int,
+    scale: Sequence[float] = (0.08, 1.0),
+    color_jitter: float = 0.3,
+    interpolation: str = "bicubic",
+    mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+    std: Sequence[float] = IMAGENET_DEFAULT_STD,
+) -> Callable:
+    """DeiT III's 3-Augment (the ViT-5 recipe): random resized crop, flip, then one of grayscale / solarisation /
+    Gaussian blur, colour jitter, normalisation.
+
+    Args:
+        img_size: output side.
+        scale: crop area range.
+        color_jitter: brightness / contrast / saturation strength (0 disables).
+        interpolation: resize interpolation.
+        mean, std: normalisation.
+
+    Returns:
+        A callable PIL image -> [3, img_size, img_size] tensor.
+    """
+    from torchvision import transforms as T
+
+    mode = T.InterpolationMode(interpolation)
+    steps = [
+        T.RandomResizedCrop(img_size, scale=tuple(scale), interpolation=mode),
+        T.RandomHorizontalFlip(),
+        T.RandomChoice([T.Grayscale(num_output_channels=3), T.RandomSolarize(128, p=1.0), T.GaussianBlur(5)]),
+    ]
+    if color_jitter:
+        steps.append(T.ColorJitter(color_jitter, color_jitter, color_jitter))
+    steps += [T.ToTensor(), T.Normalize(tuple(mean), tuple(std))]
+    return T.Compose(steps)
+
+
 class ImageNetDataModule(L.LightningDataModule):
     """ImageNet-1K train/val loaders with the DeiT (or another timm) augmentation recipe.
 
@@ -81,6 +116,8 @@ class ImageNetDataModule(L.LightningDataModule):
         batch_size: per process.
         num_workers: loader workers per process.
         train_split, val_split: ImageFolder subfolders, or parquet globs relative to ``root``.
+        augmentation: ``"deit"`` (timm's RandAugment pipeline below) or ``"three_augment"`` (DeiT III / ViT-5:
+            :func:`three_augment_transform`; auto_augment, reprob and hflip do not apply).
         auto_augment: timm auto-augment string (DeiT: ``"rand-m9-mstd0.5-inc1"``), or None.
         color_jitter: colour-jitter strength (DeiT passes 0.3; timm ignores it when auto_augment is set).
         reprob, remode, recount: random erasing probability, mode and count (DeiT: 0.25, "pixel", 1).
@@ -107,6 +144,7 @@ class ImageNetDataModule(L.LightningDataModule):
         num_workers: int = 8,
         train_split: str = "train",
         val_split: str = "val",
+        augmentation: str = "deit",
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         color_jitter: float = 0.3,
         reprob: float = 0.25,
@@ -135,6 +173,8 @@ class ImageNetDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.train_split, self.val_split = train_split, val_split
+        if augmentation not in ("deit", "three_augment"):
+            raise ValueError(f"data.augmentation must be 'deit' or 'three_augment', got {augmentation!r}")
         self.train_transform = create_transform(
             img_size,
             is_training=True,
@@ -150,6 +190,8 @@ class ImageNetDataModule(L.LightningDataModule):
             mean=tuple(mean),
             std=tuple(std),
         )
+        if augmentation == "three_augment":
+            self.train_transform = three_augment_transform(img_size, scale, color_jitter, interpolation, mean, std)
         self.eval_transform = create_transform(
             img_size,
             is_training=False,
