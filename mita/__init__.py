@@ -3,6 +3,7 @@
 ops (functions on tensors) -> layers (nn.Modules, one registry) -> models (backbones).
 """
 
+import mita.models  # noqa: F401  (registers the timm entrypoints mita_deit_*, mita_vit5_*)
 from mita.ops import list_backends, mita_attention, naive_mita, pool_landmarks, register_backend
 from mita.registry import bind_attention, create_attention, get_attention_class, list_attentions, register_attention
 
