@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tasks.common.callbacks import BestTracker
@@ -106,6 +107,26 @@ def resolve_checkpoint(cfg: DictConfig, output_dir: Path) -> str | None:
     return str(resume)
 
 
+def best_checkpoint_callback(cfg: DictConfig, output_dir: Path):
+    """With ``eval_weights=best``: a checkpoint callback keeping the weights with the best ``eval_monitor``
+    (maximised) among the validation runs during training; None with ``eval_weights=last``."""
+    which = cfg.get("eval_weights", "last")
+    if which not in ("last", "best"):
+        raise ConfigError(f"eval_weights must be 'last' or 'best', got {which!r}")
+    if which == "last" or not cfg.get("train", True):
+        return None
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    return ModelCheckpoint(
+        dirpath=str(output_dir / "checkpoints" / "best"),
+        filename="best-step{step}",
+        auto_insert_metric_name=False,
+        monitor=cfg.get("eval_monitor", "val/acc1"),
+        mode="max",
+        save_top_k=1,
+    )
+
+
 def keep_previous_logs(output_dir: Path) -> None:
     """Move CSV metrics of the interrupted run aside (Lightning's CSV logger would delete them on resume)."""
     if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
@@ -124,6 +145,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if ckpt_path:
             keep_previous_logs(output_dir)
         objects = build(cfg)
+        best_checkpoint = best_checkpoint_callback(cfg, output_dir)
     except Exception as exc:  # noqa: BLE001 - every failure while building is a configuration problem
         if os.environ.get("MITA_FULL_ERROR"):
             raise
@@ -132,19 +154,26 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     trainer, module, datamodule = objects["trainer"], objects["module"], objects["datamodule"]
     best = BestTracker(cfg.report.key if cfg.get("report") else None, cfg.report.scale if cfg.get("report") else 1)
     trainer.callbacks.append(best)
+    if best_checkpoint is not None:
+        trainer.callbacks.append(best_checkpoint)
     if ckpt_path and trainer.is_global_zero:
         print(f"resuming from {ckpt_path}", file=sys.stderr)
     if cfg.get("train", True):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         if cfg.get("save_final_checkpoint", True):
             trainer.save_checkpoint(str(output_dir / "checkpoints" / "last.ckpt"))
+    # Final evaluation on the weights at the end, or on the best validation checkpoint (eval_weights=best).
+    eval_ckpt = best_checkpoint.best_model_path or None if best_checkpoint is not None else None
     metrics: dict[str, Any] = {}
     if cfg.get("validate", True):
-        for result in trainer.validate(module, datamodule=datamodule, verbose=False):
+        for result in trainer.validate(module, datamodule=datamodule, verbose=False, ckpt_path=eval_ckpt):
             metrics.update(result)
     if cfg.get("test", False):
-        for result in trainer.test(module, datamodule=datamodule, verbose=False):
+        for result in trainer.test(module, datamodule=datamodule, verbose=False, ckpt_path=eval_ckpt):
             metrics.update(result)
+    if eval_ckpt:
+        state = torch.load(eval_ckpt, map_location="cpu", weights_only=False)
+        metrics["eval_checkpoint_step"] = int(state["global_step"])
     for callback in trainer.callbacks:
         metrics.update(getattr(callback, "last", {}) or {})
     record_path = None

@@ -180,3 +180,21 @@ def test_deit_schedule_and_optimizer_groups():
         lrs[0] == pytest.approx(1e-6) and lrs[500] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-5, rel=1e-2)
     )
     assert max(lrs) == pytest.approx(1e-3)
+
+
+def test_eval_weights_best_evaluates_the_best_validation_checkpoint(tmp_path):
+    every_2 = ["trainer.max_steps=6", "trainer.val_check_interval=2", "trainer.check_val_every_n_epoch=null"]
+    result = run_in_process([*SMOKE, *every_2, "eval_weights=best", "test=true"], tmp_path / "run")
+    record = json.loads(Path(result["record"]).read_text())
+    assert record["metrics"]["eval_checkpoint_step"] in (2, 4, 6)
+    assert list((tmp_path / "run" / "checkpoints" / "best").glob("best-step*.ckpt"))
+    # The final validation ran on the weights that gave the best validation during training.
+    assert record["result"]["best"] == pytest.approx(100 * record["metrics"]["val/acc1"])
+    last = run_in_process([*SMOKE, "trainer.max_steps=1", "record=false"], tmp_path / "last")
+    assert "eval_checkpoint_step" not in last["metrics"]
+
+
+def test_eval_weights_rejects_unknown_values(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_in_process([*SMOKE, "eval_weights=median"], tmp_path / "run")
+    assert "eval_weights must be 'last' or 'best'" in capsys.readouterr().err
