@@ -52,6 +52,12 @@ prepare_smoke_data() {
                 "$PYTHON" -m tasks.imagenet.fake "$SMOKE_DIR/imagenet" --classes 3 --per-class 2 >/dev/null
             fi
             ;;
+        lra/*|arxiv/*)
+            # Tiny files in each LRA / arXiv release format (tasks/lra/fake.py).
+            if [ ! -d "$SMOKE_DIR/seq" ] && [ "$DRY_RUN" = 0 ]; then
+                "$PYTHON" -m tasks.lra.fake "$SMOKE_DIR/seq" >/dev/null
+            fi
+            ;;
     esac
 }
 
@@ -59,6 +65,13 @@ smoke_args() {
     case "$1" in
         imagenet/*)
             echo "debug=smoke data.root=$SMOKE_DIR/imagenet data.num_classes=3 paths.log_dir=$SMOKE_DIR/outputs"
+            ;;
+        lra/*|arxiv/*)
+            local task
+            task=$(basename "$1" | cut -d- -f1)
+            case "$1" in arxiv/*) task=arxiv ;; esac
+            echo "debug=smoke paths.log_dir=$SMOKE_DIR/outputs" \
+                "$("$PYTHON" -m tasks.lra.fake "$SMOKE_DIR/seq" --overrides-for "$task")"
             ;;
         *) echo "debug=smoke paths.log_dir=$SMOKE_DIR/outputs" ;;
     esac

@@ -61,8 +61,11 @@ def build(cfg: DictConfig) -> dict[str, Any]:
 
     import mita.models  # noqa: F401  (registers the timm entrypoints)
 
-    L.seed_everything(int(cfg.seed), workers=True)
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = instantiate(cfg.data)
+    root = getattr(datamodule, "root", None)
+    if root is not None and cfg.get("train", True) and not Path(root).exists():
+        raise ConfigError(f"data.root: {root} does not exist (pass data.root=/path/to/the/data set)")
     net = instantiate(cfg.model)
     if cfg.get("preflight", True) and hasattr(datamodule, "example_input"):
         # One eval forward on a single example: shape/grid errors surface now, as configuration errors.

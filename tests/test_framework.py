@@ -198,3 +198,11 @@ def test_eval_weights_rejects_unknown_values(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_in_process([*SMOKE, "eval_weights=median"], tmp_path / "run")
     assert "eval_weights must be 'last' or 'best'" in capsys.readouterr().err
+
+
+def test_missing_data_root_is_a_one_line_config_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_in_process(["experiment=lra/listops-mita", "debug=smoke", f"data.root={tmp_path / 'nope'}"], tmp_path / "r")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.root" in err[0] and "does not exist" in err[0]

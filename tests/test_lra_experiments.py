@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_lra_fixtures import write_aan, write_arxiv_raw, write_cifar, write_imdb, write_listops, write_pathfinder
+
+from tasks.lra.fake import smoke_overrides, write_all, write_listops
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(
@@ -15,16 +16,6 @@ EXPERIMENTS = sorted(
     for folder in ("lra", "arxiv")
     for p in (ROOT / "configs" / "experiment" / folder).rglob("*.yaml")
 )
-WRITERS = {
-    "listops": write_listops,
-    "text": write_imdb,
-    "retrieval": write_aan,
-    "image": write_cifar,
-    "pathfinder": write_pathfinder,
-    "arxiv": write_arxiv_raw,
-}
-# Short sequences keep the step fast; Image and Pathfinder keep their 1024 pixels (the images fix the length).
-LENGTHS = {"listops": 64, "text": 96, "retrieval": 64, "arxiv": 128}
 
 
 def _task(experiment: str) -> str:
@@ -35,8 +26,7 @@ def _task(experiment: str) -> str:
 
 @pytest.fixture(scope="module")
 def data_roots(tmp_path_factory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("lra_data")
-    return {task: writer(base / task) for task, writer in WRITERS.items()}
+    return write_all(tmp_path_factory.mktemp("lra_data"))
 
 
 def test_every_table_row_has_a_file() -> None:
@@ -59,11 +49,7 @@ def test_experiment_one_step(experiment: str, data_roots: dict[str, Path]) -> No
     from tasks.common.module import split_batch
 
     task = _task(experiment)
-    overrides = [f"experiment={experiment}", "debug=smoke", f"data.root={data_roots[task]}", "data.num_workers=0"]
-    if task in LENGTHS:
-        overrides.append(f"data.max_length={LENGTHS[task]}")
-    if task == "image":
-        overrides.append("data.val_size=4")
+    overrides = [f"experiment={experiment}", "debug=smoke", *smoke_overrides(task, data_roots[task].parent)]
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=overrides, return_hydra_config=False)
     paper = OmegaConf.to_container(cfg.paper, resolve=True) if cfg.paper else None
