@@ -138,6 +138,35 @@ def build_table(table: str, records_dir: Path, flops_csv: Path, table_dir: Path)
     return "\n".join(lines) + "\n"
 
 
+README_BEGIN = "<!-- generated tables: begin (scripts/make_tables.py) -->"
+README_END = "<!-- generated tables: end -->"
+README_ORDER = ["main", "A", "B", "C", "D", "E", "F", "G"]
+
+
+def update_readme(readme: Path, table_dir: Path) -> bool:
+    """Replace the text between README_BEGIN and README_END in ``readme`` with the tables in ``table_dir``.
+
+    Headings drop to level 4 and links are rewritten relative to the repository root. Returns False (and leaves
+    the file alone) when the markers are absent.
+    """
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        return False
+    parts = []
+    for table in sorted(
+        table_dir.glob("*.md"), key=lambda p: README_ORDER.index(p.stem) if p.stem in README_ORDER else 99
+    ):
+        body = table.read_text().replace("](../", f"]({table_dir.resolve().parent.relative_to(readme.resolve().parent)}/")
+        lines = body.splitlines()
+        if lines and lines[0].startswith("# "):
+            lines[0] = "#### " + lines[0][2:]
+        parts.append("\n".join(lines))
+    head, rest = text.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    readme.write_text(head + README_BEGIN + "\n\n" + "\n\n".join(parts) + "\n\n" + README_END + tail)
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", default=str(REPO / "results" / "runs"))
@@ -145,6 +174,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "results" / "tables"))
     parser.add_argument("--list", metavar="TABLE", help="print the experiments of TABLE, one a line, and exit")
     parser.add_argument("--tables", nargs="*", default=None, help="tables to write (default: every table)")
+    parser.add_argument(
+        "--readme", default=str(REPO / "README.md"), help="README whose generated-tables block to update"
+    )
     args = parser.parse_args()
     if args.list:
         for name in list_experiments(args.list):
@@ -157,6 +189,8 @@ def main() -> None:
         path = out / f"{table}.md"
         path.write_text(build_table(table, Path(args.records), Path(args.flops), out))
         print(f"wrote {path}")
+    if args.readme and Path(args.readme).exists() and update_readme(Path(args.readme), out):
+        print(f"updated the generated tables in {args.readme}")
 
 
 if __name__ == "__main__":
