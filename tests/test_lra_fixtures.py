@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tasks.lra.fake import (  # noqa: F401  (re-exported for the other LRA test modules)
     LISTOPS_ROWS,
     write_aan,
@@ -19,11 +17,8 @@ from tasks.lra.fake import (  # noqa: F401  (re-exported for the other LRA test 
 
 def test_listops_fixture_rows_are_correct() -> None:
     """The hand-written ListOps rows carry the values the release algorithm gives them."""
-    import importlib.util
+    from script_loader import load_prepare_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "prepare_data" / "listops.py"
-    spec = importlib.util.spec_from_file_location("listops_fixture_check", path)
-    listops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(listops)
+    listops = load_prepare_script("listops")
     for source, target in LISTOPS_ROWS:
         assert listops.evaluate(listops.parse(source)) == target

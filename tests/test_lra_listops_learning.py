@@ -7,14 +7,13 @@ depend on to the pooled features would all keep the training loss near the label
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from script_loader import load_prepare_script
 
 from mita.models.lra import LRAEncoder
 from tasks.lra.data import LISTOPS_SYMBOLS, ListOpsDataModule
@@ -23,11 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("prepare_listops", ROOT / "scripts" / "prepare_data" / "listops.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_prepare_script("listops")
 
 
 def _write_listops(root: Path, n: int, seed: int, max_length: int) -> None:

@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from script_loader import load_prepare_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"prepare_{name}", ROOT / "scripts" / "prepare_data" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-listops = _load("listops")
-pathfinder = _load("pathfinder")
+listops = load_prepare_script("listops")
+pathfinder = load_prepare_script("pathfinder")
 
 
 def _eval_tokens(source: str) -> tuple[int, int]:

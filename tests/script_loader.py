@@ -1,0 +1,25 @@
+"""Import the data-preparation scripts (scripts/prepare_data/*.py, not a package) once per process.
+
+Loading a script twice under one module name breaks pickling of its functions for multiprocessing (the pickled
+reference must be the object registered in sys.modules), so every test module goes through this cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_prepare_script(name: str) -> ModuleType:
+    """The module of scripts/prepare_data/<name>.py, registered as ``prepare_<name>``."""
+    module_name = f"prepare_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, ROOT / "scripts" / "prepare_data" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
