@@ -64,9 +64,23 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = instantiate(cfg.data)
     root = getattr(datamodule, "root", None)
-    if root is not None and cfg.get("train", True) and not Path(root).exists():
+    uses_data = cfg.get("train", True) or cfg.get("validate", True) or cfg.get("test", False)
+    if root is not None and uses_data and not Path(root).exists():
         raise ConfigError(f"data.root: {root} does not exist (pass data.root=/path/to/the/data set)")
     net = instantiate(cfg.model)
+    if cfg.get("init_weights"):
+        from tasks.common.weights import WeightsError, load_init_weights
+
+        try:
+            loaded = load_init_weights(net, cfg.init_weights, skip=list(cfg.get("init_weights_skip") or []))
+        except WeightsError as exc:
+            raise ConfigError(str(exc)) from exc
+        print(
+            f"init_weights: {cfg.init_weights}: {len(loaded['missing'])} parameters kept their initial values "
+            f"{loaded['missing'][:6]}, {len(loaded['unexpected'])} checkpoint tensors unused, "
+            f"{len(loaded['skipped'])} skipped",
+            file=sys.stderr,
+        )
     if cfg.get("preflight", True) and hasattr(datamodule, "example_input"):
         # One eval forward on a single example: shape/grid errors surface now, as configuration errors.
         was_training = net.training
