@@ -10,15 +10,8 @@ import torch.nn.functional as F
 
 from mita.layers.base import AttentionBase
 from mita.layers.full import nonempty_key_padding_mask
+from mita.ops.landmarks import adaptive_pool_matrix
 from mita.registry import register_attention
-
-
-def adaptive_pool_matrix(length: int, n: int, device: torch.device | None = None) -> torch.Tensor:
-    """Membership of AdaptiveAvgPool1d's windows: [n, length] bool, window j covers
-    [floor(j * length / n), ceil((j + 1) * length / n))."""
-    j = torch.arange(n, device=device)[:, None]
-    i = torch.arange(length, device=device)[None, :]
-    return (i >= (j * length) // n) & (i < ((j + 1) * length + n - 1) // n)
 
 
 def segment_membership_1d(valid: torch.Tensor, n: int) -> torch.Tensor:
@@ -146,8 +139,8 @@ class AgentAttention(AttentionBase):
         h, w = hw
         # [n, h * w]: AdaptiveAvgPool2d windows, restricted below to valid patches.
         pool = (
-            adaptive_pool_matrix(h, side, q.device)[:, None, :, None]
-            & adaptive_pool_matrix(w, side, q.device)[None, :, None, :]
+            (adaptive_pool_matrix(h, side, q.device) > 0)[:, None, :, None]
+            & (adaptive_pool_matrix(w, side, q.device) > 0)[None, :, None, :]
         ).reshape(self.agent_num, h * w)
         member = pool[None] & valid[:, None, p:]
         agents = self._masked_mean(member, q[:, :, p:])
