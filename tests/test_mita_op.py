@@ -218,6 +218,20 @@ def test_1d_landmarks_pool_valid_tokens_only():
     for b, n in enumerate(lengths):
         ref = torch.nn.functional.adaptive_avg_pool1d(x[b, :, :n].transpose(1, 2), 5).transpose(1, 2)
         torch.testing.assert_close(out[b], ref)
+    # Padding anywhere (left, scattered, everything but one token; a fully padded row gives zeros).
+    g = torch.Generator().manual_seed(4)
+    masks = [torch.rand(3, 50, generator=g) < p for p in (0.3, 0.7)]
+    masks.append(torch.arange(50)[None].expand(3, 50) < torch.tensor([10, 49, 0])[:, None])
+    for mask in masks:
+        out = pool_landmarks(x, 5, layout="1d", key_padding_mask=mask)
+        for b in range(3):
+            kept = x[b][:, ~mask[b]]
+            if kept.shape[1] == 0:
+                continue
+            ref = torch.nn.functional.adaptive_avg_pool1d(kept.transpose(1, 2), 5).transpose(1, 2)
+            torch.testing.assert_close(out[b], ref)
+    empty = pool_landmarks(x, 5, layout="1d", key_padding_mask=torch.ones(3, 50, dtype=torch.bool))
+    assert torch.equal(empty, torch.zeros_like(empty))
     no_mask = pool_landmarks(x, 5, layout="1d")
     torch.testing.assert_close(no_mask, pool_landmarks(x, 5, layout="1d", key_padding_mask=torch.zeros(3, 50).bool()))
     odd = pool_landmarks(x[:, :, :47], 5, layout="1d")

@@ -65,7 +65,7 @@ def pool_landmarks(
         grid: patch grid ``(h, w)``; None infers a square grid from ``N - num_prefix_tokens``.
         num_prefix_tokens: tokens before the patches (CLS, registers). ``"official"`` needs at least 1.
         key_padding_mask: ``[B, N]`` bool, True marks padding. Only the ``"1d"`` layout accepts it; the 1D
-            segments then split each sequence's valid tokens, which must be a prefix (right padding).
+            segments then split each sequence's valid tokens (in order, wherever the padding sits).
 
     Returns:
         ``[B, H, m, d]`` (or ``[B, m, C]``), in x's dtype.
@@ -141,20 +141,22 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
         raise ValueError(
             f"key_padding_mask must be a bool tensor of shape [{B}, {N}], got {tuple(key_padding_mask.shape)}"
         )
-    # Segment sums from a prefix sum over the valid tokens; L is each sequence's valid count (a tensor, no sync).
+    # Segment sums from prefix sums, by rank among the valid tokens (padding may sit anywhere); L is each
+    # sequence's valid count, a tensor, so nothing synchronises. Adaptive bins [floor(iL/m), ceil((i+1)L/m)) are
+    # never empty for L >= 1; a fully padded row (L = 0) averages nothing and gives 0.
     valid = (~key_padding_mask).to(x.device)
-    L = valid.sum(dim=1).clamp_min(1)  # [B]
+    L = valid.sum(dim=1)  # [B]
     i = torch.arange(m, device=x.device)
-    start = (i[None, :] * L[:, None]) // m  # [B, m]
+    start = (i[None, :] * L[:, None]) // m  # [B, m] ranks
     end = ((i[None, :] + 1) * L[:, None] + m - 1) // m
-    # Bins stay non-empty when L < m by taking the one token they cover (end >= start + 1).
-    end = torch.maximum(end, start + 1).clamp_max(N)
-    start = start.clamp_max(N - 1)
+    # Position p whose prefix holds exactly r valid tokens: the first p with V[p] >= r (V rises by at most 1).
+    V = torch.nn.functional.pad(valid.long().cumsum(dim=1), (1, 0))  # [B, N + 1]
     xv = x.to(ct) * valid[:, None, :, None]
     csum = torch.nn.functional.pad(xv.cumsum(dim=2), (0, 0, 1, 0))  # [B, H, N + 1, d]
 
-    def take(idx: torch.Tensor) -> torch.Tensor:
-        return torch.gather(csum, 2, idx[:, None, :, None].expand(B, H, m, d))
+    def take(rank: torch.Tensor) -> torch.Tensor:
+        pos = torch.searchsorted(V, rank.contiguous())
+        return torch.gather(csum, 2, pos[:, None, :, None].expand(B, H, m, d))
 
-    counts = (end - start).to(ct)[:, None, :, None]
+    counts = (end - start).clamp_min(1).to(ct)[:, None, :, None]
     return ((take(end) - take(start)) / counts).to(x.dtype)
