@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from mita.layers.base import AttentionBase
 from mita.ops.landmarks import LAYOUTS, pool_landmarks
 from mita.ops.mita import mita_attention
+from mita.ops.mita.naive import stable_topk_indices
 from mita.registry import register_attention
 
 
@@ -48,6 +49,10 @@ class MiTAAttention(AttentionBase):
             the sequence) to the attention output; prefix tokens get 0.
         gate: multiply (attention + DWC) by SiLU of an extra C -> C projection of the input.
         backend: MiTA backend (None: fastest available).
+
+    Analysis hook (off by default, no effect on the output): with ``record_selection = True`` every forward
+    stores ``last_selection``, the ``[B, H, m, k]`` key indices of each landmark's routed expert (the reference
+    operator's selection; ``-1`` marks an empty slot when fewer than k keys are valid). See ``mita.analysis``.
     """
 
     def __init__(
@@ -90,6 +95,8 @@ class MiTAAttention(AttentionBase):
             conv = nn.Conv1d if landmark_layout == "1d" else nn.Conv2d
             self.dwc = conv(dim, dim, kernel_size=3, padding=1, groups=dim)
         self.gate_proj = nn.Linear(dim, dim) if gate else None
+        self.record_selection = False
+        self.last_selection: torch.Tensor | None = None
 
     def set_budget(self, m: int | tuple[int, int] | None = None, k: int | None = None) -> None:
         """Change the number of landmarks and/or the expert width (no parameters depend on them)."""
@@ -120,6 +127,22 @@ class MiTAAttention(AttentionBase):
         out = self.dwc(patches).flatten(2).transpose(1, 2)
         return F.pad(out, (0, 0, p, 0))
 
+    @torch.no_grad()
+    def _routed_selection(
+        self, k: torch.Tensor, landmarks: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """[B, H, m, min(k, N)] routed-expert key indices as naive_mita selects them (fp32 scores R k^T over the
+        valid keys, ties to the lower index); slots beyond the valid keys hold -1."""
+        ct = torch.float64 if k.dtype == torch.float64 else torch.float32
+        scores = landmarks.to(ct) @ k.to(ct).transpose(-1, -2)  # [B, H, m, N]
+        idx = stable_topk_indices(
+            scores if key_padding_mask is None else scores.masked_fill(key_padding_mask[:, None, None], float("-inf")),
+            min(self.k, k.shape[2]),
+        )
+        if key_padding_mask is not None:
+            idx = idx.masked_fill(torch.gather(key_padding_mask[:, None, None].expand_as(scores), 3, idx), -1)
+        return idx
+
     def forward(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, grid: tuple[int, int] | None = None
     ) -> torch.Tensor:
@@ -136,6 +159,8 @@ class MiTAAttention(AttentionBase):
             landmarks = pool_landmarks(
                 q, self.m, layout=self.landmark_layout, grid=(h, w), num_prefix_tokens=self.num_prefix_tokens
             )
+        if self.record_selection:
+            self.last_selection = self._routed_selection(k, landmarks, key_padding_mask)
         o = mita_attention(
             q,
             k,
