@@ -61,6 +61,11 @@ def build(cfg: DictConfig) -> dict[str, Any]:
 
     import mita.models  # noqa: F401  (registers the timm entrypoints)
 
+    if cfg.get("requires_init_weights") and not cfg.get("init_weights"):
+        raise ConfigError(
+            f"init_weights: {cfg.name} starts from pretrained full-attention weights; pass "
+            "init_weights=/path/to/weights (.pth, .safetensors or a .ckpt of this project)"
+        )
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = instantiate(cfg.data)
     root = getattr(datamodule, "root", None)

@@ -38,6 +38,7 @@ DEIT_SIZES = {
     "tiny": dict(embed_dim=192, depth=12, num_heads=3),
     "small": dict(embed_dim=384, depth=12, num_heads=6),
     "base": dict(embed_dim=768, depth=12, num_heads=12),
+    "large": dict(embed_dim=1024, depth=24, num_heads=16),
 }
 
 
@@ -194,6 +195,21 @@ def mita_deit_base_patch16_224(
 ) -> AttentionVisionTransformer:
     """DeiT-B (dim 768, depth 12, 12 heads) with a registered attention (default ``"mita"``)."""
     return _create("base", pretrained, attention, **kwargs)
+
+
+@register_model
+def mita_vit_large_patch16_224(
+    pretrained: bool = False, attention: str | Mapping[str, Any] = "mita", **kwargs: Any
+) -> AttentionVisionTransformer:
+    """ViT-L/16 (dim 1024, depth 24, 16 heads, qkv bias) with a registered attention (default ``"mita"``).
+
+    Parameter names are timm's ``vit_large_patch16_224``, so its AugReg weights load; those weights expect
+    mean = std = 0.5 and crop 0.9 (the pretrained cfg below; the data config sets the loader's values).
+    """
+    model = _create("large", pretrained, attention, **kwargs)
+    cfg = dict(model.pretrained_cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=0.9)
+    model.pretrained_cfg = model.default_cfg = cfg
+    return model
 
 
 class Rope2D(nn.Module):
