@@ -93,9 +93,28 @@ run_table() {
     case "$table" in
         A) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only imagenet/ ;;
         F) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/bench/bench_figf.py --out results/bench ;;
+        G) figure_g ;;
     esac
-    if [ -z "$experiments" ] && [ "$table" != F ]; then
+    if [ -z "$experiments" ] && [ "$table" != F ] && [ "$table" != G ]; then
         echo "table $table: no experiment files yet (see results/tables/$table.md)"
+    fi
+}
+
+figure_g() {
+    # Figure G has no training run of its own: it maps the routed-expert selections of a trained model.
+    # With init_weights=... (an ImageNet-trained MiTA DeiT-S) and data.root=..., the paper's setting; otherwise
+    # the no-download demo on generated shapes (a 2-layer model trained for a few seconds).
+    local arg
+    for arg in "${EXTRA[@]}"; do
+        if [[ "$arg" == init_weights=* ]]; then
+            run "$PYTHON" scripts/figure_g.py --experiment imagenet/deit_s-mita "${EXTRA[@]}"
+            return
+        fi
+    done
+    if [ "$SMOKE" = 1 ]; then
+        run "$PYTHON" scripts/figure_g.py --synthetic --steps 8 --num-images 2 --out "$SMOKE_DIR/figure_g"
+    else
+        run "$PYTHON" scripts/figure_g.py --synthetic
     fi
 }
 
