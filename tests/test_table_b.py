@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 TABLE_B = list_experiments("B")
 ENV = {"s": "MITA_VIT_S_WEIGHTS", "l": "MITA_VIT_L_WEIGHTS"}
 SMOKE = ["debug=smoke", "data.num_classes=3"]
+# Per size: ViT-L runs at 112 x 112 (a 7 x 7 grid, still m = k = 25) to keep its CPU step short.
+SIZE_ARGS = {"s": [], "l": ["data.img_size=112"]}
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +45,7 @@ def full_attention_weights(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("weights")
     paths = {}
     for size in ENV:
-        cfg = compose([f"experiment=imagenet/ft_vit_{size}-full", *SMOKE])
+        cfg = compose([f"experiment=imagenet/ft_vit_{size}-full", *SMOKE, *SIZE_ARGS[size]])
         torch.manual_seed(1)
         paths[size] = folder / f"vit_{size}.pth"
         torch.save(instantiate(cfg.model).state_dict(), paths[size])
@@ -96,7 +98,8 @@ def test_every_table_b_row_runs(experiment, tiny_imagefolder, full_attention_wei
     # No checkpoint files: writing ViT-L's optimiser state would take most of the test's time.
     no_ckpt = ["~callbacks.checkpoint", "save_final_checkpoint=false"]
     result = run_in_process(
-        [f"experiment={experiment}", *SMOKE, *no_ckpt, f"data.root={tiny_imagefolder}", f"init_weights={weights}"],
+        [f"experiment={experiment}", *SMOKE, *SIZE_ARGS[size], *no_ckpt, f"data.root={tiny_imagefolder}"]
+        + [f"init_weights={weights}"],
         tmp_path / "run",
     )
     record = json.loads(Path(result["record"]).read_text())
