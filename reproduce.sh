@@ -112,7 +112,8 @@ figure_g() {
         fi
     done
     if [ "$SMOKE" = 1 ]; then
-        run "$PYTHON" scripts/figure_g.py --synthetic --steps 8 --num-images 2 --out "$SMOKE_DIR/figure_g"
+        run "$PYTHON" scripts/figure_g.py --synthetic --steps 8 --num-images 2 --eval-images 64 \
+            --out "$SMOKE_DIR/figure_g" data.num_train=512 data.batch_size=16
     else
         run "$PYTHON" scripts/figure_g.py --synthetic
     fi
