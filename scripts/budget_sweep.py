@@ -92,7 +92,9 @@ def sweep(
     from tasks.common.testing import run_in_process
 
     base = [f"experiment={experiment}", "trainer.devices=1", "trainer.strategy=auto", *overrides]
-    fixed = ["train=false", "record=false", f"init_weights={init_weights}"]
+    # Quoted: a path may hold characters of Hydra's override grammar ("=", ",", spaces).
+    quoted = "'" + str(Path(init_weights).resolve()).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    fixed = ["train=false", "record=false", f"init_weights={quoted}"]
     cfg = compose([*base, *fixed])
     attention = cfg.model.attention
     if attention.name not in ("mita", "mita_routing"):
@@ -185,11 +187,17 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
     parser.add_argument("--name", default=None, help="output file stem (default: the experiment, / -> _)")
     parser.add_argument("--out", default=str(REPO / "results" / "budget"))
     parser.add_argument("--work-dir", default=None, help="logs of the runs (default: outputs/budget_sweep/<name>)")
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. data.root=/data/imagenet")
-    args = parser.parse_args(argv)
-    bad = [o for o in args.overrides if "=" not in o]
-    if bad:
-        parser.error(f"overrides must be key=value, got {bad}")
+    parser.add_argument("overrides", nargs="*", help="config overrides (key=value), anywhere on the line")
+    argv_used = sys.argv[1:] if argv is None else list(argv)
+    # key=value tokens are overrides wherever they stand (after --k 25 50 too, which argparse would take as k's),
+    # except the value of an option (a path may hold "=").
+    single = {"--experiment", "--init-weights", "--name", "--out", "--work-dir"}
+    overrides, options = [], []
+    for i, token in enumerate(argv_used):
+        is_value = i > 0 and argv_used[i - 1] in single
+        (overrides if "=" in token and not token.startswith("-") and not is_value else options).append(token)
+    args = parser.parse_args(options)
+    args.overrides = overrides
     if not Path(args.init_weights).is_file():
         raise SystemExit(f"budget_sweep: --init-weights {args.init_weights} is not a file")
 
@@ -199,7 +207,6 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
     work_dir = Path(args.work_dir) if args.work_dir else REPO / "outputs" / "budget_sweep" / name
     rows = sweep(args.experiment, args.init_weights, args.m, args.k, args.overrides, work_dir)
     git, libs = git_state(), versions()
-    argv_used = sys.argv[1:] if argv is None else argv
     provenance = {
         "init_weights": str(args.init_weights),
         "init_weights_sha256": file_sha256(args.init_weights),
