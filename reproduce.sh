@@ -51,6 +51,15 @@ prepare_smoke_data() {
             if [ ! -d "$SMOKE_DIR/imagenet" ] && [ "$DRY_RUN" = 0 ]; then
                 "$PYTHON" -m tasks.imagenet.fake "$SMOKE_DIR/imagenet" --classes 3 --per-class 2 >/dev/null
             fi
+            # Rows that start from pretrained weights (Table B) get a smoke-sized full-attention checkpoint.
+            case "$1" in
+                imagenet/ft_*|imagenet/swap_*)
+                    if [ "$DRY_RUN" = 0 ]; then
+                        "$PYTHON" -m tasks.imagenet.fake "$SMOKE_DIR/weights/${1#imagenet/}.pth" --weights-for "$1" \
+                            --classes 3 >/dev/null
+                    fi
+                    ;;
+            esac
             ;;
         lra/*|arxiv/*)
             # Tiny files in each LRA / arXiv release format (tasks/lra/fake.py).
@@ -63,6 +72,10 @@ prepare_smoke_data() {
 
 smoke_args() {
     case "$1" in
+        imagenet/ft_*|imagenet/swap_*)
+            echo "debug=smoke data.root=$SMOKE_DIR/imagenet data.num_classes=3 paths.log_dir=$SMOKE_DIR/outputs" \
+                "init_weights=$SMOKE_DIR/weights/${1#imagenet/}.pth"
+            ;;
         imagenet/*)
             echo "debug=smoke data.root=$SMOKE_DIR/imagenet data.num_classes=3 paths.log_dir=$SMOKE_DIR/outputs"
             ;;

@@ -74,13 +74,32 @@ def write_fake_parquet(
     return root
 
 
+def write_fake_weights(path: str | Path, experiment: str, num_classes: int = 3) -> Path:
+    """A full-attention state dict shaped like ``experiment``'s smoke-run network (``debug=smoke``), to stand in
+    for the pretrained weights that rows with ``requires_init_weights`` start from."""
+    import torch
+    from hydra.utils import instantiate
+
+    from tasks.common.config import compose
+
+    cfg = compose([f"experiment={experiment}", "debug=smoke", f"data.num_classes={num_classes}", "attention=full"])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(instantiate(cfg.model).state_dict(), path)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("root")
     parser.add_argument("--format", choices=["imagefolder", "parquet"], default="imagefolder")
     parser.add_argument("--classes", type=int, default=3)
     parser.add_argument("--per-class", type=int, default=4)
+    parser.add_argument("--weights-for", metavar="EXPERIMENT", help="write smoke-sized weights for EXPERIMENT to root")
     args = parser.parse_args()
+    if args.weights_for:
+        print(write_fake_weights(args.root, args.weights_for, args.classes))
+        return
     write = write_fake_imagefolder if args.format == "imagefolder" else write_fake_parquet
     print(write(args.root, args.classes, args.per_class))
 
