@@ -73,6 +73,7 @@ def main() -> None:
         ("topk_small", tr._topk_small_kernel,
          dict(HAS_KV=False, BS=16, NP=256, KP=32, EXACT=False, **common), 4, None),
     ]
+    cases.append(("lv_bwd_dkdv", tr._lv_bwd_dkdv_kernel, dict(HAS_KV=True, BS=32, BN=64, **common), 4, None))
     for mode in range(4):
         cases.append((f"topk_scan mode {mode}", tr._topk_scan_kernel,
                       dict(MODE=mode, P=16, SKIP=mode == 2, HAS_KV=False, BS=64, BN=64, EXACT=False, **common), 4,

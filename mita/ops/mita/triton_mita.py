@@ -29,6 +29,7 @@ from mita.ops.mita.checks import check_mita_args
 from mita.ops.mita.triton_routing import (
     _dot,
     _lv_bwd_dr_kernel,
+    _lv_dkdv_block,
     _n_chunks,
     _next_pow2,
     _prec,
@@ -231,8 +232,9 @@ def _mita_bwd_dq_kernel(
             b_ds = b_p * (b_dp - b_delta[:, None])
             b_dq += _dot(b_ds.to(b_k.dtype), b_k, PREC, UP) * scale
         if DIRECT:
-            tl.store(DQ + i_bh * N * D + o_n[:, None] * D + o_d[None, :], b_dq.to(DQ.dtype.element_ty),
-                     mask=m_r[:, None])
+            tl.store(
+                DQ + i_bh * N * D + o_n[:, None] * D + o_d[None, :], b_dq.to(DQ.dtype.element_ty), mask=m_r[:, None]
+            )
         else:
             o_w = rows.to(tl.int64)
             tl.store(DQ + i_bh * NROWS * D + o_w[:, None] * D + o_d[None, :], b_dq, mask=m_r[:, None])
@@ -433,22 +435,10 @@ def _dkdv_final_kernel(
             m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_in, other=0) != 0)
         b_k = tl.load(K + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
         b_v = tl.load(V + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_lk = tl.zeros([BK, D], tl.float32)
-        for j0 in range(0, M, BS):
-            o_j = j0 + tl.arange(0, BS)
-            m_j = o_j < M
-            b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-            b_dvt = tl.load(DVT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-            b_lse = tl.load(LV_LSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
-            b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
-            b_delta = tl.load(LV_DELTA + i_bh * M + o_j, mask=m_j, other=0.0)
-            # [BK, BS]
-            b_pt = tl.exp2(_dot(b_k, tl.trans(b_r), PREC, UP) * scale_log2 - b_lse[None, :])
-            b_pt = tl.where(m_n[:, None] & m_j[None, :], b_pt, 0.0)
-            b_dv += _dot(b_pt.to(b_dvt.dtype), b_dvt, PREC, UP)
-            b_dpt = _dot(b_v, tl.trans(b_dvt), PREC, UP)
-            b_dst = b_pt * (b_dpt - b_delta[None, :])
-            b_lk += _dot(b_dst.to(b_r.dtype), b_r, PREC, UP)
+        b_lk, b_lv = _lv_dkdv_block(
+            R, DVT, LV_LSE, LV_DELTA, b_k, b_v, m_n, i_bh, M, scale_log2, D=D, BS=BS, BN=BK, PREC=PREC, UP=UP
+        )
+        b_dv += b_lv
         b_dk += b_lk * scale
     o_w = o_n64[:, None] * D + o_d[None, :]
     tl.store(DK + i_bh * N * D + o_w, b_dk.to(DK.dtype.element_ty), mask=m_in[:, None])
@@ -587,8 +577,9 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
         starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
         tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
         br = max(16, _PLAN_CHUNK // mp)
-        _plan_kernel[(BH,)](route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br,
-                            num_warps=8)
+        _plan_kernel[(BH,)](
+            route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br, num_warps=8
+        )
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     sorted_e, rows = torch.sort(route, dim=-1, stable=True)
     ar = torch.arange(m + 1, device=dev, dtype=sorted_e.dtype)
@@ -699,8 +690,23 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
 _MATCH_MAX = 1 << 28
 
 
-def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float,
-             key_valid=None, lv_lse=None):
+def mita_bwd(
+    do,
+    q,
+    k,
+    v,
+    r,
+    vt,
+    o,
+    lse,
+    plan: RoutingPlan,
+    S: int,
+    shared: bool,
+    scale: float,
+    sscale: float,
+    key_valid=None,
+    lv_lse=None,
+):
     """Fused backward, landmark values' backward included.
 
     Args:
@@ -723,9 +729,40 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
     delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
     dq = torch.empty_like(q) if direct else torch.empty(BH, nrows, D, device=dev, dtype=torch.float32)
     _mita_bwd_dq_kernel[(T, BH)](
-        q, k, v, r, vt, plan.idx, plan.rows, plan.tile_e, plan.tile_rs, plan.tile_re, do, o, lse, delta, dq, N, m,
-        ksel, nrows, T, scale, sscale, scale * LOG2E, sscale * LOG2E, S=S, SHARED=shared, DIRECT=direct, D=D,
-        BM=plan.bm, BN=bn, BS=bs, PREC=prec, UP=up, num_warps=_num_warps(plan.bm, D),
+        q,
+        k,
+        v,
+        r,
+        vt,
+        plan.idx,
+        plan.rows,
+        plan.tile_e,
+        plan.tile_rs,
+        plan.tile_re,
+        do,
+        o,
+        lse,
+        delta,
+        dq,
+        N,
+        m,
+        ksel,
+        nrows,
+        T,
+        scale,
+        sscale,
+        scale * LOG2E,
+        sscale * LOG2E,
+        S=S,
+        SHARED=shared,
+        DIRECT=direct,
+        D=D,
+        BM=plan.bm,
+        BN=bn,
+        BS=bs,
+        PREC=prec,
+        UP=up,
+        num_warps=_num_warps(plan.bm, D),
     )
     if not direct:
         dq = dq.view(BH, N, S, D).sum(dim=2).to(q.dtype)
@@ -735,8 +772,30 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
     dk_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
     dv_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
     _mita_bwd_dkdv_routed_kernel[(triton.cdiv(ksel, bn), m, BH)](
-        q, k, v, plan.idx, plan.rows, plan.starts, do, lse, delta, dk_e, dv_e, N, m, ksel, nrows, scale,
-        scale * LOG2E, S=S, D=D, BM=bmk, BN=bn, PREC=prec, UP=up, num_warps=4,
+        q,
+        k,
+        v,
+        plan.idx,
+        plan.rows,
+        plan.starts,
+        do,
+        lse,
+        delta,
+        dk_e,
+        dv_e,
+        N,
+        m,
+        ksel,
+        nrows,
+        scale,
+        scale * LOG2E,
+        S=S,
+        D=D,
+        BM=bmk,
+        BN=bn,
+        PREC=prec,
+        UP=up,
+        num_warps=4,
     )
     kp = max(16, _next_pow2(ksel))
     csr = BH * N * m * kp > _MATCH_MAX
@@ -759,8 +818,25 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
         dr = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
         dvt = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
         _mita_bwd_shared_kernel[(n_sblk, n_chunk, BH)](
-            q, r, vt, do, lse, delta, dr, dvt, N, m, chunk, sscale, sscale * LOG2E, D=D, BM=bms, BS=bs, PREC=prec,
-            UP=up, num_warps=4,
+            q,
+            r,
+            vt,
+            do,
+            lse,
+            delta,
+            dr,
+            dvt,
+            N,
+            m,
+            chunk,
+            sscale,
+            sscale * LOG2E,
+            D=D,
+            BM=bms,
+            BS=bs,
+            PREC=prec,
+            UP=up,
+            num_warps=4,
         )
         dr = dr[:, 0] if n_chunk == 1 else dr.sum(1)
         dvt = (dvt[:, 0] if n_chunk == 1 else dvt.sum(1)).to(r.dtype)
@@ -773,17 +849,62 @@ def mita_bwd(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, S: int, shared: bool
     bk = 32
     lbs = int(min(64 if D <= 64 else 32, max(16, _next_pow2(m))))
     _dkdv_final_kernel[(triton.cdiv(N, bk), BH)](
-        dk_e, dv_e, plan.idx, perm, ptr, r, k, v, kv, dvt, lv_lse, lv_delta, dk, dv, N, m, ksel, L, scale,
-        scale * LOG2E, CSR=csr, LV=shared, HAS_KV=key_valid is not None, D=D, BK=bk, KP=kp, BS=lbs, PREC=prec,
-        UP=up, num_warps=4,
+        dk_e,
+        dv_e,
+        plan.idx,
+        perm,
+        ptr,
+        r,
+        k,
+        v,
+        kv,
+        dvt,
+        lv_lse,
+        lv_delta,
+        dk,
+        dv,
+        N,
+        m,
+        ksel,
+        L,
+        scale,
+        scale * LOG2E,
+        CSR=csr,
+        LV=shared,
+        HAS_KV=key_valid is not None,
+        D=D,
+        BK=bk,
+        KP=kp,
+        BS=lbs,
+        PREC=prec,
+        UP=up,
+        num_warps=4,
     )
     if shared:
         # dR of the landmark values (dR partials per key chunk, summed in order) joins the shared expert's dR.
         nc, ch = _n_chunks(N, triton.cdiv(m, lbs), BH, 64)
         dr_lv = torch.empty(BH, nc, m, D, device=dev, dtype=torch.float32)
         _lv_bwd_dr_kernel[(triton.cdiv(m, lbs), nc, BH)](
-            r, k, v, kv, dvt, lv_lse, lv_delta, dr_lv, N, m, ch, scale, scale * LOG2E,
-            HAS_KV=key_valid is not None, D=D, BS=lbs, BN=64, PREC=prec, UP=up, num_warps=4,
+            r,
+            k,
+            v,
+            kv,
+            dvt,
+            lv_lse,
+            lv_delta,
+            dr_lv,
+            N,
+            m,
+            ch,
+            scale,
+            scale * LOG2E,
+            HAS_KV=key_valid is not None,
+            D=D,
+            BS=lbs,
+            BN=64,
+            PREC=prec,
+            UP=up,
+            num_warps=4,
         )
         dr = (dr + (dr_lv[:, 0] if nc == 1 else dr_lv.sum(1))).to(r.dtype)
     else:
@@ -816,8 +937,9 @@ class _MiTAFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, r, vt, o, lse, lv_lse = ctx.saved_tensors
-        dq, dk, dv, dr = mita_bwd(do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale,
-                                  ctx.key_valid, lv_lse)
+        dq, dk, dv, dr = mita_bwd(
+            do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.key_valid, lv_lse
+        )
         return dq, dk, dv, dr, None, None, None, None, None, None
 
 

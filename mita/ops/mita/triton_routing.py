@@ -136,8 +136,11 @@ def _topk_small_kernel(
     base = IDX + (i_bh * M + o_j) * KSEL
     tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [BS, NP]), mask=sel)
     o_p = tl.arange(0, KP)
-    tl.store(base[:, None] + o_p[None, :], tl.full([BS, KP], -1, tl.int32),
-             mask=m_j[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < KSEL))
+    tl.store(
+        base[:, None] + o_p[None, :],
+        tl.full([BS, KP], -1, tl.int32),
+        mask=m_j[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < KSEL),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -216,8 +219,7 @@ def _topk_scan_kernel(
             m_n = o_n < n1
             if HAS_KV:
                 m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-            b_k = tl.load(K + i_bh * N * D + o_n.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_n[:, None],
-                          other=0.0)
+            b_k = tl.load(K + i_bh * N * D + o_n.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
             b_sc = _score(b_r, b_k, PREC, UP, EXACT)
             m_v = m_j[:, None] & m_n[None, :]
             if MODE == 0:
@@ -325,8 +327,23 @@ def exact_topk(
         idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
         bs = 16
         _topk_small_kernel[(triton.cdiv(M, bs), BH)](
-            r, k, kv, kk, idx, N, M, ksel, HAS_KV=key_valid is not None, D=D, BS=bs, NP=NP,
-            KP=max(16, _next_pow2(ksel)), PREC=prec, UP=up, EXACT=_interpreting(), num_warps=4 if NP <= 256 else 8,
+            r,
+            k,
+            kv,
+            kk,
+            idx,
+            N,
+            M,
+            ksel,
+            HAS_KV=key_valid is not None,
+            D=D,
+            BS=bs,
+            NP=NP,
+            KP=max(16, _next_pow2(ksel)),
+            PREC=prec,
+            UP=up,
+            EXACT=_interpreting(),
+            num_warps=4 if NP <= 256 else 8,
         )
         return idx
     kk = _valid_counts(key_valid, BH, N, ksel, dev)
@@ -340,8 +357,9 @@ def exact_topk(
     cap = cap or max(64, _next_pow2(2 * ksel))
     rows = BH * M
     grid = (n_s, G, BH)
-    common = dict(HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P,
-                  num_warps=4)
+    common = dict(
+        HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P, num_warps=4
+    )
     i64 = torch.int64
 
     def run(name, fn):
@@ -356,8 +374,9 @@ def exact_topk(
     counts = torch.empty(rows, G, 2, device=dev, dtype=torch.int32)
 
     def scan(mode, cnt_buf, done_buf=done, off=dummy64, cand=dummy64, skip=False):
-        _topk_scan_kernel[grid](r, k, kv, lo, hi, done_buf, cmax, cnt_buf, off, cand, N, M, CH, G, NB, cap,
-                                MODE=mode, SKIP=skip, **common)
+        _topk_scan_kernel[grid](
+            r, k, kv, lo, hi, done_buf, cmax, cnt_buf, off, cand, N, M, CH, G, NB, cap, MODE=mode, SKIP=skip, **common
+        )
 
     run("block maxima", lambda: scan(0, cnt))
     kk_row = kk.repeat_interleave(M)
@@ -395,16 +414,23 @@ def exact_topk(
     done0 = done.clone()
     for i in range(_PASSES):
         run(f"refine pass {i}", lambda: scan(1, cnt))
-        run(f"refine update {i}", lambda: _topk_update_kernel[(triton.cdiv(rows, 128),)](
-            lo, hi, done, cnt, kk, rows, M, cap, P=_P, BLK=128))
+        run(
+            f"refine update {i}",
+            lambda: _topk_update_kernel[(triton.cdiv(rows, 128),)](lo, hi, done, cnt, kk, rows, M, cap, P=_P, BLK=128),
+        )
     # Recount only the landmark tiles that had a row to refine (the others keep their first counts).
     run("recount pass", lambda: scan(2, counts, done_buf=done0, skip=True))
     cand = torch.full((rows, cap), torch.iinfo(i64).min, device=dev, dtype=i64)
 
     def emit():
         n_hi = counts[..., 0].sum(-1, keepdim=True)
-        off = torch.stack([torch.cumsum(counts[..., 0], -1) - counts[..., 0],
-                           n_hi + torch.cumsum(counts[..., 1], -1) - counts[..., 1]], -1).to(torch.int32)
+        off = torch.stack(
+            [
+                torch.cumsum(counts[..., 0], -1) - counts[..., 0],
+                n_hi + torch.cumsum(counts[..., 1], -1) - counts[..., 1],
+            ],
+            -1,
+        ).to(torch.int32)
         scan(3, counts, off=off.contiguous(), cand=cand)
 
     run("emit pass", emit)
@@ -457,7 +483,8 @@ def _route_kernel(
             b_sc = tl.where(b_sc == 0.0, 0.0, b_sc)
             # Only entries after the previous pick in (score desc, index asc) order.
             ok = (o_j < M)[None, :] & (
-                (b_sc < prev_s[:, None]) | ((b_sc == prev_s[:, None]) & (o_j[None, :] > prev_i[:, None])))
+                (b_sc < prev_s[:, None]) | ((b_sc == prev_s[:, None]) & (o_j[None, :] > prev_i[:, None]))
+            )
             b_sc = tl.where(ok, b_sc, float("-inf"))
             t_max = tl.max(b_sc, 1)
             t_arg = tl.min(tl.where(ok & (b_sc == t_max[:, None]), o_j[None, :], 2147483647), 1)
@@ -485,8 +512,21 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
     route = torch.empty(BH, N * S, device=q.device, dtype=torch.int32)
     bm = 64
     bs = int(min(64, max(16, _next_pow2(M))))
-    _route_kernel[(triton.cdiv(N, bm), BH)](q, r, route, N, M, S=S, D=D, BM=bm, BS=bs, PREC=_prec(q.dtype),
-                                            UP=_upcast(q.dtype), EXACT=_interpreting(), num_warps=4)
+    _route_kernel[(triton.cdiv(N, bm), BH)](
+        q,
+        r,
+        route,
+        N,
+        M,
+        S=S,
+        D=D,
+        BM=bm,
+        BS=bs,
+        PREC=_prec(q.dtype),
+        UP=_upcast(q.dtype),
+        EXACT=_interpreting(),
+        num_warps=4,
+    )
     return route
 
 
@@ -552,8 +592,7 @@ def _lv_fwd_kernel(
         m_nz = b_l > 0
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
         tl.store(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_o.to(VT.dtype.element_ty), mask=m_j[:, None])
-        tl.store(LSE + i_bh * M + o_j, tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf")),
-                 mask=m_j)
+        tl.store(LSE + i_bh * M + o_j, tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf")), mask=m_j)
     else:
         o_w = (i_bh * n_c + i_c) * M + o_j
         tl.store(PM + o_w, b_m, mask=m_j)
@@ -590,6 +629,47 @@ def _lv_merge_kernel(PM, PL, PACC, VT, LSE, M, NC, D: tl.constexpr, BS: tl.const
 
 
 @triton.jit
+def _lv_dkdv_block(
+    R,
+    DVT,
+    LSE,
+    DELTA,
+    b_k,
+    b_v,
+    m_n,
+    i_bh,
+    M,
+    scale_log2,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BN: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+):
+    """The landmark-value attention's (dk / scale, dv) of one block of keys b_k, b_v [BN, D] (valid rows m_n),
+    from the landmarks R, the upstream gradient DVT of the landmark values, and their LSE / DELTA rows."""
+    o_d = tl.arange(0, D)
+    b_dk = tl.zeros([BN, D], tl.float32)
+    b_dv = tl.zeros([BN, D], tl.float32)
+    for j0 in range(0, M, BS):
+        o_j = j0 + tl.arange(0, BS)
+        m_j = o_j < M
+        b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+        b_dvt = tl.load(DVT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+        b_lse = tl.load(LSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
+        b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+        b_delta = tl.load(DELTA + i_bh * M + o_j, mask=m_j, other=0.0)
+        # [BN, BS]
+        b_pt = tl.exp2(_dot(b_k, tl.trans(b_r), PREC, UP) * scale_log2 - b_lse[None, :])
+        b_pt = tl.where(m_n[:, None] & m_j[None, :], b_pt, 0.0)
+        b_dv += _dot(b_pt.to(b_dvt.dtype), b_dvt, PREC, UP)
+        b_dpt = _dot(b_v, tl.trans(b_dvt), PREC, UP)
+        b_dst = b_pt * (b_dpt - b_delta[None, :])
+        b_dk += _dot(b_dst.to(b_r.dtype), b_r, PREC, UP)
+    return b_dk, b_dv
+
+
+@triton.jit
 def _lv_bwd_dkdv_kernel(
     R,
     K,
@@ -622,23 +702,9 @@ def _lv_bwd_dkdv_kernel(
     o_n64 = o_n.to(tl.int64)
     b_k = tl.load(K + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
     b_v = tl.load(V + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-    b_dk = tl.zeros([BN, D], tl.float32)
-    b_dv = tl.zeros([BN, D], tl.float32)
-    for j0 in range(0, M, BS):
-        o_j = j0 + tl.arange(0, BS)
-        m_j = o_j < M
-        b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_dvt = tl.load(DVT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_lse = tl.load(LSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
-        b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
-        b_delta = tl.load(DELTA + i_bh * M + o_j, mask=m_j, other=0.0)
-        # [BN, BS]
-        b_pt = tl.exp2(_dot(b_k, tl.trans(b_r), PREC, UP) * scale_log2 - b_lse[None, :])
-        b_pt = tl.where(m_n[:, None] & m_j[None, :], b_pt, 0.0)
-        b_dv += _dot(b_pt.to(b_dvt.dtype), b_dvt, PREC, UP)
-        b_dpt = _dot(b_v, tl.trans(b_dvt), PREC, UP)
-        b_dst = b_pt * (b_dpt - b_delta[None, :])
-        b_dk += _dot(b_dst.to(b_r.dtype), b_r, PREC, UP)
+    b_dk, b_dv = _lv_dkdv_block(
+        R, DVT, LSE, DELTA, b_k, b_v, m_n, i_bh, M, scale_log2, D=D, BS=BS, BN=BN, PREC=PREC, UP=UP
+    )
     tl.store(DK + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], b_dk * scale, mask=m_in[:, None])
     tl.store(DV + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], b_dv, mask=m_in[:, None])
 
@@ -732,8 +798,27 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
         pl = torch.empty(BH, nc, M, device=dev, dtype=torch.float32)
         pacc = torch.empty(BH, nc, M, D, device=dev, dtype=torch.float32)
     _lv_fwd_kernel[(n_s, nc, BH)](
-        r, k, v, kv, pm, pl, pacc, vt, lse, N, M, ch, scale * LOG2E, HAS_KV=key_valid is not None, DIRECT=direct,
-        D=D, BS=bs, BN=bn, PREC=_prec(r.dtype), UP=_upcast(r.dtype), num_warps=4,
+        r,
+        k,
+        v,
+        kv,
+        pm,
+        pl,
+        pacc,
+        vt,
+        lse,
+        N,
+        M,
+        ch,
+        scale * LOG2E,
+        HAS_KV=key_valid is not None,
+        DIRECT=direct,
+        D=D,
+        BS=bs,
+        BN=bn,
+        PREC=_prec(r.dtype),
+        UP=_upcast(r.dtype),
+        num_warps=4,
     )
     if not direct:
         _lv_merge_kernel[(n_s, BH)](pm, pl, pacc, vt, lse, M, nc, D=D, BS=bs, num_warps=4)
@@ -755,14 +840,50 @@ def landmark_values_bwd(dvt, r, k, v, key_valid, vt, lse, scale: float):
     dk = torch.empty(BH, N, D, device=dev, dtype=torch.float32)
     dv = torch.empty(BH, N, D, device=dev, dtype=torch.float32)
     _lv_bwd_dkdv_kernel[(triton.cdiv(N, bn), BH)](
-        r, k, v, kv, dvt, lse, delta, dk, dv, N, M, scale, scale * LOG2E, HAS_KV=has_kv, D=D, BS=bs, BN=bn,
-        PREC=prec, UP=up, num_warps=4,
+        r,
+        k,
+        v,
+        kv,
+        dvt,
+        lse,
+        delta,
+        dk,
+        dv,
+        N,
+        M,
+        scale,
+        scale * LOG2E,
+        HAS_KV=has_kv,
+        D=D,
+        BS=bs,
+        BN=bn,
+        PREC=prec,
+        UP=up,
+        num_warps=4,
     )
     nc, ch = _n_chunks(N, n_s, BH, bn)
     dr = torch.empty(BH, nc, M, D, device=dev, dtype=torch.float32)
     _lv_bwd_dr_kernel[(n_s, nc, BH)](
-        r, k, v, kv, dvt, lse, delta, dr, N, M, ch, scale, scale * LOG2E, HAS_KV=has_kv, D=D, BS=bs, BN=bn,
-        PREC=prec, UP=up, num_warps=4,
+        r,
+        k,
+        v,
+        kv,
+        dvt,
+        lse,
+        delta,
+        dr,
+        N,
+        M,
+        ch,
+        scale,
+        scale * LOG2E,
+        HAS_KV=has_kv,
+        D=D,
+        BS=bs,
+        BN=bn,
+        PREC=prec,
+        UP=up,
+        num_warps=4,
     )
     return (dr[:, 0] if nc == 1 else dr.sum(1)), dk, dv
 
