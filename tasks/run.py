@@ -8,13 +8,13 @@ folder) ends the run with one line on stderr and exit code 2; set ``MITA_FULL_ER
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tasks.common.callbacks import BestTracker
@@ -129,6 +129,15 @@ def resolve_checkpoint(cfg: DictConfig, output_dir: Path) -> str | None:
     return str(resume)
 
 
+# File name of the eval_weights=best checkpoint; the step it was saved at is read back from it.
+BEST_CHECKPOINT_NAME = "best-step{step}"
+
+
+def checkpoint_step(path: str) -> int:
+    """The optimiser step in a BEST_CHECKPOINT_NAME file name (``.../best-step1200.ckpt`` -> 1200)."""
+    return int(re.search(r"best-step(\d+)", Path(path).name).group(1))
+
+
 def best_checkpoint_callback(cfg: DictConfig, output_dir: Path):
     """With ``eval_weights=best``: a checkpoint callback keeping the weights with the best ``eval_monitor``
     (maximised) among the validation runs during training; None with ``eval_weights=last``."""
@@ -141,7 +150,7 @@ def best_checkpoint_callback(cfg: DictConfig, output_dir: Path):
 
     return ModelCheckpoint(
         dirpath=str(output_dir / "checkpoints" / "best"),
-        filename="best-step{step}",
+        filename=BEST_CHECKPOINT_NAME,
         auto_insert_metric_name=False,
         monitor=cfg.get("eval_monitor", "val/acc1"),
         mode="max",
@@ -185,7 +194,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if cfg.get("save_final_checkpoint", True):
             trainer.save_checkpoint(str(output_dir / "checkpoints" / "last.ckpt"))
     # Final evaluation on the weights at the end, or on the best validation checkpoint (eval_weights=best).
-    eval_ckpt = best_checkpoint.best_model_path or None if best_checkpoint is not None else None
+    eval_ckpt = (best_checkpoint.best_model_path or None) if best_checkpoint is not None else None
     metrics: dict[str, Any] = {}
     if cfg.get("validate", True):
         for result in trainer.validate(module, datamodule=datamodule, verbose=False, ckpt_path=eval_ckpt):
@@ -194,8 +203,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         for result in trainer.test(module, datamodule=datamodule, verbose=False, ckpt_path=eval_ckpt):
             metrics.update(result)
     if eval_ckpt:
-        state = torch.load(eval_ckpt, map_location="cpu", weights_only=False)
-        metrics["eval_checkpoint_step"] = int(state["global_step"])
+        metrics["eval_checkpoint_step"] = checkpoint_step(eval_ckpt)
     for callback in trainer.callbacks:
         metrics.update(getattr(callback, "last", {}) or {})
     record_path = None

@@ -187,7 +187,9 @@ def test_eval_weights_best_evaluates_the_best_validation_checkpoint(tmp_path):
     result = run_in_process([*SMOKE, *every_2, "eval_weights=best", "test=true"], tmp_path / "run")
     record = json.loads(Path(result["record"]).read_text())
     assert record["metrics"]["eval_checkpoint_step"] in (2, 4, 6)
-    assert list((tmp_path / "run" / "checkpoints" / "best").glob("best-step*.ckpt"))
+    (best,) = (tmp_path / "run" / "checkpoints" / "best").glob("best-step*.ckpt")
+    saved = torch.load(best, map_location="cpu", weights_only=False)
+    assert saved["global_step"] == record["metrics"]["eval_checkpoint_step"]
     # The final validation ran on the weights that gave the best validation during training.
     assert record["result"]["best"] == pytest.approx(100 * record["metrics"]["val/acc1"])
     last = run_in_process([*SMOKE, "trainer.max_steps=1", "record=false"], tmp_path / "last")
