@@ -5,16 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_lra_fixtures import (
-    write_aan,
-    write_arxiv_parquet,
-    write_arxiv_raw,
-    write_cifar,
-    write_imdb,
-    write_imdb_parquet,
-    write_listops,
-    write_pathfinder,
-)
 
 from tasks.arxiv.data import ARXIV_LABELS, ArxivDataModule
 from tasks.lra.data import (
@@ -26,6 +16,16 @@ from tasks.lra.data import (
     TextDataModule,
     listops_tokens,
     rgb_to_gray,
+)
+from tasks.lra.fake import (
+    write_aan,
+    write_arxiv_parquet,
+    write_arxiv_raw,
+    write_cifar,
+    write_imdb,
+    write_imdb_parquet,
+    write_listops,
+    write_pathfinder,
 )
 
 

@@ -2,17 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.lra.fake import (  # noqa: F401  (re-exported for the other LRA test modules)
-    LISTOPS_ROWS,
-    write_aan,
-    write_arxiv_parquet,
-    write_arxiv_raw,
-    write_cifar,
-    write_imdb,
-    write_imdb_parquet,
-    write_listops,
-    write_pathfinder,
-)
+from tasks.lra.fake import LISTOPS_ROWS
 
 
 def test_listops_fixture_rows_are_correct() -> None:
