@@ -7,6 +7,8 @@ import functools
 import torch
 import torch.nn as nn
 
+from mita.ops.landmarks import resolve_patch_grid
+
 # Keywords timm's Block passes to its attention layer that this project's layers take care of centrally.
 _TIMM_ONLY_KWARGS = ("scale_norm", "depth", "device", "dtype", "attn_head_dim", "dim_out", "gated")
 
@@ -105,23 +107,7 @@ class AttentionBase(nn.Module):
 
     def resolve_grid(self, n_tokens: int, grid: tuple[int, int] | None) -> tuple[int, int]:
         """The patch grid (h, w): the argument, else the layer's ``grid_size``, else a square inferred from N."""
-        grid = grid if grid is not None else self.grid_size
-        n_patches = n_tokens - self.num_prefix_tokens
-        if grid is None:
-            side = int(round(n_patches**0.5)) if n_patches > 0 else 0
-            if side * side != n_patches or side == 0:
-                raise ValueError(
-                    f"grid: cannot infer a square patch grid from N={n_tokens} tokens with "
-                    f"{self.num_prefix_tokens} prefix tokens; pass grid=(h, w)"
-                )
-            return side, side
-        h, w = int(grid[0]), int(grid[1])
-        if h * w != n_patches:
-            raise ValueError(
-                f"grid: {h}x{w}={h * w} patches does not match N={n_tokens} tokens minus "
-                f"{self.num_prefix_tokens} prefix tokens ({n_patches})"
-            )
-        return h, w
+        return resolve_patch_grid(n_tokens, self.num_prefix_tokens, grid if grid is not None else self.grid_size)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}"

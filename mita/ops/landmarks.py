@@ -29,6 +29,27 @@ def adaptive_pool_matrix(length: int, bins: int, device=None, dtype=torch.float3
     return member.to(dtype) / (end - start)[:, None].to(dtype)
 
 
+def resolve_patch_grid(n_tokens: int, num_prefix_tokens: int, grid: tuple[int, int] | None) -> tuple[int, int]:
+    """The patch grid (h, w) of ``n_tokens`` tokens after ``num_prefix_tokens`` prefix tokens: ``grid`` checked
+    against the token count, or a square inferred from it when ``grid`` is None."""
+    n_patches = n_tokens - num_prefix_tokens
+    if grid is None:
+        side = math.isqrt(max(n_patches, 0))
+        if side * side != n_patches or side == 0:
+            raise ValueError(
+                f"grid: cannot infer a square patch grid from N={n_tokens} tokens with {num_prefix_tokens} prefix "
+                "tokens; pass grid=(h, w)"
+            )
+        return side, side
+    h, w = int(grid[0]), int(grid[1])
+    if h * w != n_patches:
+        raise ValueError(
+            f"grid: {h}x{w}={h * w} patches does not match N={n_tokens} tokens minus {num_prefix_tokens} prefix "
+            f"tokens ({n_patches})"
+        )
+    return h, w
+
+
 def landmark_grid(m: int | tuple[int, int]) -> tuple[int, int]:
     """The (ph, pw) landmark grid for ``m`` landmarks: a perfect square m, or an explicit tuple."""
     if isinstance(m, (tuple, list)):
@@ -95,20 +116,7 @@ def _pool_2d(
         raise ValueError(
             f"num_prefix_tokens must be >= 1 for the 'official' layout and >= 0 otherwise, got {num_prefix_tokens}"
         )
-    n_patches = N - num_prefix_tokens
-    if grid is None:
-        side = math.isqrt(max(n_patches, 0))
-        if side * side != n_patches or side == 0:
-            raise ValueError(
-                f"grid: cannot infer a square patch grid from N={N} with {num_prefix_tokens} prefix tokens; "
-                "pass grid=(h, w)"
-            )
-        grid = (side, side)
-    h, w = int(grid[0]), int(grid[1])
-    if h * w != n_patches:
-        raise ValueError(
-            f"grid: {h}x{w}={h * w} patches does not match N={N} minus {num_prefix_tokens} prefix tokens ({n_patches})"
-        )
+    h, w = resolve_patch_grid(N, num_prefix_tokens, grid)
     ph, pw = landmark_grid(m)
     if ph > h or pw > w:
         raise ValueError(f"m: a {ph}x{pw} landmark grid does not fit the {h}x{w} patch grid")
