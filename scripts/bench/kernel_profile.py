@@ -1,0 +1,100 @@
+"""Per-kernel GPU time of MiTA and dense attention (torch.profiler), to see where an op-level call spends time.
+
+    python scripts/bench/kernel_profile.py [--points deit_s,N65536] [--backend triton] [--graph]
+
+For each point prints: wall time per call (CUDA events, eager), the sum of GPU kernel time per call, and the
+kernels sorted by GPU time. Wall time well above the GPU sum means the call is bound by the host (launches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from common import cuda_time  # noqa: E402
+
+from mita.ops.landmarks import pool_landmarks  # noqa: E402
+from mita.ops.mita.api import mita_attention  # noqa: E402
+
+POINTS = {
+    "deit_s": dict(B=256, H=6, N=197, m=25, k=25),
+    "N4096": dict(B=1, H=2, N=4096, m=32, k=32),
+    "N65536": dict(B=1, H=2, N=65536, m=128, k=128),
+    "N262144": dict(B=1, H=2, N=1 << 18, m=256, k=256),
+    "N1048576": dict(B=1, H=2, N=1 << 20, m=512, k=512),
+}
+
+
+def make_fns(p: dict, backend: str):
+    B, H, N, d = p["B"], p["H"], p["N"], 64
+    q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+
+    def mita():
+        if N == 197:
+            r = pool_landmarks(q, p["m"], layout="official", grid=(14, 14), num_prefix_tokens=1)
+        else:
+            r = pool_landmarks(q, p["m"], layout="1d")
+        return mita_attention(q, k, v, r, p["k"], backend=backend)
+
+    def dense():
+        return F.scaled_dot_product_attention(q, k, v)
+
+    def fb(f):
+        def g():
+            for t in (q, k, v):
+                t.grad = None
+            f().backward(do)
+
+        return g
+
+    return {"mita fwd": mita, "mita fwd+bwd": fb(mita), "dense fwd": dense, "dense fwd+bwd": fb(dense)}
+
+
+def kernel_table(fn, reps: int = 5, top: int = 14) -> tuple[float, list[tuple[str, float, int]]]:
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None)
+        if t is None:
+            t = ev.cuda_time_total
+        if t > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append((ev.key[:70], t / reps / 1e3, ev.count // reps))
+    rows.sort(key=lambda r: -r[1])
+    return sum(r[1] for r in rows), rows[:top]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", default="deit_s,N65536")
+    ap.add_argument("--backend", default="triton")
+    args = ap.parse_args()
+    for name in args.points.split(","):
+        p = POINTS[name]
+        fns = make_fns(p, args.backend)
+        for fname, fn in fns.items():
+            if fname.startswith("dense") and p["N"] > 1 << 18:
+                continue
+            wall, spread = cuda_time(fn, warmup=3, reps=20, max_s=5.0)
+            gpu, rows = kernel_table(fn)
+            print(f"== {name} {fname}: wall {wall:.3f} ms (spread {spread:.3f}), GPU kernels {gpu:.3f} ms", flush=True)
+            for key, ms, cnt in rows:
+                print(f"   {ms:8.4f} ms  x{cnt:<3d} {key}", flush=True)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
