@@ -23,11 +23,13 @@ triton = pytest.importorskip("triton")
 from mita.ops.mita import triton_backend  # noqa: E402
 from mita.ops.mita import triton_mita as tm  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
+from mita.ops.mita import triton_small as ts  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
 from mita.ops.mita.naive import naive_mita  # noqa: E402
 
 if not _CUDA and type(tm._mita_fwd_kernel).__name__ != "InterpretedFunction":
     importlib.reload(tr)
+    importlib.reload(ts)
     importlib.reload(tm)
 
 DEV = "cuda" if _CUDA else "cpu"
@@ -114,12 +116,41 @@ CPU_CASES = [
 ]
 
 
+@pytest.fixture(params=["short", "general"])
+def path(request, monkeypatch):
+    """Run a test on the short-sequence kernels (triton_small.py) and on the general sparse path."""
+    monkeypatch.setattr(tm, "SHORT_PATH", request.param == "short")
+    return request.param
+
+
 @pytest.mark.parametrize("B,H,N,d,m,topk,dtype,S,shared,pad_from", CPU_CASES)
-def test_matches_naive(poison, B, H, N, d, m, topk, dtype, S, shared, pad_from):
+def test_matches_naive(poison, path, B, H, N, d, m, topk, dtype, S, shared, pad_from):
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
 
 
-def test_imbalanced_routing(poison):
+@pytest.mark.parametrize(
+    "B,H,N,d,m,topk,dtype,S,shared,pad_from",
+    [
+        (2, 2, 197, 64, 25, 25, torch.bfloat16, 1, True, None),
+        (2, 1, 100, 64, 7, 30, torch.float32, 2, True, (100, 3)),
+        (1, 1, 50, 32, 3, 8, torch.float16, 1, True, (0,)),
+        (1, 1, 17, 32, 20, 3, torch.float32, 3, False, None),
+    ],
+)
+def test_short_path_matches_naive(poison, B, H, N, d, m, topk, dtype, S, shared, pad_from):
+    """The short-sequence kernels at DeiT-S's shape, with S = 2 and padding, an all-padding row, and m > N."""
+    assert ts.small_supported(N, m, d)
+    _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
+
+
+def test_short_path_limits():
+    assert ts.small_supported(197, 25, 64) and ts.small_supported(256, 32, 64)
+    assert not ts.small_supported(257, 25, 64)
+    assert not ts.small_supported(197, 49, 64)
+    assert not ts.small_supported(197, 25, 128) and ts.small_supported(128, 16, 128)
+
+
+def test_imbalanced_routing(poison, path):
     (q, k, v, r), _ = _inputs(1, 1, 96, 32, 6, torch.float32, imbalanced=True)
     route = torch.argmax(q.detach() @ r.detach().transpose(-1, -2), dim=-1)
     assert (route == 0).float().mean() > 0.8, "the test input is meant to send most queries to one expert"
@@ -146,7 +177,7 @@ def test_ties_go_to_lower_index():
     assert sorted(ref.tolist()[0]) == [0, 1, 2, 3, 4, 5]
 
 
-def test_duplicate_keys_tie_break_matches_naive(poison):
+def test_duplicate_keys_tie_break_matches_naive(poison, path):
     (q, k, v, r), _ = _inputs(1, 1, 64, 32, 4, torch.float32, seed=5)
     with torch.no_grad():
         # Every key appears twice: top-k must take the lower copy of each tied pair, as naive_mita does.
@@ -155,7 +186,7 @@ def test_duplicate_keys_tie_break_matches_naive(poison):
     assert _rel(out, naive_mita(q, k, v, r, 5)) < 1e-4
 
 
-def test_backward_is_deterministic():
+def test_backward_is_deterministic(path):
     (q, k, v, r), _ = _inputs(1, 2, 80, 32, 4, torch.float32, seed=7)
     do = torch.randn_like(q)
     g1 = torch.autograd.grad(tm.triton_mita(q, k, v, r, 30, experts_per_query=2), (q, k, v, r), do)
@@ -182,8 +213,11 @@ GPU_SHAPES = [(63, 4, 8), (197, 25, 25), (1025, 49, 49), (4097, 32, 32), (65536,
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("d", [32, 64, 128])
-@pytest.mark.parametrize("N,m,topk", GPU_SHAPES)
-def test_gpu_matches_naive(poison, N, m, topk, d):
+@pytest.mark.parametrize(
+    "N,m,topk,short", [(*s, short) for s in GPU_SHAPES for short in (True, False)[: 1 + (s[0] <= 256)]]
+)
+def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
+    monkeypatch.setattr(tm, "SHORT_PATH", short)
     H = 2 if N <= 4097 else 1
     _check(1, H, N, d, m, topk, torch.bfloat16)
 
@@ -194,6 +228,8 @@ def test_gpu_matches_naive(poison, N, m, topk, d):
     "N,m,topk,dtype,S,shared,pad_from,imbalanced",
     [
         (197, 25, 300, torch.float16, 1, True, (197, 120), False),
+        (197, 25, 25, torch.bfloat16, 2, True, (197, 150), True),
+        (197, 16, 40, torch.float32, 1, False, None, False),
         (1025, 49, 24, torch.bfloat16, 2, True, (1025, 700), False),
         (1025, 49, 98, torch.bfloat16, 1, False, (900, 1025), False),
         (4097, 32, 64, torch.float16, 1, True, None, True),
@@ -238,6 +274,7 @@ def test_fused_plan_matches_sort_path(monkeypatch, N, m, S, imbalanced):
 
 @pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])
 def test_backward_match_and_csr_reductions_agree(monkeypatch, S, shared, pad):
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
     (q, k, v, r), mask = _inputs(2, 1, 90, 32, 6, torch.float32, pad_from=(90, 50) if pad else None, seed=13)
     do = torch.randn_like(q)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
@@ -251,8 +288,9 @@ def test_backward_match_and_csr_reductions_agree(monkeypatch, S, shared, pad):
 
 
 def test_launch_count_small_shape(monkeypatch):
-    """Small-N forward (no padding, S = 1): five Triton launches (top-k, routing, plan, landmark values,
-    attention) and no PyTorch kernels beyond reshapes; the backward seven launches."""
+    """General path at small N (no padding, S = 1): five Triton launches (top-k, routing, plan, landmark values,
+    attention) and no PyTorch kernels beyond reshapes; the backward five. The short path: one and one."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
     launches = []
     jit_type = type(tm._mita_fwd_kernel)
     real_getitem = jit_type.__getitem__
@@ -268,3 +306,9 @@ def test_launch_count_small_shape(monkeypatch):
     assert n_fwd == 5, launches
     torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
     assert len(launches) - n_fwd == 5, launches[n_fwd:]
+    monkeypatch.setattr(tm, "SHORT_PATH", True)
+    launches.clear()
+    out = tm.triton_mita(q, k, v, r, 25)
+    assert launches == ["_small_fwd_kernel"], launches
+    torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
+    assert launches == ["_small_fwd_kernel", "_small_bwd_kernel"], launches

@@ -20,6 +20,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from mita.ops.mita import triton_mita as tm  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
+from mita.ops.mita import triton_small as ts  # noqa: E402
 
 # Pointer arguments by name (everything else in upper case is a float32 pointer; lower/mixed case is a scalar).
 _BF16 = {"Q", "K", "V", "R", "VT", "O", "DO", "DVT", "DK", "DV"}
@@ -78,6 +79,12 @@ def main() -> None:
         cases.append((f"topk_scan mode {mode}", tr._topk_scan_kernel,
                       dict(MODE=mode, P=16, SKIP=mode == 2, HAS_KV=False, BS=64, BN=64, EXACT=False, **common), 4,
                       {"CMAX": "*fp32", "CNT": "*i32"}))
+    small = {"MEMB": "*i8", "DQ": "*bf16", "DR": "*bf16"}
+    for S, kv in ((1, False), (2, True)):
+        cases.append((f"small_fwd S={S}", ts._small_fwd_kernel,
+                      dict(S=S, SHARED=True, HAS_KV=kv, MP=32, NP=256, BM=32, EXACT=False, **common), 8, small))
+        cases.append((f"small_bwd S={S}", ts._small_bwd_kernel,
+                      dict(S=S, SHARED=True, HAS_KV=kv, MP=32, NP=256, BM=32, BN=64, **common), 8, small))
     extra = getattr(tr, "_compile_cases", None)
     if extra is not None:
         cases += extra()

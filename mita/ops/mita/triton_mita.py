@@ -38,8 +38,12 @@ from mita.ops.mita.triton_routing import (
     landmark_values_fwd,
     route_topk,
 )
+from mita.ops.mita.triton_small import SmallMiTAFn, small_supported
 
 LOG2E = 1.4426950408889634
+# Calls that fit the short-sequence kernels (N <= 256, see triton_small.small_supported) take them; tests set this
+# to False to run the general path at the same shapes.
+SHORT_PATH = True
 _BIG_NEG = float("-inf")
 
 
@@ -986,6 +990,10 @@ def triton_mita(
     key_valid = None
     if key_padding_mask is not None:
         key_valid = (~key_padding_mask)[:, None, :].expand(B, H, N).reshape(BH, N)
+    if SHORT_PATH and small_supported(N, m, D):
+        # Image sizes: routing, landmark values and attention in one launch per (batch, head), see triton_small.py.
+        o = SmallMiTAFn.apply(qf, kf, vf, rf, key_valid, ksel, S, shared, scale, sscale)
+        return o.view(B, H, N, D)
     with torch.no_grad():
         # Exact top-k per landmark and top-S routing per query, scores computed tile by tile, never stored.
         idx = exact_topk(rf, kf, key_valid, ksel)
