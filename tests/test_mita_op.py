@@ -245,6 +245,106 @@ def test_pool_matrix_rows_average():
     assert (P > 0).sum().item() == 4 + 4 + 4  # overlapping bins [0,4), [3,7), [6,10)
 
 
+def _cell_means(x: torch.Tensor, h: int, w: int, ph: int, pw: int, start: int) -> torch.Tensor:
+    """Independent pooling: explicit loops over the ph x pw cells, each the mean of its tokens (row-major grid of
+    h x w tokens from ``start``); cell (i, j) covers rows [floor(i h / ph), ceil((i + 1) h / ph)) and likewise
+    columns. ``x``: ``[B, H, N, d]``; returns ``[B, H, ph * pw, d]``."""
+    cells = []
+    for i in range(ph):
+        rows = range(i * h // ph, -(-(i + 1) * h // ph))
+        for j in range(pw):
+            cols = range(j * w // pw, -(-(j + 1) * w // pw))
+            cells.append(x[:, :, [start + r * w + c for r in rows for c in cols]].mean(dim=2))
+    return torch.stack(cells, dim=2)
+
+
+def _layout_input(form: str, B: int, H: int, N: int, d: int, dtype: torch.dtype, g: torch.Generator):
+    """x as [B, H, N, d] contiguous, as q split from a fused qkv projection (heads interleaved with channels), or
+    as [B, N, H*d]."""
+    if form == "qkv":
+        return torch.randn(B, N, 3, H, d, generator=g).to(dtype).permute(2, 0, 3, 1, 4)[0]
+    if form == "bnc":
+        return torch.randn(B, N, H * d, generator=g).to(dtype)
+    return torch.randn(B, H, N, d, generator=g).to(dtype)
+
+
+# (layout kwargs, N, (h, w, ph, pw, start)): non-divisible, non-square grids, prefix tokens, the DeiT-S grid, 1D.
+POOL_CASES = [
+    (dict(m=(3, 2), layout="official", grid=(7, 5)), 36, (7, 5, 3, 2, 0)),
+    (dict(m=(4, 3), layout="patches", grid=(5, 7), num_prefix_tokens=3), 38, (5, 7, 4, 3, 3)),
+    (dict(m=(5, 4), layout="patches", grid=(13, 11), num_prefix_tokens=0), 143, (13, 11, 5, 4, 0)),
+    (dict(m=25, layout="official"), 197, (14, 14, 5, 5, 0)),
+    (dict(m=49, layout="patches"), 197, (14, 14, 7, 7, 1)),
+    (dict(m=5, layout="1d"), 47, (1, 47, 1, 5, 0)),
+    (dict(m=4, layout="1d"), 48, (1, 48, 1, 4, 0)),
+]
+
+
+@pytest.mark.parametrize("kwargs,N,cell", POOL_CASES)
+@pytest.mark.parametrize("form", ["contiguous", "qkv", "bnc"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_pooling_matches_explicit_cell_means(kwargs, N, cell, form, dtype):
+    """Forward and backward against float64 loops over the cells. float32: float32 rounding. bfloat16: within
+    half a bf16 ulp of the exact value up to float32 rounding, i.e. the float32 result rounded once (no
+    rounding of the weights, such as 1/9, to bf16)."""
+    g = torch.Generator().manual_seed(N)
+    B, H, d = 2, 3, 8
+    x = _layout_input(form, B, H, N, d, dtype, g).requires_grad_()
+    out = pool_landmarks(x, **kwargs)
+    x64 = x.detach().double().requires_grad_()
+    as4d = x64.unsqueeze(1) if form == "bnc" else x64
+    ref = _cell_means(as4d, *cell)
+    ref = ref.squeeze(1) if form == "bnc" else ref
+    assert out.shape == ref.shape and out.dtype == dtype and out.is_contiguous()
+    cot = torch.randn(ref.shape, generator=g).to(dtype)
+    out.backward(cot)
+    ref.backward(cot.double())
+    # Sums of |terms|, the scale of float32 rounding errors: the same pooling of |x|, and of |cot| backwards.
+    x_abs = x64.detach().abs().requires_grad_()
+    pooled_abs = _cell_means(x_abs.unsqueeze(1) if form == "bnc" else x_abs, *cell)
+    pooled_abs.backward(cot.double().abs().reshape(pooled_abs.shape))
+    for got, want, mag in ((out, ref, pooled_abs.reshape(ref.shape)), (x.grad, x64.grad, x_abs.grad)):
+        got, want = got.detach().double(), want.detach()
+        if dtype == torch.bfloat16:
+            # bf16 has 8 significant bits: ulp(v) = 2^(floor(log2 |v|) - 7).
+            half_ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - 8)
+            assert ((got - want).abs() <= half_ulp + 2**-20 * mag.detach() + 1e-30).all()
+        else:
+            tol = 1e-12 if dtype == torch.float64 else 1e-6
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_pooling_operator_is_built_once_per_size():
+    """The [m, N] operator is cached: a second call with the same sizes builds nothing."""
+    from mita.ops.landmarks import _pool_tables
+
+    x = torch.randn(2, 2, 197, 8, dtype=torch.bfloat16)
+    pool_landmarks(x, 25, layout="official")
+    before = _pool_tables.cache_info()
+    pool_landmarks(x + 1, 25, layout="official")
+    after = _pool_tables.cache_info()
+    assert after.misses == before.misses and after.hits == before.hits + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["contiguous", "qkv"])
+def test_pooling_on_cuda_matches_cpu(form):
+    """The CUDA bfloat16 path (bmm with a float32 output) gives the CPU numbers, forward and backward, at the
+    DeiT-S layer shape; float32 rounding may flip a bf16 rounding at an exact tie, so at most 1 ulp apart."""
+    g = torch.Generator().manual_seed(0)
+    x = _layout_input(form, 4, 6, 197, 64, torch.bfloat16, g)
+    cot = torch.randn(4, 6, 25, 64, generator=g).to(torch.bfloat16)
+    res = []
+    for dev in ("cpu", "cuda"):
+        xd = x.detach().to(dev).requires_grad_()
+        out = pool_landmarks(xd, 25, layout="official")
+        out.backward(cot.to(dev))
+        res.append((out.detach().cpu().double(), xd.grad.cpu().double()))
+    for a, b in zip(*res):
+        assert ((a - b).abs() <= torch.exp2(torch.floor(torch.log2(a.abs().clamp_min(1e-30))) - 6)).all()
+        assert (a != b).double().mean() < 0.01
+
+
 # Errors
 
 

@@ -1,15 +1,18 @@
 """Landmarks: queries pooled on the image grid (2D) or into contiguous segments of the valid tokens (1D).
 
-Pooling is written as reshape-and-mean or as small pooling matrices rather than with
-``nn.AdaptiveAvgPool{1,2}d``: it is deterministic, and AdaptiveAvgPool1d's CUDA backward fails with a
-shared-memory assert for very long sequences. Bins follow adaptive average pooling exactly:
-bin i of p over length L covers ``[floor(i L / p), ceil((i + 1) L / p))``.
+Pooling is a reshape-and-sum (1D, N divisible by m), one batched matmul of a cached ``[m, N]`` pooling
+operator (2D layouts, other 1D sizes) or prefix sums (1D with padding) rather than ``nn.AdaptiveAvgPool{1,2}d``:
+it is deterministic, and AdaptiveAvgPool1d's CUDA backward fails with a shared-memory assert for very long
+sequences. Bins follow adaptive average pooling exactly: bin i of p over length L covers
+``[floor(i L / p), ceil((i + 1) L / p))``. Sums are float32 (or float64) whatever the input dtype; bfloat16
+inputs are never copied to float32 (see ``_PoolBF16``).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -122,15 +125,102 @@ def _pool_2d(
         raise ValueError(f"m: a {ph}x{pw} landmark grid does not fit the {h}x{w} patch grid")
     # "official" lays [CLS, patch_1 .. patch_{hw-1}] on the grid: the first h*w tokens.
     start = 0 if layout == "official" else num_prefix_tokens
-    tokens = x[:, :, start : start + h * w].reshape(B, H, h, w, d)
-    ct = torch.promote_types(x.dtype, torch.float32)
-    P_h = adaptive_pool_matrix(h, ph, x.device, ct)
-    P_w = adaptive_pool_matrix(w, pw, x.device, ct)
-    if h % ph == 0 and w % pw == 0:
-        pooled = tokens.reshape(B, H, ph, h // ph, pw, w // pw, d).to(ct).mean(dim=(3, 5))
-    else:
-        pooled = torch.einsum("ph,bnhwd,qw->bnpqd", P_h, tokens.to(ct), P_w)
-    return pooled.reshape(B, H, ph * pw, d).to(x.dtype)
+    return _pool_with_matrix(x, start, h, w, ph, pw)
+
+
+class _PoolTables(NamedTuple):
+    """Cached pooling operator of one (sizes, device, dtype)."""
+
+    member: torch.Tensor  # [m, N] 0/1 in the matmul dtype: which tokens landmark i averages
+    counts: torch.Tensor  # [m, 1] tokens per landmark, float32 (bfloat16 inputs) or the matmul dtype
+    weights_t: torch.Tensor | None  # bfloat16 only: [N, 3m], the float32 weights member / counts in 3 bf16 parts
+
+
+@functools.lru_cache(maxsize=64)
+def _pool_tables(
+    n_tokens: int, start: int, h: int, w: int, ph: int, pw: int, device: torch.device, dtype: torch.dtype
+) -> _PoolTables:
+    """Pooling operator of an h x w grid (tokens ``start .. start + h*w`` of ``n_tokens``) into ph x pw bins.
+
+    Built once per (sizes, device, dtype): a layer pools with the same sizes every forward. Token columns outside
+    the grid stay zero, so the operator applies to all N tokens and autograd never sees a slice."""
+    # [ph, h] and [pw, w] adaptive-pooling bins; a landmark's cell is a row bin x a column bin.
+    rows, cols = adaptive_pool_matrix(h, ph, device) > 0, adaptive_pool_matrix(w, pw, device) > 0
+    cells = (rows[:, None, :, None] & cols[None, :, None, :]).reshape(ph * pw, h * w)
+    member = torch.zeros(ph * pw, n_tokens, dtype=torch.bool, device=device)
+    member[:, start : start + h * w] = cells
+    low = dtype == torch.bfloat16
+    counts = member.sum(dim=1, keepdim=True).to(torch.float32 if low else dtype)
+    if not low:
+        return _PoolTables(member.to(dtype), counts, None)
+    # float32 weights as hi + mid + lo, each bfloat16: 24 = 3 x 8 significant bits, so the sum is exact.
+    weights = member.to(torch.float32) / counts
+    hi = weights.to(torch.bfloat16)
+    mid = (weights - hi.float()).to(torch.bfloat16)
+    lo = (weights - hi.float() - mid.float()).to(torch.bfloat16)
+    return _PoolTables(member.to(torch.bfloat16), counts, torch.cat([hi, mid, lo]).T)
+
+
+class _PoolBF16(torch.autograd.Function):
+    """bfloat16 pooling ``[G, N, D] -> [G, m, D]`` with float32 accumulation and no float32 copy of x.
+
+    Forward: bf16 0/1 membership times x with a float32 output (exact products, float32 sums; CUDA's
+    ``bmm(out_dtype=float32)``), divided by the counts in float32, rounded once. Backward: dx = W^T g with the
+    float32 weights W split into three bf16 parts and g repeated three times along the landmark axis, one bf16 GEMM:
+    every product is exact and the sums are float32, so dx is the float32 result rounded once to bf16, without
+    a [G, N, D] float32 intermediate."""
+
+    @staticmethod
+    def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
+        G, N, D = x3.shape
+        m = member.shape[0]
+        if x3.is_cuda:
+            sums = torch.bmm(member.expand(G, m, N), x3, out_dtype=torch.float32)
+        else:
+            sums = torch.bmm(member.float().expand(G, m, N), x3.float())
+        ctx.save_for_backward(weights_t)
+        ctx.heads = heads
+        # Divide and round in one kernel; x3 = [B, N, H*d] is written straight into a contiguous [B, H, m, d].
+        if heads == 0:
+            return torch.div(sums, counts, out=x3.new_empty(G, m, D))
+        out = x3.new_empty(G, heads, m, D // heads)
+        torch.div(sums.view(G, m, heads, D // heads), counts[:, :, None], out=out.transpose(1, 2))
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        (weights_t,) = ctx.saved_tensors
+        N, m3 = weights_t.shape
+        G = g.shape[0]
+        # [G, m, D] (or [B, m, H, d] from [B, H, m, d]) copied three times: [G, 3, m, ...] viewed as [G, 3m, D].
+        gt = g.transpose(1, 2) if ctx.heads else g
+        g3 = g.new_empty((G, 3, *gt.shape[1:]))
+        g3.copy_(gt.unsqueeze(1).expand_as(g3))
+        dx = torch.bmm(weights_t.expand(G, N, m3), g3.view(G, m3, -1))
+        return dx, None, None, None, None
+
+
+def _pool_with_matrix(x: torch.Tensor, start: int, h: int, w: int, ph: int, pw: int) -> torch.Tensor:
+    """Adaptive-average-pool the h x w grid of tokens ``start .. start + h*w`` of x ([B, H, N, d]) into ph x pw
+    bins, one batched matmul of a cached [m, N] operator on x's rows.
+
+    Returns:
+        ``[B, H, ph * pw, d]`` in x's dtype, contiguous.
+    """
+    B, H, N, d = x.shape
+    m = ph * pw
+    low = x.dtype == torch.bfloat16
+    ct = torch.bfloat16 if low else torch.promote_types(x.dtype, torch.float32)
+    tables = _pool_tables(N, start, h, w, ph, pw, x.device, ct)
+    # Heads interleaved with channels (q split from a fused qkv projection): pool rows of [B, N, H*d], a view.
+    heads = H if H > 1 and x.stride(1) == d * x.stride(3) else 0
+    x3 = x.transpose(1, 2).reshape(B, N, H * d) if heads else x.reshape(B * H, N, d)
+    if low:
+        out = _PoolBF16.apply(x3, tables.member, tables.counts, tables.weights_t, heads)
+        return out if heads else out.view(B, H, m, d)
+    sums = torch.bmm(tables.member.expand(x3.shape[0], m, N), x3.to(ct)) / tables.counts
+    out = sums.view(B, m, H, d).transpose(1, 2) if heads else sums.view(B, H, m, d)
+    return out.to(x.dtype).contiguous()
 
 
 def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
@@ -143,8 +233,10 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
     ct = torch.promote_types(x.dtype, torch.float32)
     if key_padding_mask is None:
         if N % m == 0:
-            return x.reshape(B, H, m, N // m, d).to(ct).mean(dim=3).to(x.dtype)
-        return torch.einsum("mn,bhnd->bhmd", adaptive_pool_matrix(N, m, x.device, ct), x.to(ct)).to(x.dtype)
+            # sum(dtype=float32) reads bf16 directly on CUDA (no float32 copy), and its backward is one broadcast
+            # cast back to x's dtype.
+            return (x.reshape(B, H, m, N // m, d).sum(dim=3, dtype=ct) / (N // m)).to(x.dtype)
+        return _pool_with_matrix(x, 0, 1, N, 1, m)
     if key_padding_mask.shape != (B, N) or key_padding_mask.dtype != torch.bool:
         raise ValueError(
             f"key_padding_mask must be a bool tensor of shape [{B}, {N}], got {tuple(key_padding_mask.shape)}"
