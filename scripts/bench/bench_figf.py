@@ -5,7 +5,11 @@ named); MiTA uses the registered MiTA layer (1D landmarks, m * k ~ N / 4). The b
 is doubled from 1 while tokens/s improves by more than 5% and memory lasts; out-of-memory is recorded as "OOM".
 No speed-up is reported for MiTA when its correctness gate fails.
 
-    python scripts/bench/bench_figf.py --out results/bench [--max-n 1048576] [--heads 2]
+``--graph`` times replays of a CUDA graph capturing one forward (after a warm-up on a side stream) for both models
+instead of eager calls, removing the host launch overhead; the CSV (figf_cuda_graph.csv) says so in its ``timing``
+column, and a model that cannot be captured gets ``capture failed: <reason>`` as its tokens/s.
+
+    python scripts/bench/bench_figf.py --out results/bench [--max-n 1048576] [--heads 2] [--graph]
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from common import cuda_time, environment, mita_correct, write_csv  # noqa: E402
+from common import capture_failure, environment, mita_correct, time_ms, write_csv  # noqa: E402
 
 from mita.registry import create_attention  # noqa: E402
 
@@ -54,29 +58,38 @@ def build(method: str, n: int, heads: int, sdpa: str = "auto") -> nn.Module:
         attns = [create_attention("full", DIM, heads, sdpa_backend=sdpa, use_flash_attn=False) for _ in range(DEPTH)]
     else:
         m, k = budget(n)
-        attns = [create_attention("mita", DIM, heads, m=m, k=k, landmark_layout="1d", backend="triton")
-                 for _ in range(DEPTH)]
+        attns = [
+            create_attention("mita", DIM, heads, m=m, k=k, landmark_layout="1d", backend="triton") for _ in range(DEPTH)
+        ]
     return nn.Sequential(*[Block(a) for a in attns]).cuda().to(torch.bfloat16).eval()
 
 
-def throughput(model: nn.Module, n: int, batch: int) -> float:
-    """Tokens per second of one forward at this batch (median of CUDA-event timings)."""
+def throughput(model: nn.Module, n: int, batch: int, timing: str = "eager") -> float:
+    """Tokens per second of one forward at this batch (median of CUDA-event timings of eager calls or of CUDA-graph
+    replays)."""
     x = torch.randn(batch, n, DIM, device="cuda", dtype=torch.bfloat16)
     with torch.inference_mode():
-        ms, _ = cuda_time(lambda: model(x), warmup=1, reps=5, max_s=6.0)
+        ms, _ = time_ms(lambda: model(x), timing, warmup=1, reps=5, max_s=6.0)
     return batch * n / (ms * 1e-3)
 
 
-def tune(model: nn.Module, n: int, max_tokens: int) -> tuple[str | float, int, float]:
-    """Best tokens/s over batch sizes 1, 2, 4, ...; returns (tokens/s or "OOM", batch, peak MiB)."""
+def tune(model: nn.Module, n: int, max_tokens: int, timing: str = "eager") -> tuple[str | float, int, float]:
+    """Best tokens/s over batch sizes 1, 2, 4, ...; returns (tokens/s, or "OOM", or "capture failed: <reason>"
+    when not even batch 1 could be captured; batch; peak MiB)."""
     best, best_b, best_mem, b = None, 0, 0.0, 1
     while b * n <= max_tokens:
         try:
             torch.cuda.reset_peak_memory_stats()
-            tps = throughput(model, n, b)
+            tps = throughput(model, n, b, timing)
             mem = torch.cuda.max_memory_allocated() / 2**20
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
+            break
+        except RuntimeError as e:
+            if timing == "eager":
+                raise
+            if best is None:
+                return capture_failure(e), b, 0.0
             break
         if best is not None and tps < 1.05 * best:
             if tps > best:
@@ -96,7 +109,14 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=1 << 22)
     ap.add_argument("--time-budget-s", type=float, default=300.0)
+    ap.add_argument(
+        "--graph",
+        action="store_true",
+        help="time CUDA-graph replays of the forward (no host launch overhead); writes figf_cuda_graph.csv",
+    )
     args = ap.parse_args()
+    timing = "cuda_graph" if args.graph else "eager"
+    csv_name = "figf_cuda_graph.csv" if args.graph else "figf.csv"
     os.makedirs(args.out, exist_ok=True)
     env = environment()
     ok, msg = mita_correct("triton")
@@ -106,7 +126,7 @@ def main() -> None:
     n = args.min_n
     while n <= args.max_n:
         if time.time() - t_start > args.time_budget_s:
-            rows.append(dict(N=n, method="all", tokens_per_s="not run (time budget)", **env))
+            rows.append(dict(N=n, method="all", tokens_per_s="not run (time budget)", timing=timing, **env))
             n *= 2
             continue
         torch.manual_seed(0)
@@ -115,27 +135,56 @@ def main() -> None:
             if n >= 1 << 18 and sdpa == "efficient":
                 continue
             try:
-                full[sdpa] = tune(build("full", n, args.heads, sdpa), n, args.max_tokens)
+                full[sdpa] = tune(build("full", n, args.heads, sdpa), n, args.max_tokens, timing)
             except RuntimeError as e:
                 full[sdpa] = (f"error: {str(e).splitlines()[0][:60]}", 0, 0.0)
         numeric = {s: r for s, r in full.items() if isinstance(r[0], float)}
         best_sdpa = max(numeric, key=lambda s: numeric[s][0]) if numeric else None
-        f_tps, f_b, f_mem = numeric[best_sdpa] if best_sdpa else ("OOM", 0, 0.0)
+        failed = [r[0] for r in full.values() if str(r[0]).startswith("capture failed")]
+        f_tps, f_b, f_mem = numeric[best_sdpa] if best_sdpa else (failed[0] if failed else "OOM", 0, 0.0)
         m, k = budget(n)
-        m_tps, m_b, m_mem = tune(build("mita", n, args.heads), n, args.max_tokens)
+        m_tps, m_b, m_mem = tune(build("mita", n, args.heads), n, args.max_tokens, timing)
         speedup = ""
         if isinstance(m_tps, float) and isinstance(f_tps, float):
             speedup = m_tps / f_tps if ok else "refused: correctness gate failed"
         elif isinstance(m_tps, float) and f_tps == "OOM":
             speedup = "full OOM"
-        rows.append(dict(N=n, method=f"full ({best_sdpa})", tokens_per_s=f_tps, batch=f_b, peak_mib=f_mem,
-                         m="", k="", speedup="", **env))
-        rows.append(dict(N=n, method="mita (triton)", tokens_per_s=m_tps, batch=m_b, peak_mib=m_mem, m=m, k=k,
-                         speedup=speedup, correctness="PASS" if ok else "FAIL", **env))
+        rows.append(
+            dict(
+                N=n,
+                method=f"full ({best_sdpa})",
+                tokens_per_s=f_tps,
+                batch=f_b,
+                peak_mib=f_mem,
+                m="",
+                k="",
+                speedup="",
+                timing=timing,
+                **env,
+            )
+        )
+        rows.append(
+            dict(
+                N=n,
+                method="mita (triton)",
+                tokens_per_s=m_tps,
+                batch=m_b,
+                peak_mib=m_mem,
+                m=m,
+                k=k,
+                speedup=speedup,
+                correctness="PASS" if ok else "FAIL",
+                timing=timing,
+                **env,
+            )
+        )
         all_full = {s: r[0] for s, r in full.items()}
-        print(f"N={n:8d} full[{best_sdpa}] {f_tps} (B={f_b}, {f_mem:.0f} MiB) all={all_full}"
-              f" | mita m={m} k={k} {m_tps} (B={m_b}, {m_mem:.0f} MiB) speedup {speedup}", flush=True)
-        write_csv(os.path.join(args.out, "figf.csv"), rows)
+        print(
+            f"N={n:8d} full[{best_sdpa}] {f_tps} (B={f_b}, {f_mem:.0f} MiB) all={all_full}"
+            f" | mita m={m} k={k} {m_tps} (B={m_b}, {m_mem:.0f} MiB) speedup {speedup}",
+            flush=True,
+        )
+        write_csv(os.path.join(args.out, csv_name), rows)
         n *= 2
 
 

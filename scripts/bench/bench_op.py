@@ -5,12 +5,18 @@ forward; MiTA: 2 N d (4m + 2(m + S k)) per head forward, its routing included; b
 forward for both) and peak memory above the inputs. MiTA timings include landmark pooling. A backend whose
 correctness gate (naive_mita, forward and backward) fails gets no speed-up.
 
-    python scripts/bench/bench_op.py --out results/bench [--max-n 1048576]
+Timing is eager by default (each call launches its kernels from Python). ``--graph`` captures each timed callable
+(forward; forward+backward) of every method, dense SDPA included, in a CUDA graph after a warm-up on a side stream
+and times graph replays, which removes the host launch overhead; the CSV's ``timing`` column says which
+(``eager`` or ``cuda_graph``) and a method that cannot be captured gets ``capture failed: <reason>``.
+
+    python scripts/bench/bench_op.py --out results/bench [--max-n 1048576] [--graph]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -23,13 +29,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from common import cuda_time, environment, mita_correct, peak_memory_mib, write_csv  # noqa: E402
+from common import capture_failure, environment, mita_correct, peak_memory_mib, time_ms, write_csv  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
 from mita.ops.mita.api import list_backends, mita_attention  # noqa: E402
 
-DENSE = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-         "efficient": SDPBackend.EFFICIENT_ATTENTION}
+DENSE = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
 
 
 def shapes(max_n: int) -> list[dict]:
@@ -47,6 +56,7 @@ def dense_fn(q, k, v, backend):
     def f():
         with sdpa_kernel([DENSE[backend]]):
             return F.scaled_dot_product_attention(q, k, v)
+
     return f
 
 
@@ -57,6 +67,7 @@ def mita_fn(q, k, v, p, backend):
         else:
             r = pool_landmarks(q, p["m"], layout="1d")
         return mita_attention(q, k, v, r, p["k"], backend=backend)
+
     return f
 
 
@@ -65,19 +76,65 @@ def fwd_bwd(f, do, ins):
         for t in ins:
             t.grad = None
         f().backward(do)
+
     return g
 
 
-def measure(f, ins, do, long_run: bool, reps_long: int = 3) -> dict:
+def measure(f, ins, do, long_run: bool, timing: str = "eager", reps_long: int = 3) -> dict:
+    """Forward and forward+backward time (``timing``: eager calls or CUDA-graph replays) and peak memory (always
+    of an eager call: a replay allocates nothing). A failed capture becomes the row's ``error``."""
     row = {}
-    reps = reps_long if long_run else 20
-    with torch.no_grad():
-        row["fwd_ms"], row["fwd_spread_ms"] = cuda_time(f, warmup=1 if long_run else 3, reps=reps)
-        row["fwd_peak_mib"] = peak_memory_mib(f)
-    g = fwd_bwd(f, do, ins)
-    row["fwdbwd_ms"], row["fwdbwd_spread_ms"] = cuda_time(g, warmup=1 if long_run else 3, reps=reps)
-    row["fwdbwd_peak_mib"] = peak_memory_mib(g)
+    reps, warmup = (reps_long, 1) if long_run else (20, 3)
+    for stage, fn in (("fwd", f), ("fwdbwd", fwd_bwd(f, do, ins))):
+        try:
+            with torch.no_grad() if stage == "fwd" else contextlib.nullcontext():
+                row[f"{stage}_ms"], row[f"{stage}_spread_ms"] = time_ms(fn, timing, warmup=warmup, reps=reps)
+        except RuntimeError as e:
+            if timing == "eager" or isinstance(e, torch.cuda.OutOfMemoryError):
+                raise
+            row["error"] = capture_failure(e, "" if stage == "fwd" else "fwd+bwd")
+            break
+        with torch.no_grad() if stage == "fwd" else contextlib.nullcontext():
+            row[f"{stage}_peak_mib"] = peak_memory_mib(fn)
     return row
+
+
+def point_rows(p: dict, res: dict[str, dict], gate: dict[str, tuple[bool, str]], timing: str, env: dict) -> list[dict]:
+    """CSV rows of one point: each method's measurement, TFLOP/s, and for MiTA the speed-ups over the fastest dense
+    backend of the same run and timing, per stage (a failed capture may leave a method with only a forward)."""
+    B, H, N, d = p["B"], p["H"], p["N"], p["d"]
+    dense_flops = 4 * N * N * d * B * H
+    mita_flops = 2 * N * d * (4 * p["m"] + 2 * (p["m"] + p["k"])) * B * H
+    dense = {n: r for n, r in res.items() if n.startswith("dense_")}
+    best = {
+        st: min((n for n in dense if f"{st}_ms" in dense[n]), key=lambda n: dense[n][f"{st}_ms"], default=None)
+        for st in ("fwd", "fwdbwd")
+    }
+    rows = []
+    for method, r in res.items():
+        row = dict(point=p["name"], B=B, H=H, N=N, d=d, m=p["m"], k=p["k"], method=method, timing=timing, **r)
+        is_mita = method.startswith("mita_")
+        fl = mita_flops if is_mita else dense_flops
+        if "fwd_ms" in r:
+            row["fwd_tflops"] = fl / (r["fwd_ms"] * 1e-3) / 1e12
+        if "fwdbwd_ms" in r:
+            row["fwdbwd_tflops"] = 3.5 * fl / (r["fwdbwd_ms"] * 1e-3) / 1e12
+        row["best_dense_fwd"] = best["fwd"]
+        row["best_dense_fwdbwd"] = best["fwdbwd"]
+        if is_mita:
+            for st, key in (("fwd", "speedup_fwd"), ("fwdbwd", "speedup_fwdbwd")):
+                if f"{st}_ms" not in r or best[st] is None:
+                    continue
+                if not gate[method[5:]][0]:
+                    row[key] = "refused: correctness gate failed"
+                    continue
+                row[key] = dense[best[st]][f"{st}_ms"] / r[f"{st}_ms"]
+                if st == "fwdbwd":
+                    row["mem_ratio_fwdbwd"] = r["fwdbwd_peak_mib"] / dense[best[st]]["fwdbwd_peak_mib"]
+        row["correctness"] = ("PASS" if gate[method[5:]][0] else "FAIL") if is_mita else ""
+        row.update(env)
+        rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -85,11 +142,22 @@ def main() -> None:
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--max-n", type=int, default=1 << 20)
     ap.add_argument("--backends", default="triton,torch")
-    ap.add_argument("--dense-long", default="flash,cudnn",
-                    help="dense SDPA backends timed at N >= 256K (each point costs seconds there)")
+    ap.add_argument(
+        "--dense-long",
+        default="flash,cudnn",
+        help="dense SDPA backends timed at N >= 256K (each point costs seconds there)",
+    )
     ap.add_argument("--points", default="", help="comma-separated point names (deit_s, N65536, ...); empty: all")
     ap.add_argument("--dense-reps-long", type=int, default=3, help="timed runs of a dense backend at N >= 256K")
+    ap.add_argument(
+        "--graph",
+        action="store_true",
+        help="time CUDA-graph replays of every method (no host launch overhead); writes "
+        "op_bench_cuda_graph.csv with timing=cuda_graph",
+    )
     args = ap.parse_args()
+    timing = "cuda_graph" if args.graph else "eager"
+    csv_name = "op_bench_cuda_graph.csv" if args.graph else "op_bench.csv"
     os.makedirs(args.out, exist_ok=True)
     env = environment()
     backends = [b for b in args.backends.split(",") if b in list_backends()]
@@ -106,56 +174,37 @@ def main() -> None:
         q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
         ins = [t.requires_grad_() for t in (q, k, v)]
         long_run = N >= 1 << 18
-        dense_flops = 4 * N * N * d * B * H
-        mita_flops = 2 * N * d * (4 * p["m"] + 2 * (p["m"] + p["k"])) * B * H
         res = {}
         for name in DENSE:
             if long_run and name not in args.dense_long.split(","):
                 continue
             t0 = time.time()
             try:
-                res[f"dense_{name}"] = measure(dense_fn(q, k, v, name), ins, do, long_run, args.dense_reps_long)
+                res[f"dense_{name}"] = measure(dense_fn(q, k, v, name), ins, do, long_run, timing, args.dense_reps_long)
             except RuntimeError as e:
                 res[f"dense_{name}"] = {"error": str(e).splitlines()[0][:80]}
                 torch.cuda.empty_cache()
             print(f"{p['name']} dense_{name} {res[f'dense_{name}']} ({time.time() - t0:.1f}s)", flush=True)
         for b in backends:
             try:
-                res[f"mita_{b}"] = measure(mita_fn(q, k, v, p, b), ins, do, long_run)
+                res[f"mita_{b}"] = measure(mita_fn(q, k, v, p, b), ins, do, long_run, timing)
             except (RuntimeError, ValueError) as e:
                 res[f"mita_{b}"] = {"error": str(e).splitlines()[0][:80]}
                 torch.cuda.empty_cache()
             print(f"{p['name']} mita_{b} {res[f'mita_{b}']}", flush=True)
-        dense_ok = {n: r for n, r in res.items() if n.startswith("dense_") and "error" not in r}
-        best_fwd = min(dense_ok, key=lambda n: dense_ok[n]["fwd_ms"]) if dense_ok else None
-        best_fb = min(dense_ok, key=lambda n: dense_ok[n]["fwdbwd_ms"]) if dense_ok else None
-        for method, r in res.items():
-            row = dict(point=p["name"], B=B, H=H, N=N, d=d, m=p["m"], k=p["k"], method=method, **r)
-            is_mita = method.startswith("mita_")
-            fl = mita_flops if is_mita else dense_flops
-            if "fwd_ms" in r:
-                row["fwd_tflops"] = fl / (r["fwd_ms"] * 1e-3) / 1e12
-                row["fwdbwd_tflops"] = 3.5 * fl / (r["fwdbwd_ms"] * 1e-3) / 1e12
-            row["best_dense_fwd"] = best_fwd
-            row["best_dense_fwdbwd"] = best_fb
-            if is_mita and "fwd_ms" in r and best_fwd:
-                if gate[method[5:]][0]:
-                    row["speedup_fwd"] = dense_ok[best_fwd]["fwd_ms"] / r["fwd_ms"]
-                    row["speedup_fwdbwd"] = dense_ok[best_fb]["fwdbwd_ms"] / r["fwdbwd_ms"]
-                    row["mem_ratio_fwdbwd"] = r["fwdbwd_peak_mib"] / dense_ok[best_fb]["fwdbwd_peak_mib"]
-                else:
-                    row["speedup_fwd"] = row["speedup_fwdbwd"] = "refused: correctness gate failed"
-            row["correctness"] = ("PASS" if gate[method[5:]][0] else "FAIL") if is_mita else ""
-            row.update(env)
-            rows.append(row)
+        rows += point_rows(p, res, gate, timing, env)
         del q, k, v, do, ins
         torch.cuda.empty_cache()
-        write_csv(os.path.join(args.out, "op_bench.csv"), rows)
-    print("\npoint    method          fwd_ms   fwdbwd_ms  speedup_fwd  speedup_fwdbwd  peak_fb_MiB")
+        write_csv(os.path.join(args.out, csv_name), rows)
+    print(f"\ntiming: {timing}")
+    print("point    method          fwd_ms   fwdbwd_ms  speedup_fwd  speedup_fwdbwd  peak_fb_MiB  error")
     for r in rows:
-        print(f"{r['point']:8s} {r['method']:15s} {r.get('fwd_ms', float('nan')):9.3f} "
-              f"{r.get('fwdbwd_ms', float('nan')):10.3f} {str(r.get('speedup_fwd', ''))[:8]:>12s} "
-              f"{str(r.get('speedup_fwdbwd', ''))[:8]:>14s} {r.get('fwdbwd_peak_mib', float('nan')):10.1f}")
+        print(
+            f"{r['point']:8s} {r['method']:15s} {r.get('fwd_ms', float('nan')):9.3f} "
+            f"{r.get('fwdbwd_ms', float('nan')):10.3f} {str(r.get('speedup_fwd', ''))[:8]:>12s} "
+            f"{str(r.get('speedup_fwdbwd', ''))[:8]:>14s} {r.get('fwdbwd_peak_mib', float('nan')):10.1f}  "
+            f"{r.get('error', '')}"
+        )
 
 
 if __name__ == "__main__":

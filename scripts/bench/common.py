@@ -58,6 +58,75 @@ def cuda_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: 
     return statistics.median(times), max(times) - min(times)
 
 
+TIMING_MODES = ("eager", "cuda_graph")
+
+
+def capture_graph(fn: Callable[[], object], warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Capture one call of ``fn`` in a CUDA graph; replaying the graph reruns its kernels on the same memory.
+
+    ``fn`` is first run ``warmup`` times on a side stream (Triton autotuning and compilation, cuBLAS workspaces,
+    lazily built caches, autograd's accumulators: nothing that allocates or synchronises only once may happen
+    during capture), then captured once with ``torch.cuda.graph``. To replay on new data, copy it into the
+    tensors ``fn`` reads (``static.copy_(new)``) and call ``graph.replay()``; the outputs (the returned value,
+    and ``.grad`` of the leaves when ``fn`` runs a backward) are overwritten in place.
+
+    Args:
+        fn: a callable without arguments that launches CUDA work only (no host synchronisation).
+        warmup: eager calls before capture.
+
+    Returns:
+        ``(graph, static_output)``: the captured graph and what ``fn`` returned during capture.
+
+    Raises:
+        RuntimeError: when the capture fails (an op that synchronises with the host or is not capturable).
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def capture_failure(err: BaseException, stage: str = "") -> str:
+    """The ``"capture failed: [<stage>: ]<reason>"`` text recorded for a callable that could not be captured in a
+    CUDA graph; waits for the device and frees cached memory so that the next measurement starts clean."""
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError:
+        pass
+    torch.cuda.empty_cache()
+    text = str(err).strip()
+    reason = text.splitlines()[0][:100] if text else type(err).__name__
+    return f"capture failed: {stage + ': ' if stage else ''}{reason}"
+
+
+def time_ms(
+    fn: Callable[[], object], timing: str = "eager", warmup: int = 2, reps: int = 10, max_s: float = 20.0
+) -> tuple[float, float]:
+    """Median and spread in ms of ``fn`` (``timing="eager"``: each call launches its kernels) or of replays of a
+    CUDA graph capturing one call of ``fn`` (``timing="cuda_graph"``: no host launch overhead).
+
+    Raises:
+        RuntimeError: the capture failed (cuda_graph only); :func:`capture_failure` turns it into a table entry.
+    """
+    if timing not in TIMING_MODES:
+        raise ValueError(f"timing must be one of {TIMING_MODES}, got {timing!r}")
+    if timing == "eager":
+        return cuda_time(fn, warmup=warmup, reps=reps, max_s=max_s)
+    graph, _ = capture_graph(fn, warmup=max(warmup, 1))
+    try:
+        return cuda_time(graph.replay, warmup=1, reps=reps, max_s=max_s)
+    finally:
+        del graph
+        torch.cuda.empty_cache()
+
+
 def peak_memory_mib(fn: Callable[[], object]) -> float:
     """Peak allocated memory of one call of ``fn`` above what was allocated before it, in MiB."""
     torch.cuda.synchronize()

@@ -15,11 +15,15 @@ PAPER_FIGF_SPEEDUP = {65536: 19.0, 262144: 56.0, 1048576: 159.0}
 
 
 def read(paths: list[str]) -> list[dict]:
+    """Rows of the CSVs, each with ``run`` (the folder: the kernel version it was measured with) and ``timing``
+    (``eager`` for CSVs written before the column existed, which all timed eager calls)."""
     rows = []
     for p in paths:
         with open(p) as f:
-            # The run folder names the kernel version a row was measured with.
-            rows += [dict(r, run=os.path.basename(os.path.dirname(p)) or p) for r in csv.DictReader(f)]
+            rows += [
+                dict(r, run=os.path.basename(os.path.dirname(p)) or p, timing=r.get("timing") or "eager")
+                for r in csv.DictReader(f)
+            ]
     return rows
 
 
@@ -35,41 +39,63 @@ def cell(r: dict, key: str, digits: int = 3) -> str:
     return f"{v:.{digits}f}" if v is not None else (r.get(key) or "")
 
 
+TIMING_NOTE = (
+    "timing: eager = each call launches its kernels from Python (host overhead included); "
+    "cuda_graph = replays of one captured call (GPU time without launch overhead)."
+)
+
+
 def op_table(rows: list[dict]) -> str:
     env = rows[0]
     dates = {}
     for r in rows:
         dates.setdefault(r["run"], r["date"])
-    out = [f"Op level, bf16, d 64 ({env['gpu']}, driver {env['driver']}, torch {env['torch']}, triton "
-           f"{env['triton']}; runs: " + ", ".join(f"{k} {v}" for k, v in dates.items()) + "). Times in ms (median of "
-           "CUDA events); peak = fwd+bwd MiB above inputs; speed-ups against the fastest dense backend of the same "
-           "run.", "",
-           "| point | run | method | fwd ms | fwd+bwd ms | fwd TFLOP/s | speed-up fwd | speed-up fwd+bwd | peak MiB |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        f"Op level, bf16, d 64 ({env['gpu']}, driver {env['driver']}, torch {env['torch']}, triton "
+        f"{env['triton']}; runs: " + ", ".join(f"{k} {v}" for k, v in dates.items()) + "). Times in ms (median of "
+        "CUDA events); peak = fwd+bwd MiB above inputs; speed-ups against the fastest dense backend of the same "
+        f"run and timing. {TIMING_NOTE}",
+        "",
+        "| point | run | timing | method | fwd ms | fwd+bwd ms | fwd TFLOP/s | speed-up fwd | speed-up fwd+bwd "
+        "| peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['point']} | {r['run']} | {r['method']} | {cell(r, 'fwd_ms')} | {cell(r, 'fwdbwd_ms')} | "
-                   f"{cell(r, 'fwd_tflops', 1)} | {cell(r, 'speedup_fwd', 2)} | {cell(r, 'speedup_fwdbwd', 2)} | "
-                   f"{cell(r, 'fwdbwd_peak_mib', 0)} |")
+        # A failed measurement (error, "capture failed: ...") shows where its time would be.
+        fwd, fb = cell(r, "fwd_ms") or r.get("error", ""), cell(r, "fwdbwd_ms") or r.get("error", "")
+        out.append(
+            f"| {r['point']} | {r['run']} | {r['timing']} | {r['method']} | {fwd} | {fb} | "
+            f"{cell(r, 'fwd_tflops', 1)} | {cell(r, 'speedup_fwd', 2)} | {cell(r, 'speedup_fwdbwd', 2)} | "
+            f"{cell(r, 'fwdbwd_peak_mib', 0)} |"
+        )
     return "\n".join(out)
 
 
 def figf_table(rows: list[dict]) -> str:
     env = rows[0]
-    out = [f"Figure F, 3 layers, dim 128, 2 heads, bf16, inference ({env['gpu']}, torch {env['torch']}, triton "
-           f"{env['triton']}). tokens/s at the best batch.", "",
-           "| N | run | full: kernel | full tokens/s (batch) | MiTA m, k | MiTA tokens/s (batch) | speed-up "
-           "| paper speed-up |",
-           "|---|---|---|---|---|---|---|---|"]
-    by_n: dict[tuple[int, str], dict] = {}
+    out = [
+        f"Figure F, 3 layers, dim 128, 2 heads, bf16, inference ({env['gpu']}, torch {env['torch']}, triton "
+        f"{env['triton']}). tokens/s at the best batch. {TIMING_NOTE}",
+        "",
+        "| N | run | timing | full: kernel | full tokens/s (batch) | MiTA m, k | MiTA tokens/s (batch) | speed-up "
+        "| paper speed-up |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_n: dict[tuple[int, str, str], dict] = {}
     for r in rows:
-        by_n.setdefault((int(r["N"]), r["run"]), {})["mita" if r["method"].startswith("mita") else "full"] = r
-    for n, run in sorted(by_n):
-        fu, mi = by_n[n, run].get("full", {}), by_n[n, run].get("mita", {})
+        by_n.setdefault((int(r["N"]), r["run"], r["timing"]), {})[
+            "mita" if r["method"].startswith("mita") else "full"
+        ] = r
+    for n, run, timing in sorted(by_n):
+        fu, mi = by_n[n, run, timing].get("full", {}), by_n[n, run, timing].get("mita", {})
         ft, mt, sp = num(fu.get("tokens_per_s")), num(mi.get("tokens_per_s")), num(mi.get("speedup"))
-        out.append(f"| {n} | {run} | {fu.get('method', '')} | {f'{ft:.3g}' if ft else fu.get('tokens_per_s', '')} "
-                   f"({fu.get('batch', '')}) | {mi.get('m', '')}, {mi.get('k', '')} | "
-                   f"{f'{mt:.3g}' if mt else mi.get('tokens_per_s', '')} ({mi.get('batch', '')}) | "
-                   f"{f'{sp:.2f}' if sp else mi.get('speedup', '')} | {PAPER_FIGF_SPEEDUP.get(n, '')} |")
+        out.append(
+            f"| {n} | {run} | {timing} | {fu.get('method', '')} | "
+            f"{f'{ft:.3g}' if ft else fu.get('tokens_per_s', '')} "
+            f"({fu.get('batch', '')}) | {mi.get('m', '')}, {mi.get('k', '')} | "
+            f"{f'{mt:.3g}' if mt else mi.get('tokens_per_s', '')} ({mi.get('batch', '')}) | "
+            f"{f'{sp:.2f}' if sp else mi.get('speedup', '')} | {PAPER_FIGF_SPEEDUP.get(n, '')} |"
+        )
     return "\n".join(out)
 
 
@@ -81,19 +107,26 @@ def figf_plot(rows: list[dict], path: str) -> None:
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     latest = max(r["run"] for r in rows)
+    series = sorted({(r["run"], r["timing"]) for r in rows})
     for key, label in (("full", "full attention (fastest SDPA)"), ("mita", "MiTA (Triton)")):
-        for run in sorted({r["run"] for r in rows}):
+        for run, timing in series:
             if key == "full" and run != latest:
                 continue
-            pts = sorted((int(r["N"]), num(r["tokens_per_s"])) for r in rows
-                         if r["run"] == run and r["method"].startswith(key) and num(r["tokens_per_s"]))
+            pts = sorted(
+                (int(r["N"]), num(r["tokens_per_s"]))
+                for r in rows
+                if (r["run"], r["timing"]) == (run, timing) and r["method"].startswith(key) and num(r["tokens_per_s"])
+            )
             if pts:
-                a1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{label}, {run}")
-    for run in sorted({r["run"] for r in rows}):
-        sp = sorted((int(r["N"]), num(r["speedup"])) for r in rows
-                    if r["run"] == run and r["method"].startswith("mita") and num(r["speedup"]))
+                a1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{label}, {run}, {timing}")
+    for run, timing in series:
+        sp = sorted(
+            (int(r["N"]), num(r["speedup"]))
+            for r in rows
+            if (r["run"], r["timing"]) == (run, timing) and r["method"].startswith("mita") and num(r["speedup"])
+        )
         if sp:
-            a2.plot([p[0] for p in sp], [p[1] for p in sp], "o-", label=f"measured (H200, {run})")
+            a2.plot([p[0] for p in sp], [p[1] for p in sp], "o-", label=f"measured (H200, {run}, {timing})")
     a2.plot(list(PAPER_FIGF_SPEEDUP), list(PAPER_FIGF_SPEEDUP.values()), "s--", label="paper (RTX 4090)")
     for a, t in ((a1, "tokens/s"), (a2, "speed-up over full attention")):
         a.set_xscale("log", base=2)
@@ -113,10 +146,19 @@ def main() -> None:
     ap.add_argument("--out", default="results/bench")
     args = ap.parse_args()
     op_rows, figf_rows = read(args.op), read(args.figf)
-    md = ["# Benchmarks (generated by scripts/bench/make_report.py; do not edit)", "",
-          f"Sources: op {', '.join(args.op)}; Figure F {', '.join(args.figf)} (logs beside each CSV; commands "
-          "in docs/kernels.md, history in notes/kernels-notes.md).", "", op_table(op_rows), "",
-          figf_table(figf_rows), "", "![Figure F](figf.png)", ""]
+    md = [
+        "# Benchmarks (generated by scripts/bench/make_report.py; do not edit)",
+        "",
+        f"Sources: op {', '.join(args.op)}; Figure F {', '.join(args.figf)} (logs beside each CSV; commands "
+        "in docs/kernels.md, history in notes/kernels-notes.md).",
+        "",
+        op_table(op_rows),
+        "",
+        figf_table(figf_rows),
+        "",
+        "![Figure F](figf.png)",
+        "",
+    ]
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write("\n".join(md))
     figf_plot(figf_rows, os.path.join(args.out, "figf.png"))
