@@ -28,7 +28,7 @@ _I32 = {"IDX", "ROWS", "STARTS", "TILE_E", "TILE_RS", "TILE_RE", "ROUTE", "PERM"
 _I64 = {"LO", "HI", "CAND"}
 _I8 = {"KV"}
 _FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}
-_INT_SCALARS = {"N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "CAP", "NC"}
+_INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "CAP", "NC"}
 
 
 def _sig(fn, consts: dict, overrides: dict | None = None) -> dict:
@@ -79,12 +79,13 @@ def main() -> None:
         cases.append((f"topk_scan mode {mode}", tr._topk_scan_kernel,
                       dict(MODE=mode, P=16, SKIP=mode == 2, HAS_KV=False, BS=64, BN=64, EXACT=False, **common), 4,
                       {"CMAX": "*fp32", "CNT": "*i32"}))
-    small = {"MEMB": "*i8", "DQ": "*bf16", "DR": "*bf16"}
-    for S, kv in ((1, False), (2, True)):
-        cases.append((f"small_fwd S={S}", ts._small_fwd_kernel,
-                      dict(S=S, SHARED=True, HAS_KV=kv, MP=32, NP=256, BM=32, EXACT=False, **common), 8, small))
-        cases.append((f"small_bwd S={S}", ts._small_bwd_kernel,
-                      dict(S=S, SHARED=True, HAS_KV=kv, MP=32, NP=256, BM=32, BN=64, **common), 8, small))
+    small = {"MEMB": "*i8", "DQ": "*bf16"}
+    for S, kv, mp in ((1, False, 32), (2, True, 16)):
+        sc = dict(SHARED=True, HAS_KV=kv, MP=mp, NP=256, **common)
+        cases.append((f"small_route MP={mp}", ts._small_route_kernel, dict(BS=16, EXACT=False, **sc), 4, small))
+        cases.append((f"small_attn S={S}", ts._small_attn_kernel, dict(S=S, BM=32, EXACT=False, **sc), 8, small))
+        cases.append((f"small_bwd_q S={S}", ts._small_bwd_q_kernel, dict(S=S, BM=32, **sc), 8, small))
+        cases.append((f"small_bwd_k S={S}", ts._small_bwd_k_kernel, dict(S=S, BM=32, BN=64, **sc), 4, small))
     extra = getattr(tr, "_compile_cases", None)
     if extra is not None:
         cases += extra()

@@ -1,23 +1,23 @@
-"""Short-sequence MiTA (image sizes, N <= 256): the whole operator in one forward and one backward launch.
+"""Short-sequence MiTA (image sizes, N <= 256): the whole operator in two forward and two backward launches.
 
 At DeiT shapes (N = 197, m = k = 25) every routed key list covers a large part of the sequence, so the sparse
 path (query tiles per expert, ~8 queries each, keys read through index lists) wastes most of each tile and pays
-for a plan, a sort and five launches. Here one program per (batch, head) keeps the keys, values and landmarks on
-chip and does everything in it:
+for a plan, a sort and five launches. Here the whole key tile of a (batch, head) stays on chip:
 
-- routed experts: the exact top-k of each landmark's raw scores ``R k^T`` by bisection on the scores' int32 order
-  keys (ties to the lower key index), kept as a [m, N] 0/1 membership tile;
-- landmark values ``softmax(R k^T scale) v`` from the same scores;
-- routing: top-S of ``q R^T`` per query (ties to the lower landmark index);
-- attention: dense over [m landmarks ; N keys], where key n counts for query i as many times as it appears in the
-  routed lists of i's experts: ``c_in = onehot(route_i) . membership[:, n]`` (one tensor-core product), logit
-  ``q_i . k_n * scale + log(c_in)``, and ``-inf`` where ``c_in = 0``. With S = 1, ``c`` is 0 or 1; with S = 2 a key
-  in both lists enters twice, exactly as in the concatenated softmax of the contract.
+- ``_small_route_kernel`` (16 landmarks per program): the exact top-k of each landmark's raw scores ``R k^T`` by
+  bisection on the scores' int32 order keys (ties to the lower key index), written as a [m, N] 0/1 membership
+  tile, and the landmark values ``softmax(R k^T scale) v`` from the same scores;
+- ``_small_attn_kernel`` (a block of queries per program): routing (top-S of ``q R^T``, ties to the lower
+  landmark index), then one dense softmax over [m landmarks ; N keys], where key n counts for query i as many
+  times as it appears in the routed lists of i's experts: ``c_in = onehot(route_i) . membership[:, n]`` (one
+  tensor-core product), logit ``q_i . k_n * scale + log(c_in)``, and ``-inf`` where ``c_in = 0``. With S = 1,
+  ``c`` is 0 or 1; with S = 2 a key in both lists enters twice, exactly as in the concatenated softmax of the
+  contract.
 
-The backward is one program per (batch, head) too: a query-major sweep writes dq and accumulates the shared
-expert's dR and the landmark values' upstream gradient; a key-major sweep (recomputing the probabilities, as
-FlashAttention-2 does) writes dk and dv of the routed entries plus the landmark-value attention's dk, dv and dR.
-No atomics, so it is deterministic.
+The backward is FlashAttention-2 shaped: a query-block kernel writes dq and its share of the shared expert's dR
+and of the landmark values' upstream gradient; a key-block kernel recomputes the probabilities per query block
+and writes dk, dv of the routed entries plus the landmark-value attention's dk, dv and its share of dR. Shares
+are summed in a fixed order, no atomics: deterministic.
 """
 
 from __future__ import annotations
@@ -67,38 +67,34 @@ def _onehot_route(SCORE, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S: tl.constexpr, MP
 
 
 @triton.jit
-def _small_fwd_kernel(
-    Q,
+def _small_route_kernel(
+    R,
     K,
     V,
-    R,
     KV,
     KK,
-    O,
-    LSE,
     MEMB,
-    ROUTE,
     VT,
     LVLSE,
     N,
     M,
     KSEL,
     scale_log2,
-    sscale_log2,
-    S: tl.constexpr,
     SHARED: tl.constexpr,
     HAS_KV: tl.constexpr,
     D: tl.constexpr,
     MP: tl.constexpr,
     NP: tl.constexpr,
-    BM: tl.constexpr,
+    BS: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
     EXACT: tl.constexpr,
 ):
-    i_bh = tl.program_id(0).to(tl.int64)
+    """BS landmark rows: exact top-k membership [BS, NP] and (SHARED) the landmark values and their LSE."""
+    i_s = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
-    o_j = tl.arange(0, MP)
+    o_j = i_s * BS + tl.arange(0, BS)
     m_j = o_j < M
     o_n = tl.arange(0, NP)
     m_n = o_n < N
@@ -109,8 +105,7 @@ def _small_fwd_kernel(
         kk = KSEL
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
     b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-    b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-    # [MP, NP] raw scores: the top-k ranks them, the landmark values softmax them.
+    # [BS, NP] raw scores: the top-k ranks them, the landmark values softmax them.
     b_sc = _score(b_r, b_k, PREC, UP, EXACT)
 
     # Exact top-k per landmark row: the largest int32 order key t with count(key >= t) >= kk, by bisection from
@@ -135,10 +130,10 @@ def _small_fwd_kernel(
     tie_rank = tl.cumsum(m_eq.to(tl.int32), 1) - 1
     sel = m_gt | (m_eq & (tie_rank < (kk - n_gt)[:, None]))
     tl.store(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :], sel.to(tl.int8))
-    b_memb = sel.to(tl.float16)
 
     if SHARED:
         # Landmark values softmax(R k^T scale) v over the valid keys; zeros for a row with no valid key.
+        b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
         b_s = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
         b_mx = tl.max(b_s, 1)
         b_mxs = tl.where(b_mx == float("-inf"), 0.0, b_mx)
@@ -146,42 +141,81 @@ def _small_fwd_kernel(
         b_l = tl.sum(b_p, 1)
         m_nz = b_l > 0
         b_vt = _dot(b_p.to(b_v.dtype), b_v, PREC, UP) / tl.where(m_nz, b_l, 1.0)[:, None]
-        b_vt = b_vt.to(b_v.dtype)
-        tl.store(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_vt, mask=m_j[:, None])
-        tl.store(
-            LVLSE + i_bh * M + o_j, tl.where(m_nz, b_mxs + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf")), mask=m_j
-        )
+        tl.store(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_vt.to(b_v.dtype), mask=m_j[:, None])
+        b_lse = tl.where(m_nz, b_mxs + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
+        tl.store(LVLSE + i_bh * M + o_j, b_lse, mask=m_j)
 
-    for i0 in range(0, N, BM):
-        o_i = i0 + tl.arange(0, BM)
-        m_i = o_i < N
-        b_q = tl.load(Q + i_bh * N * D + o_i[:, None] * D + o_d[None, :], mask=m_i[:, None], other=0.0)
-        # [BM, MP] raw q . R: routing, and (scaled) the shared logits.
-        b_qr = _score(b_q, b_r, PREC, UP, EXACT)
-        b_qr = tl.where(b_qr == 0.0, 0.0, b_qr)
-        b_oh = _onehot_route(b_qr, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S, MP)
-        # [BM, NP] how many of the query's experts hold each key.
-        b_c = tl.dot(b_oh.to(tl.float16), b_memb)
-        b_b = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
-        b_b = tl.where(b_c > 0, b_b + tl.log2(tl.maximum(b_c, 1.0)), float("-inf"))
-        b_mx = tl.max(b_b, 1)
-        if SHARED:
-            b_a = tl.where(m_j[None, :], b_qr * sscale_log2, float("-inf"))
-            b_mx = tl.maximum(b_mx, tl.max(b_a, 1))
-        b_mxs = tl.where(b_mx == float("-inf"), 0.0, b_mx)
-        b_pb = tl.exp2(b_b - b_mxs[:, None])
-        b_l = tl.sum(b_pb, 1)
-        b_acc = _dot(b_pb.to(b_v.dtype), b_v, PREC, UP)
-        if SHARED:
-            b_pa = tl.exp2(b_a - b_mxs[:, None])
-            b_l += tl.sum(b_pa, 1)
-            b_acc += _dot(b_pa.to(b_vt.dtype), b_vt, PREC, UP)
-        m_nz = b_l > 0
-        b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
-        tl.store(O + i_bh * N * D + o_i[:, None] * D + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_i[:, None])
-        tl.store(
-            LSE + i_bh * N + o_i, tl.where(m_nz, b_mxs + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf")), mask=m_i
-        )
+
+@triton.jit
+def _small_attn_kernel(
+    Q,
+    K,
+    V,
+    R,
+    VT,
+    KV,
+    MEMB,
+    O,
+    LSE,
+    ROUTE,
+    N,
+    M,
+    scale_log2,
+    sscale_log2,
+    S: tl.constexpr,
+    SHARED: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    D: tl.constexpr,
+    MP: tl.constexpr,
+    NP: tl.constexpr,
+    BM: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    """BM queries: routing, then one softmax over [m landmarks ; N keys weighted by their routed multiplicity]."""
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_d = tl.arange(0, D)
+    o_j = tl.arange(0, MP)
+    m_j = o_j < M
+    o_n = tl.arange(0, NP)
+    m_n = o_n < N
+    if HAS_KV:
+        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    o_i = i_m * BM + tl.arange(0, BM)
+    m_i = o_i < N
+    b_q = tl.load(Q + i_bh * N * D + o_i[:, None] * D + o_d[None, :], mask=m_i[:, None], other=0.0)
+    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+    b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+    b_memb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
+    # [BM, MP] raw q . R: routing, and (scaled) the shared logits.
+    b_qr = _score(b_q, b_r, PREC, UP, EXACT)
+    b_qr = tl.where(b_qr == 0.0, 0.0, b_qr)
+    b_oh = _onehot_route(b_qr, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S, MP)
+    # [BM, NP] how many of the query's experts hold each key.
+    b_c = tl.dot(b_oh.to(tl.float16), b_memb)
+    b_b = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
+    b_b = tl.where(b_c > 0, b_b + tl.log2(tl.maximum(b_c, 1.0)), float("-inf"))
+    b_mx = tl.max(b_b, 1)
+    if SHARED:
+        b_a = tl.where(m_j[None, :], b_qr * sscale_log2, float("-inf"))
+        b_mx = tl.maximum(b_mx, tl.max(b_a, 1))
+    b_mxs = tl.where(b_mx == float("-inf"), 0.0, b_mx)
+    b_pb = tl.exp2(b_b - b_mxs[:, None])
+    b_l = tl.sum(b_pb, 1)
+    b_acc = _dot(b_pb.to(b_v.dtype), b_v, PREC, UP)
+    if SHARED:
+        b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+        b_pa = tl.exp2(b_a - b_mxs[:, None])
+        b_l += tl.sum(b_pa, 1)
+        b_acc += _dot(b_pa.to(b_vt.dtype), b_vt, PREC, UP)
+    m_nz = b_l > 0
+    b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
+    tl.store(O + i_bh * N * D + o_i[:, None] * D + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_i[:, None])
+    b_lse = tl.where(m_nz, b_mxs + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
+    tl.store(LSE + i_bh * N + o_i, b_lse, mask=m_i)
 
 
 @triton.jit
@@ -194,7 +228,7 @@ def _load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S: tl.constexpr, BM: tl.co
 
 
 @triton.jit
-def _small_bwd_kernel(
+def _small_bwd_q_kernel(
     Q,
     K,
     V,
@@ -204,14 +238,12 @@ def _small_bwd_kernel(
     DO,
     O,
     LSE,
-    LVLSE,
     MEMB,
     ROUTE,
     DELTA,
     DQ,
-    DK,
-    DV,
-    DR,
+    PDR,
+    PDVT,
     N,
     M,
     scale,
@@ -225,11 +257,13 @@ def _small_bwd_kernel(
     MP: tl.constexpr,
     NP: tl.constexpr,
     BM: tl.constexpr,
-    BN: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
 ):
-    i_bh = tl.program_id(0).to(tl.int64)
+    """BM queries: dq, delta = rowsum(dO * O), and this block's share of the shared expert's dR and of dVT."""
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    n_m = tl.num_programs(0)
     o_d = tl.arange(0, D)
     o_j = tl.arange(0, MP)
     m_j = o_j < M
@@ -237,91 +271,132 @@ def _small_bwd_kernel(
     m_n = o_n < N
     if HAS_KV:
         m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    o_i = i_m * BM + tl.arange(0, BM)
+    m_i = o_i < N
+    p_row = i_bh * N * D + o_i[:, None] * D + o_d[None, :]
+    b_q = tl.load(Q + p_row, mask=m_i[:, None], other=0.0)
+    b_do = tl.load(DO + p_row, mask=m_i[:, None], other=0.0)
+    b_o = tl.load(O + p_row, mask=m_i[:, None], other=0.0)
+    b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
+    b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+    b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
+    tl.store(DELTA + i_bh * N + o_i, b_delta, mask=m_i)
     b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
     b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
     b_memb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
-    b_dr = tl.zeros([MP, D], tl.float32)
-    b_dvt = tl.zeros([MP, D], tl.float32)
+    b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_memb)
+    b_b = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2 + tl.log2(tl.maximum(b_c, 1.0))
+    b_pb = tl.where(b_c > 0, tl.exp2(b_b - b_lse[:, None]), 0.0)
+    b_dsb = b_pb * (_dot(b_do, tl.trans(b_v), PREC, UP) - b_delta[:, None])
+    b_dq = _dot(b_dsb.to(b_k.dtype), b_k, PREC, UP) * scale
     if SHARED:
+        b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
         b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    else:
-        b_vt = b_r
+        b_a = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
+        b_pa = tl.where(m_j[None, :], tl.exp2(b_a - b_lse[:, None]), 0.0)
+        b_dsa = b_pa * (_dot(b_do, tl.trans(b_vt), PREC, UP) - b_delta[:, None])
+        b_dq += _dot(b_dsa.to(b_r.dtype), b_r, PREC, UP) * sscale
+        p_part = ((i_bh * n_m + i_m) * MP + o_j[:, None]) * D + o_d[None, :]
+        tl.store(PDR + p_part, _dot(tl.trans(b_dsa).to(b_q.dtype), b_q, PREC, UP) * sscale)
+        tl.store(PDVT + p_part, _dot(tl.trans(b_pa).to(b_do.dtype), b_do, PREC, UP))
+    tl.store(DQ + p_row, b_dq.to(DQ.dtype.element_ty), mask=m_i[:, None])
 
-    # Query-major sweep: dq; the shared expert's dR and the landmark values' upstream gradient dVT.
+
+@triton.jit
+def _small_bwd_k_kernel(
+    Q,
+    K,
+    V,
+    R,
+    VT,
+    KV,
+    DO,
+    LSE,
+    LVLSE,
+    MEMB,
+    ROUTE,
+    DELTA,
+    PDVT,
+    DK,
+    DV,
+    PDRL,
+    N,
+    M,
+    NQB,
+    scale,
+    scale_log2,
+    S: tl.constexpr,
+    SHARED: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    D: tl.constexpr,
+    MP: tl.constexpr,
+    NP: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+):
+    """BN keys: routed dk, dv (probabilities recomputed per query block, in order) plus the landmark-value
+    attention's dk, dv, and this block's share of its dR."""
+    i_n = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    n_n = tl.num_programs(0)
+    o_d = tl.arange(0, D)
+    o_j = tl.arange(0, MP)
+    m_j = o_j < M
+    o_kn = i_n * BN + tl.arange(0, BN)
+    m_kn = o_kn < N
+    if HAS_KV:
+        m_kn = m_kn & (tl.load(KV + i_bh * N + o_kn, mask=m_kn, other=0) != 0)
+    p_key = i_bh * N * D + o_kn[:, None] * D + o_d[None, :]
+    b_kb = tl.load(K + p_key, mask=m_kn[:, None], other=0.0)
+    b_vb = tl.load(V + p_key, mask=m_kn[:, None], other=0.0)
+    b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_kn[None, :]).to(tl.float16)
+    b_dk = tl.zeros([BN, D], tl.float32)
+    b_dv = tl.zeros([BN, D], tl.float32)
     for i0 in range(0, N, BM):
         o_i = i0 + tl.arange(0, BM)
         m_i = o_i < N
         p_row = i_bh * N * D + o_i[:, None] * D + o_d[None, :]
         b_q = tl.load(Q + p_row, mask=m_i[:, None], other=0.0)
         b_do = tl.load(DO + p_row, mask=m_i[:, None], other=0.0)
-        b_o = tl.load(O + p_row, mask=m_i[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
-        b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
-        tl.store(DELTA + i_bh * N + o_i, b_delta, mask=m_i)
-        b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_memb)
-        b_b = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2 + tl.log2(tl.maximum(b_c, 1.0))
-        b_pb = tl.where(b_c > 0, tl.exp2(b_b - b_lse[:, None]), 0.0)
-        b_dsb = b_pb * (_dot(b_do, tl.trans(b_v), PREC, UP) - b_delta[:, None])
-        b_dq = _dot(b_dsb.to(b_k.dtype), b_k, PREC, UP) * scale
-        if SHARED:
-            b_a = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
-            b_pa = tl.where(m_j[None, :], tl.exp2(b_a - b_lse[:, None]), 0.0)
-            b_dsa = b_pa * (_dot(b_do, tl.trans(b_vt), PREC, UP) - b_delta[:, None])
-            b_dq += _dot(b_dsa.to(b_r.dtype), b_r, PREC, UP) * sscale
-            b_dr += _dot(tl.trans(b_dsa).to(b_q.dtype), b_q, PREC, UP) * sscale
-            b_dvt += _dot(tl.trans(b_pa).to(b_do.dtype), b_do, PREC, UP)
-        tl.store(DQ + p_row, b_dq.to(DQ.dtype.element_ty), mask=m_i[:, None])
-    # DELTA rows written above by other threads of this program are read below.
-    tl.debug_barrier()
-
+        b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
+        b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_mb)
+        b_b = _dot(b_q, tl.trans(b_kb), PREC, UP) * scale_log2 + tl.log2(tl.maximum(b_c, 1.0))
+        b_p = tl.where(b_c > 0, tl.exp2(b_b - b_lse[:, None]), 0.0)
+        b_ds = b_p * (_dot(b_do, tl.trans(b_vb), PREC, UP) - b_delta[:, None])
+        b_dv += _dot(tl.trans(b_p).to(b_do.dtype), b_do, PREC, UP)
+        b_dk += _dot(tl.trans(b_ds).to(b_q.dtype), b_q, PREC, UP)
+    b_dk = b_dk * scale
     if SHARED:
+        # The landmark values' upstream gradient: the query blocks' shares summed in order.
+        b_dvt = tl.zeros([MP, D], tl.float32)
+        for t in range(0, NQB):
+            b_dvt += tl.load(PDVT + ((i_bh * NQB + t) * MP + o_j[:, None]) * D + o_d[None, :])
+        b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+        b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
         b_lvlse = tl.load(LVLSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
         b_lvlse = tl.where(b_lvlse == float("-inf"), float("inf"), b_lvlse)
         b_lvdelta = tl.sum(b_dvt * b_vt.to(tl.float32), 1)
-        b_dvt_c = b_dvt.to(b_v.dtype)
-    # Key-major sweep: routed dk, dv (probabilities recomputed per query block) and the landmark-value backward.
-    for n0 in range(0, NP, BN):
-        o_kn = n0 + tl.arange(0, BN)
-        m_kn = o_kn < N
-        if HAS_KV:
-            m_kn = m_kn & (tl.load(KV + i_bh * N + o_kn, mask=m_kn, other=0) != 0)
-        p_key = i_bh * N * D + o_kn[:, None] * D + o_d[None, :]
-        b_kb = tl.load(K + p_key, mask=m_kn[:, None], other=0.0)
-        b_vb = tl.load(V + p_key, mask=m_kn[:, None], other=0.0)
-        b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_kn[None, :]).to(tl.float16)
-        b_dk = tl.zeros([BN, D], tl.float32)
-        b_dv = tl.zeros([BN, D], tl.float32)
-        for i0 in range(0, N, BM):
-            o_i = i0 + tl.arange(0, BM)
-            m_i = o_i < N
-            p_row = i_bh * N * D + o_i[:, None] * D + o_d[None, :]
-            b_q = tl.load(Q + p_row, mask=m_i[:, None], other=0.0)
-            b_do = tl.load(DO + p_row, mask=m_i[:, None], other=0.0)
-            b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
-            b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
-            b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
-            b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_mb)
-            b_b = _dot(b_q, tl.trans(b_kb), PREC, UP) * scale_log2 + tl.log2(tl.maximum(b_c, 1.0))
-            b_p = tl.where(b_c > 0, tl.exp2(b_b - b_lse[:, None]), 0.0)
-            b_ds = b_p * (_dot(b_do, tl.trans(b_vb), PREC, UP) - b_delta[:, None])
-            b_dv += _dot(tl.trans(b_p).to(b_do.dtype), b_do, PREC, UP)
-            b_dk += _dot(tl.trans(b_ds).to(b_q.dtype), b_q, PREC, UP)
-        b_dk = b_dk * scale
-        if SHARED:
-            # [MP, BN] landmark-value probabilities of this key block.
-            b_l = tl.exp2(_dot(b_r, tl.trans(b_kb), PREC, UP) * scale_log2 - b_lvlse[:, None])
-            b_l = tl.where(m_j[:, None] & m_kn[None, :], b_l, 0.0)
-            b_dls = b_l * (_dot(b_dvt_c, tl.trans(b_vb), PREC, UP) - b_lvdelta[:, None])
-            b_dv += _dot(tl.trans(b_l).to(b_dvt_c.dtype), b_dvt_c, PREC, UP)
-            b_dk += _dot(tl.trans(b_dls).to(b_r.dtype), b_r, PREC, UP) * scale
-            b_dr += _dot(b_dls.to(b_kb.dtype), b_kb, PREC, UP) * scale
-        o_kw = n0 + tl.arange(0, BN)
-        p_w = i_bh * N * D + o_kw[:, None] * D + o_d[None, :]
-        tl.store(DK + p_w, b_dk.to(DK.dtype.element_ty), mask=(o_kw < N)[:, None])
-        tl.store(DV + p_w, b_dv.to(DV.dtype.element_ty), mask=(o_kw < N)[:, None])
-    tl.store(DR + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_dr.to(DR.dtype.element_ty), mask=m_j[:, None])
+        b_dvt_c = b_dvt.to(b_vb.dtype)
+        # [MP, BN] landmark-value probabilities of this key block.
+        b_l = tl.exp2(_dot(b_r, tl.trans(b_kb), PREC, UP) * scale_log2 - b_lvlse[:, None])
+        b_l = tl.where(m_j[:, None] & m_kn[None, :], b_l, 0.0)
+        b_dls = b_l * (_dot(b_dvt_c, tl.trans(b_vb), PREC, UP) - b_lvdelta[:, None])
+        b_dv += _dot(tl.trans(b_l).to(b_dvt_c.dtype), b_dvt_c, PREC, UP)
+        b_dk += _dot(tl.trans(b_dls).to(b_r.dtype), b_r, PREC, UP) * scale
+        p_part = ((i_bh * n_n + i_n) * MP + o_j[:, None]) * D + o_d[None, :]
+        tl.store(PDRL + p_part, _dot(b_dls.to(b_kb.dtype), b_kb, PREC, UP) * scale)
+    tl.store(DK + p_key, b_dk.to(DK.dtype.element_ty), mask=(o_kn < N)[:, None])
+    tl.store(DV + p_key, b_dv.to(DV.dtype.element_ty), mask=(o_kn < N)[:, None])
+
+
+def _kv_args(q, key_valid, ksel: int):
+    if key_valid is None:
+        return q, q
+    return key_valid.to(torch.int8).contiguous(), key_valid.sum(-1).clamp(max=ksel).to(torch.int32)
 
 
 def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float, sscale: float):
@@ -342,39 +417,59 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     route = torch.empty(BH, N, S, device=dev, dtype=torch.int32)
     vt = torch.empty_like(r) if shared else r
     lvlse = torch.empty(BH, M, device=dev, dtype=torch.float32) if shared else lse
-    if key_valid is not None:
-        kv = key_valid.to(torch.int8).contiguous()
-        kk = key_valid.sum(-1).clamp(max=ksel).to(torch.int32)
-    else:
-        kv = kk = q
-    _small_fwd_kernel[(BH,)](
-        q,
+    kv, kk = _kv_args(q, key_valid, ksel)
+    has_kv = key_valid is not None
+    prec, up, exact = _prec(q.dtype), _upcast(q.dtype), _interpreting()
+    bs = 16
+    _small_route_kernel[(MP // bs, BH)](
+        r,
         k,
         v,
-        r,
         kv,
         kk,
-        o,
-        lse,
         memb,
-        route,
         vt,
         lvlse,
         N,
         M,
         ksel,
         scale * LOG2E,
+        SHARED=shared,
+        HAS_KV=has_kv,
+        D=D,
+        MP=MP,
+        NP=NP,
+        BS=bs,
+        PREC=prec,
+        UP=up,
+        EXACT=exact,
+        num_warps=4,
+    )
+    _small_attn_kernel[(triton.cdiv(N, bm), BH)](
+        q,
+        k,
+        v,
+        r,
+        vt,
+        kv,
+        memb,
+        o,
+        lse,
+        route,
+        N,
+        M,
+        scale * LOG2E,
         sscale * LOG2E,
         S=S,
         SHARED=shared,
-        HAS_KV=key_valid is not None,
+        HAS_KV=has_kv,
         D=D,
         MP=MP,
         NP=NP,
         BM=bm,
-        PREC=_prec(q.dtype),
-        UP=_upcast(q.dtype),
-        EXACT=_interpreting(),
+        PREC=prec,
+        UP=up,
+        EXACT=exact,
         num_warps=nw,
     )
     return o, lse, memb, route, vt, lvlse
@@ -384,28 +479,38 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     """Backward of :func:`small_fwd`. Returns ``(dq, dk, dv, dr)`` in the inputs' dtypes."""
     BH, N, D = q.shape
     M = r.shape[1]
+    dev = q.device
     NP, MP, bm, nw = _blocks(N, M, D)
-    dq, dk, dv, dr = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(r)
-    delta = torch.empty(BH, N, device=q.device, dtype=torch.float32)
-    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
-    _small_bwd_kernel[(BH,)](
+    bn = min(64, NP)
+    nqb, nkb = triton.cdiv(N, bm), triton.cdiv(N, bn)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
+    if shared:
+        pdr = torch.empty(BH, nqb, MP, D, device=dev, dtype=torch.float32)
+        pdvt = torch.empty(BH, nqb, MP, D, device=dev, dtype=torch.float32)
+        pdrl = torch.empty(BH, nkb, MP, D, device=dev, dtype=torch.float32)
+    else:
+        pdr = pdvt = pdrl = delta
+    kv, _ = _kv_args(q, key_valid, 1)
+    has_kv = key_valid is not None
+    prec, up = _prec(q.dtype), _upcast(q.dtype)
+    do = do.contiguous()
+    _small_bwd_q_kernel[(nqb, BH)](
         q,
         k,
         v,
         r,
         vt,
         kv,
-        do.contiguous(),
+        do,
         o,
         lse,
-        lvlse,
         memb,
         route,
         delta,
         dq,
-        dk,
-        dv,
-        dr,
+        pdr,
+        pdvt,
         N,
         M,
         scale,
@@ -414,16 +519,54 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         sscale * LOG2E,
         S=S,
         SHARED=shared,
-        HAS_KV=key_valid is not None,
+        HAS_KV=has_kv,
         D=D,
         MP=MP,
         NP=NP,
         BM=bm,
-        BN=min(64, NP),
-        PREC=_prec(q.dtype),
-        UP=_upcast(q.dtype),
+        PREC=prec,
+        UP=up,
         num_warps=nw,
     )
+    _small_bwd_k_kernel[(nkb, BH)](
+        q,
+        k,
+        v,
+        r,
+        vt,
+        kv,
+        do,
+        lse,
+        lvlse,
+        memb,
+        route,
+        delta,
+        pdvt,
+        dk,
+        dv,
+        pdrl,
+        N,
+        M,
+        nqb,
+        scale,
+        scale * LOG2E,
+        S=S,
+        SHARED=shared,
+        HAS_KV=has_kv,
+        D=D,
+        MP=MP,
+        NP=NP,
+        BM=bm,
+        BN=bn,
+        PREC=prec,
+        UP=up,
+        num_warps=4,
+    )
+    if shared:
+        # Rows m..MP-1 of the partials are zeros of padded landmarks; the shares are summed in a fixed order.
+        dr = (pdr.sum(1) + pdrl.sum(1))[:, :M].to(r.dtype)
+    else:
+        dr = torch.zeros_like(r)
     return dq, dk, dv, dr
 
 
