@@ -330,7 +330,8 @@ def test_pooling_operator_is_built_once_per_size():
 @pytest.mark.parametrize("form", ["contiguous", "qkv"])
 def test_pooling_on_cuda_matches_cpu(form):
     """The CUDA bfloat16 path (bmm with a float32 output) gives the CPU numbers, forward and backward, at the
-    DeiT-S layer shape; float32 rounding may flip a bf16 rounding at an exact tie, so at most 1 ulp apart."""
+    DeiT-S layer shape; the float32 summation order may flip a bf16 rounding at a tie, so rarely 1 ulp apart (the
+    bound allows 2 ulps of the CPU value for a pair on either side of a power of two)."""
     g = torch.Generator().manual_seed(0)
     x = _layout_input(form, 4, 6, 197, 64, torch.bfloat16, g)
     cot = torch.randn(4, 6, 25, 64, generator=g).to(torch.bfloat16)

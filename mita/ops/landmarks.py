@@ -168,7 +168,9 @@ class _PoolBF16(torch.autograd.Function):
     ``bmm(out_dtype=float32)``), divided by the counts in float32, rounded once. Backward: dx = W^T g with the
     float32 weights W split into three bf16 parts and g repeated three times along the landmark axis, one bf16 GEMM:
     every product is exact and the sums are float32, so dx is the float32 result rounded once to bf16, without
-    a [G, N, D] float32 intermediate."""
+    a [G, N, D] float32 intermediate. (cuBLAS accumulates bf16 GEMMs in float32; torch's
+    ``allow_bf16_reduced_precision_reduction`` would only allow bf16 split-K partial sums, which a GEMM with
+    K = 3m and G x N/128 output tiles has no reason to use; test_pooling_on_cuda_matches_cpu checks it.)"""
 
     @staticmethod
     def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
