@@ -31,6 +31,8 @@ _SMALL_BYTES = 1 << 16
 # Threshold candidates per refinement pass of the long-row top-k, and the number of passes (16^8 = 2^32).
 _P = 16
 _PASSES = 8
+# Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
+_SCAN_PROGRAMS = 2048
 
 
 def _interpreting() -> bool:
@@ -147,12 +149,102 @@ def _topk_small_kernel(
 # exact top-k: long rows, threshold passes
 # ----------------------------------------------------------------------------------------------------------------
 
+# Device copies of the pass constants, the order key of -inf and the empty candidate-list entry.
+_NPASS = tl.constexpr(_PASSES)
+_KEY_NEG_INF = tl.constexpr(-2139095041)
+_EMPTY = tl.constexpr(-(2**63))
+
+
+@triton.jit
+def _topk_start_kernel(
+    CMAX,
+    KK,
+    LO,
+    HI,
+    OFF,
+    CNT,
+    CAND,
+    M,
+    NB,
+    CAP,
+    ksel,
+    nrows,
+    HAS_KV: tl.constexpr,
+    F: tl.constexpr,
+    GP: tl.constexpr,
+    P: tl.constexpr,
+    CB: tl.constexpr,
+):
+    # One row per program: lo = the largest order key t that kk maxima of groups of F key blocks reach (so kk
+    # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
+    # candidate list start empty.
+    row = tl.program_id(0).to(tl.int64)
+    if HAS_KV:
+        kk = tl.load(KK + row // M)
+    else:
+        kk = ksel
+    o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
+    g = tl.max(tl.load(CMAX + row * NB + o_b, mask=o_b < NB, other=float("-inf")), 1)
+    m_g = g > float("-inf")
+    g_key = _order_key(g)
+    lo = tl.full([], -2147483648, tl.int64)
+    hi = tl.full([], 2147483648, tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo) // 2
+        ok = tl.sum((m_g & (g_key >= mid)).to(tl.int32), 0) >= kk
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    r_max = tl.max(tl.where(m_g, g_key, _KEY_NEG_INF), 0)
+    tl.store(LO + row, lo)
+    tl.store(HI + row, r_max.to(tl.int64) + 1)
+    tl.store(OFF + row, 0)
+    o_c = tl.arange(0, _NPASS * P)
+    tl.store(CNT + ((o_c // P) * nrows + row) * P + o_c % P, tl.zeros([_NPASS * P], tl.int32))
+    for c0 in range(0, CAP, CB):
+        o_e = c0 + tl.arange(0, CB)
+        tl.store(CAND + row * CAP + o_e, tl.full([CB], _EMPTY, tl.int64), mask=o_e < CAP)
+
+
+@triton.jit
+def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, P: tl.constexpr):
+    # (lo, hi, done) of the rows before refinement pass i_pass (i_pass = _NPASS: the final state), from the state
+    # before pass i_pass - 1 and that pass's counts; write: store it in slot i_pass (one program per landmark tile).
+    # Invariant for a row not done: count(key >= lo) >= kk > count(key >= hi).
+    if i_pass == 0:
+        lo = tl.load(LO + row, mask=m_j, other=0)
+        hi = tl.load(HI + row, mask=m_j, other=1)
+        # Rows whose candidates all fit the list are done; so are rows whose lo is the k-th key itself.
+        done = (~fb) | (hi - lo <= 1)
+    else:
+        prev = (i_pass - 1) * nrows + row
+        lo = tl.load(LO + prev, mask=m_j, other=0)
+        hi = tl.load(HI + prev, mask=m_j, other=1)
+        done_p = tl.load(DONE + prev, mask=m_j, other=1) != 0
+        o_p = tl.arange(0, P)
+        cnt = tl.load(CNT + prev[:, None] * P + o_p[None, :], mask=m_j[:, None], other=0)
+        # Counts fall with the threshold, so the thresholds kk keys reach are a prefix; p = 0 (lo) always is.
+        n_ok = tl.sum((cnt >= kk).to(tl.int32), 1)
+        p_star = tl.maximum(n_ok - 1, 0)
+        t_lo = lo + ((hi - lo) * p_star) // P
+        t_hi = tl.where(p_star + 1 < P, lo + ((hi - lo) * (p_star + 1)) // P, hi)
+        c_lo = tl.sum(tl.where(o_p[None, :] == p_star[:, None], cnt, 0), 1)
+        lo = tl.where(done_p, lo, t_lo)
+        hi = tl.where(done_p, hi, t_hi)
+        done = done_p | (c_lo <= CAP) | (t_hi - t_lo <= 1)
+    if write:
+        cur = i_pass * nrows + row
+        tl.store(LO + cur, lo, mask=m_j)
+        tl.store(HI + cur, hi, mask=m_j)
+        tl.store(DONE + cur, done.to(tl.int32), mask=m_j)
+    return lo, hi, done
+
 
 @triton.jit
 def _topk_scan_kernel(
     R,
     K,
     KV,
+    KK,
     LO,
     HI,
     DONE,
@@ -166,6 +258,9 @@ def _topk_scan_kernel(
     G,
     NB,
     CAP,
+    ksel,
+    nrows,
+    i_pass,
     MODE: tl.constexpr,
     P: tl.constexpr,
     SKIP: tl.constexpr,
@@ -177,10 +272,17 @@ def _topk_scan_kernel(
     UP: tl.constexpr,
     EXACT: tl.constexpr,
 ):
-    # MODE 0: maximum of each key block per landmark -> CMAX [BH, M, NB].
-    # MODE 1: counts of keys >= each of P thresholds between LO and HI (rows not DONE) -> CNT [BH, M, P] (int adds).
-    # MODE 2: per key chunk, count of keys >= HI and of keys in [LO, HI) -> CNT [BH, M, G, 2].
-    # MODE 3: write the packed keys of the candidates (>= HI first, then [LO, HI), both in key order) at OFF.
+    # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
+    # MODE 0: maximum of each key block per landmark -> CMAX [rows, NB].
+    # MODE 4: every key >= lo (slot 0) takes a slot of its row's list from the row's atomic counter OFF and is
+    #         written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The
+    #         list's order does not matter: the final top-k orders by the packed value.
+    # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
+    # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P].
+    # MODE 2: final state (slot _NPASS), empty candidate lists, per key chunk the count of keys >= hi and of keys
+    #         in [lo, hi) -> CNT tail [rows, G, 2].
+    # MODE 3: write the candidates (>= hi first, then [lo, hi), both in key order, truncated at CAP).
+    # SKIP (modes 1-3): landmark tiles without a fallback row do nothing.
     i_s = tl.program_id(0)
     i_g = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -189,104 +291,185 @@ def _topk_scan_kernel(
     m_j = o_j < M
     row = i_bh * M + o_j
     active = tl.sum(m_j.to(tl.int32), 0) > 0
-    if MODE == 1 or SKIP:
-        # Only landmark tiles with a row still to refine (MODE 1) or to recount (MODE 2 after refinement).
-        b_done = tl.load(DONE + row, mask=m_j, other=1)
-        active = tl.sum((b_done == 0).to(tl.int32), 0) > 0
+    if MODE != 0 and MODE != 4:
+        fb = m_j & (tl.load(OFF + row, mask=m_j, other=0) > CAP)
+        if SKIP:
+            active = tl.sum(fb.to(tl.int32), 0) > 0
     if active:
-        b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
         n0 = i_g * CH
         n1 = tl.minimum(n0 + CH, N)
         if MODE != 0:
-            b_lo64 = tl.load(LO + row, mask=m_j, other=0)
-            b_hi64 = tl.load(HI + row, mask=m_j, other=0)
+            if HAS_KV:
+                kk = tl.load(KK + i_bh)
+            else:
+                kk = ksel
+            if MODE == 4:
+                b_lo64 = tl.load(LO + row, mask=m_j, other=0)
+                b_hi64 = b_lo64
+                need = m_j
+                # The float t with key(s) >= lo <=> s >= t: lo is the key of a block maximum (-inf below every
+                # score's key; NaN, which no score reaches, above +inf's key: a row without valid keys).
+                b_tf = tl.where(b_lo64 >= 0, b_lo64, b_lo64 ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+                b_tf = tl.where(b_lo64 <= _KEY_NEG_INF, float("-inf"), b_tf)
+            elif MODE == 1:
+                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P)
+                need = fb & ~done
+            elif MODE == 2:
+                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, _NPASS, nrows, CAP, i_g == 0, P)
+                need = fb
+                if i_g == 0:
+                    for c0 in range(0, CAP, BN):
+                        o_e = c0 + tl.arange(0, BN)
+                        tl.store(
+                            CAND + row[:, None] * CAP + o_e[None, :],
+                            tl.full([BS, BN], _EMPTY, tl.int64),
+                            mask=fb[:, None] & (o_e < CAP)[None, :],
+                        )
+            else:
+                b_lo64 = tl.load(LO + _NPASS * nrows + row, mask=m_j, other=0)
+                b_hi64 = tl.load(HI + _NPASS * nrows + row, mask=m_j, other=0)
+                need = fb
             # Compares in int32 (keys are int32; hi = 2^31 only above a NaN key, which scores never are).
             b_lo = b_lo64.to(tl.int32)
             b_hi = tl.minimum(b_hi64, 2147483647).to(tl.int32)
+            active = tl.sum(need.to(tl.int32), 0) > 0
         if MODE == 1:
             o_p = tl.arange(0, P)
             # [BS, P] thresholds lo + (hi - lo) * p / P (p = 0 gives lo itself), all below hi: int32.
             b_t = (b_lo64[:, None] + ((b_hi64 - b_lo64)[:, None] * o_p[None, :]) // P).to(tl.int32)
             b_cnt = tl.zeros([BS, P], tl.int32)
-        if MODE >= 2:
+        if MODE == 2 or MODE == 3:
             c_hi = tl.zeros([BS], tl.int32)
             c_band = tl.zeros([BS], tl.int32)
         if MODE == 3:
-            w_hi = tl.load(OFF + (row * G + i_g) * 2, mask=m_j, other=0)
-            w_band = tl.load(OFF + (row * G + i_g) * 2 + 1, mask=m_j, other=0)
-        for n_b in range(n0, n1, BN):
-            o_n = n_b + tl.arange(0, BN)
-            m_n = o_n < n1
-            if HAS_KV:
-                m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-            b_k = tl.load(K + i_bh * N * D + o_n.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-            b_sc = _score(b_r, b_k, PREC, UP, EXACT)
-            m_v = m_j[:, None] & m_n[None, :]
-            if MODE == 0:
-                b_max = tl.max(tl.where(m_v, b_sc, float("-inf")), 1)
-                tl.store(CMAX + row * NB + n_b // BN, b_max, mask=m_j)
-            else:
-                b_key = _order_key(b_sc)
-                m_lo = m_v & (b_key >= b_lo[:, None])
-                if tl.sum(m_lo.to(tl.int32)) > 0:
-                    if MODE == 1:
-                        for p in tl.static_range(P):
-                            sel_p = (tl.arange(0, P) == p)[None, :]
-                            t_p = tl.sum(tl.where(sel_p, b_t, 0), 1)
-                            c_p = tl.sum((m_lo & (b_key >= t_p[:, None])).to(tl.int32), 1)
-                            b_cnt += tl.where(sel_p, c_p[:, None], 0)
-                    else:
-                        m_hi = m_lo & (b_key >= b_hi[:, None])
-                        m_band = m_lo & (b_key < b_hi[:, None])
-                        if MODE == 3:
-                            p_hi = w_hi + c_hi
-                            p_band = w_band + c_band
-                            r_hi = p_hi[:, None] + tl.cumsum(m_hi.to(tl.int32), 1) - 1
-                            r_band = p_band[:, None] + tl.cumsum(m_band.to(tl.int32), 1) - 1
-                            pos = tl.where(m_hi, r_hi, r_band)
-                            m_w = (m_hi | m_band) & (pos < CAP)
-                            # (order key, reversed index): one int64 whose order is score desc, index asc.
-                            packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
-                            tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_w)
-                        c_hi += tl.sum(m_hi.to(tl.int32), 1)
-                        c_band += tl.sum(m_band.to(tl.int32), 1)
-        if MODE == 1:
-            o_p2 = tl.arange(0, P)
-            tl.atomic_add(CNT + row[:, None] * P + o_p2[None, :], b_cnt, mask=m_j[:, None] & (b_done == 0)[:, None])
-        if MODE == 2:
-            tl.store(CNT + (row * G + i_g) * 2, c_hi, mask=m_j)
-            tl.store(CNT + (row * G + i_g) * 2 + 1, c_band, mask=m_j)
+            # This chunk's write offsets: the counts of the earlier chunks (keys >= hi of all chunks come first).
+            CC = CNT + _NPASS * nrows * P
+            w_hi = tl.zeros([BS], tl.int32)
+            w_band = tl.zeros([BS], tl.int32)
+            n_hi = tl.zeros([BS], tl.int32)
+            for g0 in range(0, G, BN):
+                o_g = g0 + tl.arange(0, BN)
+                m_g = need[:, None] & (o_g < G)[None, :]
+                a_hi = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2, mask=m_g, other=0)
+                a_band = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2 + 1, mask=m_g, other=0)
+                before = (o_g < i_g)[None, :]
+                n_hi += tl.sum(a_hi, 1)
+                w_hi += tl.sum(tl.where(before, a_hi, 0), 1)
+                w_band += tl.sum(tl.where(before, a_band, 0), 1)
+            w_band += n_hi
+        if active:
+            b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+            for n_b in range(n0, n1, BN):
+                o_n = n_b + tl.arange(0, BN)
+                m_n = o_n < n1
+                if HAS_KV:
+                    m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+                b_k = tl.load(
+                    K + i_bh * N * D + o_n.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0
+                )
+                b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                if MODE == 0:
+                    b_max = tl.max(tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf")), 1)
+                    tl.store(CMAX + row * NB + n_b // BN, b_max, mask=m_j)
+                elif MODE == 4:
+                    # Float compares only (no order key per score): each round takes every row's best remaining
+                    # candidate of the tile (first index on ties) and gives it the row's next slot. A tile holds
+                    # one or two candidates on average, so there is usually one round.
+                    m_c = m_j[:, None] & m_n[None, :] & (b_sc >= b_tf[:, None])
+                    while tl.sum(m_c.to(tl.int32)) > 0:
+                        c_max = tl.max(tl.where(m_c, b_sc, float("-inf")), 1)
+                        c_n = tl.min(tl.where(m_c & (b_sc == c_max[:, None]), o_n[None, :], N), 1)
+                        m_w = c_n < N
+                        slot = tl.atomic_add(OFF + row, 1, mask=m_w, sem="relaxed")
+                        packed = (_order_key(c_max).to(tl.int64) << 32) + (0xFFFFFFFF - c_n.to(tl.int64))
+                        tl.store(CAND + row * CAP + slot, packed, mask=m_w & (slot < CAP))
+                        m_c = m_c & (o_n[None, :] != c_n[:, None])
+                else:
+                    b_key = _order_key(b_sc)
+                    m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
+                    if tl.sum(m_lo.to(tl.int32)) > 0:
+                        # (order key, reversed index): one int64 whose order is score desc, index asc.
+                        packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
+                        if MODE == 1:
+                            for p in tl.static_range(P):
+                                sel_p = (tl.arange(0, P) == p)[None, :]
+                                t_p = tl.sum(tl.where(sel_p, b_t, 0), 1)
+                                c_p = tl.sum((m_lo & (b_key >= t_p[:, None])).to(tl.int32), 1)
+                                b_cnt += tl.where(sel_p, c_p[:, None], 0)
+                        else:
+                            m_hi = m_lo & (b_key >= b_hi[:, None])
+                            m_band = m_lo & (b_key < b_hi[:, None])
+                            if MODE == 3:
+                                p_hi = w_hi + c_hi
+                                p_band = w_band + c_band
+                                r_hi = p_hi[:, None] + tl.cumsum(m_hi.to(tl.int32), 1) - 1
+                                r_band = p_band[:, None] + tl.cumsum(m_band.to(tl.int32), 1) - 1
+                                pos = tl.where(m_hi, r_hi, r_band)
+                                tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_lo & (pos < CAP))
+                            c_hi += tl.sum(m_hi.to(tl.int32), 1)
+                            c_band += tl.sum(m_band.to(tl.int32), 1)
+            if MODE == 1:
+                o_p2 = tl.arange(0, P)
+                tl.atomic_add(
+                    CNT + (i_pass * nrows + row)[:, None] * P + o_p2[None, :],
+                    b_cnt,
+                    mask=need[:, None],
+                    sem="relaxed",
+                )
+            if MODE == 2:
+                CC2 = CNT + _NPASS * nrows * P
+                tl.store(CC2 + (row * G + i_g) * 2, c_hi, mask=need)
+                tl.store(CC2 + (row * G + i_g) * 2 + 1, c_band, mask=need)
 
 
 @triton.jit
-def _topk_update_kernel(LO, HI, DONE, CNT, KK, ROWS, M, CAP, P: tl.constexpr, BLK: tl.constexpr):
-    # One refinement step per row: lo becomes the largest threshold that kk keys still reach.
-    o = tl.program_id(0) * BLK + tl.arange(0, BLK)
-    m = o < ROWS
-    b_done = tl.load(DONE + o, mask=m, other=1)
-    upd = m & (b_done == 0)
-    lo = tl.load(LO + o, mask=m, other=0)
-    hi = tl.load(HI + o, mask=m, other=1)
-    kk = tl.load(KK + o // M, mask=m, other=0)
-    o_p = tl.arange(0, P)
-    cnt = tl.load(CNT + o[:, None] * P + o_p[None, :], mask=m[:, None], other=0)
-    ok = cnt >= kk[:, None]
-    # Counts fall with the threshold, so the thresholds kk keys reach are a prefix; p = 0 (lo) always is.
-    n_ok = tl.sum(ok.to(tl.int32), 1)
-    p_star = tl.maximum(n_ok - 1, 0)
-    t_lo = lo + ((hi - lo) * p_star) // P
-    t_hi = tl.where(p_star + 1 < P, lo + ((hi - lo) * (p_star + 1)) // P, hi)
-    c_lo = tl.sum(tl.where(o_p[None, :] == p_star[:, None], cnt, 0), 1)
-    done = (c_lo <= CAP) | (t_hi - t_lo <= 1)
-    tl.store(LO + o, t_lo, mask=upd)
-    tl.store(HI + o, t_hi, mask=upd)
-    tl.store(DONE + o, done.to(tl.int32), mask=upd)
-    tl.store(CNT + o[:, None] * P + o_p[None, :], tl.zeros([BLK, P], tl.int32), mask=m[:, None])
+def _topk_final_kernel(CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr):
+    # One row per program: the KSEL largest packed entries of the candidate list (score desc, index asc; fewer
+    # when the list holds fewer valid keys), their key indices ascending, then -1. Bisection, no sort: the
+    # threshold key t (32 steps), then among the entries at t the lowest indices (32 steps on the low word).
+    row = tl.program_id(0).to(tl.int64)
+    o_c = tl.arange(0, CP)
+    c = tl.load(CAND + row * CAP + o_c, mask=o_c < CAP, other=_EMPTY)
+    valid = c != _EMPTY
+    n_sel = tl.minimum(tl.sum(valid.to(tl.int32), 0), KSEL)
+    c_key = c >> 32
+    c_low = c & 0xFFFFFFFF
+    lo = tl.full([], -2147483648, tl.int64)
+    hi = tl.full([], 2147483648, tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo) // 2
+        ok = tl.sum((valid & (c_key >= mid)).to(tl.int32), 0) >= n_sel
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    m_gt = valid & (c_key > lo)
+    m_tie = valid & (c_key == lo)
+    n_tie = n_sel - tl.sum(m_gt.to(tl.int32), 0)
+    lo2 = tl.full([], 0, tl.int64)
+    hi2 = tl.full([], 4294967296, tl.int64)
+    for _ in range(32):
+        mid = lo2 + (hi2 - lo2) // 2
+        ok = tl.sum((m_tie & (c_low >= mid)).to(tl.int32), 0) >= n_tie
+        lo2 = tl.where(ok, mid, lo2)
+        hi2 = tl.where(ok, hi2, mid)
+    sel = m_gt | (m_tie & (c_low >= lo2))
+    # Compact the n_sel chosen indices into the output row (list order), then write each at its rank.
+    base = IDX + row * KSEL
+    pos = tl.cumsum(sel.to(tl.int32), 0) - 1
+    tl.store(base + pos, (0xFFFFFFFF - c_low).to(tl.int32), mask=sel)
+    tl.debug_barrier()
+    o_k = tl.arange(0, KP)
+    x = tl.load(base + o_k, mask=o_k < n_sel, other=2147483647)
+    rank = tl.zeros([KP], tl.int32)
+    for j0 in range(0, n_sel, CB):
+        o_i = j0 + tl.arange(0, CB)
+        x_j = tl.load(base + o_i, mask=o_i < n_sel, other=2147483647)
+        rank += tl.sum((x_j[None, :] < x[:, None]).to(tl.int32), 1)
+    tl.debug_barrier()
+    tl.store(base + rank, x, mask=o_k < n_sel)
+    tl.store(base + o_k, tl.full([KP], -1, tl.int32), mask=(o_k >= n_sel) & (o_k < KSEL))
 
 
-def _valid_counts(key_valid: torch.Tensor | None, BH: int, N: int, ksel: int, dev) -> torch.Tensor:
-    if key_valid is None:
-        return torch.full((BH,), ksel, device=dev, dtype=torch.int32)
+def _valid_counts(key_valid: torch.Tensor, ksel: int) -> torch.Tensor:
     return key_valid.sum(-1).clamp(max=ksel).to(torch.int32)
 
 
@@ -308,7 +491,8 @@ def exact_topk(
         key_valid: ``[BH, N]`` bool, or None when every key is valid.
         ksel: keys per landmark, ``1 <= ksel <= N``.
         small_max_n: rows up to this length take the on-chip kernel (when the key tile fits in 64 KiB).
-        cap: candidate-list length of the long-row path (default ``max(2 ksel, 64)`` rounded to a power of 2).
+        cap: candidate-list length of the long-row path (default ``2 ksel``; at least ``max(ksel, 64)``, rounded up
+            to a power of 2). Rows with more keys above the start threshold than cap take the refinement passes.
         timer: None, or ``timer(name, fn)`` that runs ``fn()`` (profiling: each pass of the long-row path is one
             named call).
 
@@ -320,10 +504,10 @@ def exact_topk(
     dev = r.device
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     prec, up = _prec(r.dtype), _upcast(r.dtype)
+    # Without padding every row keeps ksel keys: no count tensor (the kernels take ksel).
+    kk = _valid_counts(key_valid, ksel) if key_valid is not None else r
     NP = max(16, _next_pow2(N))
     if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
-        # Without padding every row keeps ksel keys: no count tensor (one launch in all).
-        kk = _valid_counts(key_valid, BH, N, ksel, dev) if key_valid is not None else r
         idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
         bs = 16
         _topk_small_kernel[(triton.cdiv(M, bs), BH)](
@@ -346,103 +530,66 @@ def exact_topk(
             num_warps=4 if NP <= 256 else 8,
         )
         return idx
-    kk = _valid_counts(key_valid, BH, N, ksel, dev)
     bn = 64
     bs = 64 if D <= 64 else 32
     n_s = triton.cdiv(M, bs)
     NB = triton.cdiv(N, bn)
-    G = max(1, min(NB, triton.cdiv(1024, n_s * BH)))
+    G = max(1, min(NB, triton.cdiv(_SCAN_PROGRAMS, n_s * BH)))
     CH = triton.cdiv(triton.cdiv(N, G), bn) * bn
     G = triton.cdiv(N, CH)
-    cap = cap or max(64, _next_pow2(2 * ksel))
+    cap = _next_pow2(max(cap or 2 * ksel, ksel, 64))
     rows = BH * M
     grid = (n_s, G, BH)
     common = dict(
         HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P, num_warps=4
     )
-    i64 = torch.int64
 
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
 
-    dummy64 = torch.empty(1, device=dev, dtype=i64)
-    cmax = torch.empty(BH, M, NB, device=dev, dtype=torch.float32)
-    lo = torch.empty(rows, device=dev, dtype=i64)
-    hi = torch.empty(rows, device=dev, dtype=i64)
-    done = torch.empty(rows, device=dev, dtype=torch.int32)
-    cnt = torch.zeros(rows, _P, device=dev, dtype=torch.int32)
-    counts = torch.empty(rows, G, 2, device=dev, dtype=torch.int32)
+    cmax = torch.empty(rows, NB, device=dev, dtype=torch.float32)
+    # State slot i = (lo, hi, done) of each row before refinement pass i; slot _PASSES: the final state.
+    lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
+    hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
+    done = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int32)
+    # Per row: the atomic slot counter of the candidate list (ends as the count of keys >= the start threshold).
+    off = torch.empty(rows, device=dev, dtype=torch.int32)
+    # Refinement counts [passes, rows, P], then the per-chunk counts of the fallback rows [rows, G, 2].
+    cnt = torch.empty(_PASSES * rows * _P + rows * G * 2, device=dev, dtype=torch.int32)
+    cand = torch.empty(rows, cap, device=dev, dtype=torch.int64)
+    idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
 
-    def scan(mode, cnt_buf, done_buf=done, off=dummy64, cand=dummy64, skip=False):
+    def scan(mode, i_pass=0):
         _topk_scan_kernel[grid](
-            r, k, kv, lo, hi, done_buf, cmax, cnt_buf, off, cand, N, M, CH, G, NB, cap, MODE=mode, SKIP=skip, **common
-        )
+            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB, cap, ksel, rows, i_pass,
+            MODE=mode, SKIP=mode != 0 and mode != 4, **common,
+        )  # fmt: skip
 
-    run("block maxima", lambda: scan(0, cnt))
-    kk_row = kk.repeat_interleave(M)
-
-    def start_bounds():
-        # lo = the kk-th largest maximum of key groups (kk distinct keys reach it), hi = just above the row maximum.
-        # Groups of f blocks keep >= 4 ksel maxima (so the start stays close to the k-th key) in a smaller top-k.
-        f = 1
-        while NB % (2 * f) == 0 and NB // (2 * f) >= 4 * ksel:
-            f *= 2
-        gmax = cmax.view(rows, NB // f, f).amax(-1) if f > 1 else cmax.view(rows, NB)
-        if gmax.shape[1] >= ksel:
-            top = torch.topk(gmax, ksel, dim=-1, sorted=True).values
-            start = torch.gather(top, 1, (kk_row.long() - 1).clamp(min=0)[:, None])[:, 0]
-        else:
-            start = torch.full((rows,), float("-inf"), device=dev)
-        rmax = gmax.max(-1).values
-
-        def key(x):
-            b = torch.where(x == 0, torch.zeros_like(x), x).contiguous().view(torch.int32)
-            return torch.where(b >= 0, b, b ^ 0x7FFFFFFF).to(i64)
-
-        lo.copy_(key(start))
-        hi.copy_(key(rmax) + 1)
-
-    run("start threshold (top-k of group maxima)", start_bounds)
-    # Count first: a row whose start already leaves at most cap candidates needs no refinement pass at all.
-    run("count pass", lambda: scan(2, counts))
-
-    def mark_done():
-        tot = counts.view(rows, -1).sum(-1)
-        done.copy_(((tot <= cap) | (hi - lo <= 1)).to(torch.int32))
-
-    run("mark done rows", mark_done)
-    done0 = done.clone()
+    run("block maxima", lambda: scan(0))
+    # Groups of f key blocks keep the start kernel's maxima in registers (<= 8192 per row).
+    f = _next_pow2(triton.cdiv(NB, 8192))
+    gp = _next_pow2(triton.cdiv(NB, f))
+    run(
+        "start threshold",
+        lambda: _topk_start_kernel[(rows,)](
+            cmax, kk, lo, hi, off, cnt, cand, M, NB, cap, ksel, rows,
+            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), num_warps=8 if gp * f >= 4096 else 4,
+        ),
+    )  # fmt: skip
+    # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
+    run("count + emit (atomic slots)", lambda: scan(4))
     for i in range(_PASSES):
-        run(f"refine pass {i}", lambda: scan(1, cnt))
-        run(
-            f"refine update {i}",
-            lambda: _topk_update_kernel[(triton.cdiv(rows, 128),)](lo, hi, done, cnt, kk, rows, M, cap, P=_P, BLK=128),
-        )
-    # Recount only the landmark tiles that had a row to refine (the others keep their first counts).
-    run("recount pass", lambda: scan(2, counts, done_buf=done0, skip=True))
-    cand = torch.full((rows, cap), torch.iinfo(i64).min, device=dev, dtype=i64)
-
-    def emit():
-        n_hi = counts[..., 0].sum(-1, keepdim=True)
-        off = torch.stack(
-            [
-                torch.cumsum(counts[..., 0], -1) - counts[..., 0],
-                n_hi + torch.cumsum(counts[..., 1], -1) - counts[..., 1],
-            ],
-            -1,
-        ).to(torch.int32)
-        scan(3, counts, off=off.contiguous(), cand=cand)
-
-    run("emit pass", emit)
-
-    def final():
-        top = torch.topk(cand, ksel, dim=-1, sorted=False).values
-        idx = torch.where(top == torch.iinfo(i64).min, -1, 0xFFFFFFFF - (top & 0xFFFFFFFF))
-        # Ascending valid indices, then -1.
-        idx = torch.where(idx < 0, N, idx).sort(-1).values
-        return torch.where(idx == N, -1, idx).to(torch.int32).view(BH, M, ksel).contiguous()
-
-    return run("top-k of the candidate list", final)
+        run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
+    run("recount (fallback rows)", lambda: scan(2))
+    run("ordered emit (fallback rows)", lambda: scan(3))
+    kp = _next_pow2(ksel)
+    run(
+        "top-k of the candidate list",
+        lambda: _topk_final_kernel[(rows,)](
+            cand, idx, ksel, cap, CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), num_warps=4 if cap <= 512 else 8
+        ),
+    )
+    return idx
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -903,3 +1050,21 @@ class LandmarkValuesFn(torch.autograd.Function):
         r, k, v, vt, lse = ctx.saved_tensors
         dr, dk, dv = landmark_values_bwd(dvt, r, k, v, ctx.key_valid, vt, lse, ctx.scale)
         return dr.to(r.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _compile_cases() -> list:
+    """Kernels and constexpr settings (bf16, d 64) for scripts/bench/compile_check.py beyond its own list."""
+    common = dict(D=64, PREC="tf32", UP=False)
+    i32, i64 = "*i32", "*i64"
+    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", CNT=i32, OFF=i32, CAND=i64)
+    return [
+        ("topk_scan mode 4", _topk_scan_kernel,
+         dict(MODE=4, P=_P, SKIP=False, HAS_KV=True, BS=64, BN=64, EXACT=False, **common), 4, scan),
+        ("topk_scan mode 1 skip", _topk_scan_kernel,
+         dict(MODE=1, P=_P, SKIP=True, HAS_KV=False, BS=64, BN=64, EXACT=False, **common), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel,
+         dict(MODE=3, P=_P, SKIP=True, HAS_KV=False, BS=64, BN=64, EXACT=False, **common), 4, scan),
+        ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
+        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
+    ]  # fmt: skip
