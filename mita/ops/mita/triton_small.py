@@ -42,11 +42,22 @@ def small_supported(N: int, m: int, d: int) -> bool:
     return NP <= SMALL_MAX_N and MP * NP <= SMALL_MAX_TILE and NP * d <= 256 * 64
 
 
-def _blocks(N: int, m: int, d: int) -> tuple[int, int, int, int]:
-    NP = max(16, _next_pow2(N))
-    MP = max(16, _next_pow2(m))
-    bm = int(min(64, max(16, 8192 // NP)))
-    return NP, MP, bm, 8 if NP * d >= 256 * 64 or MP * NP >= 8192 else 4
+# Launch settings per kernel (block sizes above are capped at NP); scripts/bench/tune_small.py sweeps them.
+CONFIG = {
+    "route": dict(BS=16, num_warps=4, num_stages=1),
+    "attn": dict(BM=64, BN=64, num_warps=4, num_stages=2),
+    "bwd_q": dict(BM=64, BN=64, num_warps=4, num_stages=2),
+    "bwd_k": dict(BM=64, BN=64, num_warps=8, num_stages=2),
+}
+
+
+def _cfg(name: str, NP: int) -> dict:
+    return {k: (min(v, NP) if k in ("BM", "BN") else v) for k, v in CONFIG[name].items()}
+
+
+def _pads(N: int, m: int) -> tuple[int, int]:
+    """Key and landmark counts padded to powers of two (at least 16, the smallest tensor-core tile)."""
+    return max(16, _next_pow2(N)), max(16, _next_pow2(m))
 
 
 @triton.jit
@@ -169,52 +180,58 @@ def _small_attn_kernel(
     MP: tl.constexpr,
     NP: tl.constexpr,
     BM: tl.constexpr,
+    BN: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
     EXACT: tl.constexpr,
 ):
-    """BM queries: routing, then one softmax over [m landmarks ; N keys weighted by their routed multiplicity]."""
+    """BM queries: routing, then one online softmax over [m landmarks ; N keys weighted by their routed
+    multiplicity], the keys in blocks of BN."""
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
     o_j = tl.arange(0, MP)
     m_j = o_j < M
-    o_n = tl.arange(0, NP)
-    m_n = o_n < N
-    if HAS_KV:
-        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
     o_i = i_m * BM + tl.arange(0, BM)
     m_i = o_i < N
     b_q = tl.load(Q + i_bh * N * D + o_i[:, None] * D + o_d[None, :], mask=m_i[:, None], other=0.0)
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-    b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-    b_memb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
     # [BM, MP] raw q . R: routing, and (scaled) the shared logits.
     b_qr = _score(b_q, b_r, PREC, UP, EXACT)
     b_qr = tl.where(b_qr == 0.0, 0.0, b_qr)
-    b_oh = _onehot_route(b_qr, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S, MP)
-    # [BM, NP] how many of the query's experts hold each key.
-    b_c = tl.dot(b_oh.to(tl.float16), b_memb)
-    b_b = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
-    b_b = tl.where(b_c > 0, b_b + tl.log2(tl.maximum(b_c, 1.0)), float("-inf"))
-    b_mx = tl.max(b_b, 1)
-    if SHARED:
-        b_a = tl.where(m_j[None, :], b_qr * sscale_log2, float("-inf"))
-        b_mx = tl.maximum(b_mx, tl.max(b_a, 1))
-    b_mxs = tl.where(b_mx == float("-inf"), 0.0, b_mx)
-    b_pb = tl.exp2(b_b - b_mxs[:, None])
-    b_l = tl.sum(b_pb, 1)
-    b_acc = _dot(b_pb.to(b_v.dtype), b_v, PREC, UP)
+    b_oh = _onehot_route(b_qr, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S, MP).to(tl.float16)
     if SHARED:
         b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_pa = tl.exp2(b_a - b_mxs[:, None])
-        b_l += tl.sum(b_pa, 1)
-        b_acc += _dot(b_pa.to(b_vt.dtype), b_vt, PREC, UP)
+        b_a = tl.where(m_j[None, :], b_qr * sscale_log2, float("-inf"))
+        b_m = tl.max(b_a, 1)
+        b_pa = tl.exp2(b_a - b_m[:, None])
+        b_l = tl.sum(b_pa, 1)
+        b_acc = _dot(b_pa.to(b_vt.dtype), b_vt, PREC, UP)
+    else:
+        b_m = tl.full([BM], float("-inf"), tl.float32)
+        b_l = tl.zeros([BM], tl.float32)
+        b_acc = tl.zeros([BM, D], tl.float32)
+    for n0 in range(0, N, BN):
+        o_n = n0 + tl.arange(0, BN)
+        m_n = o_n < N
+        b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
+        # [BM, BN] how many of the query's experts hold each key (0 for padding: it is in no list).
+        b_c = tl.dot(b_oh, b_mb)
+        b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
+        b_s = tl.where(b_c > 0, b_s + tl.log2(tl.maximum(b_c, 1.0)), float("-inf"))
+        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+        b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+        b_p = tl.exp2(b_s - b_ms[:, None])
+        b_alpha = tl.exp2(b_m - b_ms)
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_v.dtype), b_v, PREC, UP)
+        b_m = b_mn
     m_nz = b_l > 0
     b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
     tl.store(O + i_bh * N * D + o_i[:, None] * D + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_i[:, None])
-    b_lse = tl.where(m_nz, b_mxs + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
+    b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
     tl.store(LSE + i_bh * N + o_i, b_lse, mask=m_i)
 
 
@@ -257,6 +274,7 @@ def _small_bwd_q_kernel(
     MP: tl.constexpr,
     NP: tl.constexpr,
     BM: tl.constexpr,
+    BN: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
 ):
@@ -267,10 +285,6 @@ def _small_bwd_q_kernel(
     o_d = tl.arange(0, D)
     o_j = tl.arange(0, MP)
     m_j = o_j < M
-    o_n = tl.arange(0, NP)
-    m_n = o_n < N
-    if HAS_KV:
-        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
     o_i = i_m * BM + tl.arange(0, BM)
     m_i = o_i < N
     p_row = i_bh * N * D + o_i[:, None] * D + o_d[None, :]
@@ -281,14 +295,19 @@ def _small_bwd_q_kernel(
     b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
     b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
     tl.store(DELTA + i_bh * N + o_i, b_delta, mask=m_i)
-    b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-    b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-    b_memb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
-    b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_memb)
-    b_b = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2 + tl.log2(tl.maximum(b_c, 1.0))
-    b_pb = tl.where(b_c > 0, tl.exp2(b_b - b_lse[:, None]), 0.0)
-    b_dsb = b_pb * (_dot(b_do, tl.trans(b_v), PREC, UP) - b_delta[:, None])
-    b_dq = _dot(b_dsb.to(b_k.dtype), b_k, PREC, UP) * scale
+    b_oh = _load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP)
+    b_dq = tl.zeros([BM, D], tl.float32)
+    for n0 in range(0, N, BN):
+        o_n = n0 + tl.arange(0, BN)
+        m_n = o_n < N
+        b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_c = tl.dot(b_oh, tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16))
+        b_b = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2 + tl.log2(tl.maximum(b_c, 1.0))
+        b_pb = tl.where(b_c > 0, tl.exp2(b_b - b_lse[:, None]), 0.0)
+        b_dsb = b_pb * (_dot(b_do, tl.trans(b_v), PREC, UP) - b_delta[:, None])
+        b_dq += _dot(b_dsb.to(b_k.dtype), b_k, PREC, UP)
+    b_dq = b_dq * scale
     if SHARED:
         b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
         b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
@@ -410,7 +429,7 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     BH, N, D = q.shape
     M = r.shape[1]
     dev = q.device
-    NP, MP, bm, nw = _blocks(N, M, D)
+    NP, MP = _pads(N, M)
     o = torch.empty_like(q)
     lse = torch.empty(BH, N, device=dev, dtype=torch.float32)
     memb = torch.empty(BH, MP, NP, device=dev, dtype=torch.int8)
@@ -418,59 +437,22 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     vt = torch.empty_like(r) if shared else r
     lvlse = torch.empty(BH, M, device=dev, dtype=torch.float32) if shared else lse
     kv, kk = _kv_args(q, key_valid, ksel)
-    has_kv = key_valid is not None
-    prec, up, exact = _prec(q.dtype), _upcast(q.dtype), _interpreting()
-    bs = 16
-    _small_route_kernel[(MP // bs, BH)](
-        r,
-        k,
-        v,
-        kv,
-        kk,
-        memb,
-        vt,
-        lvlse,
-        N,
-        M,
-        ksel,
-        scale * LOG2E,
+    common = dict(
         SHARED=shared,
-        HAS_KV=has_kv,
+        HAS_KV=key_valid is not None,
         D=D,
         MP=MP,
         NP=NP,
-        BS=bs,
-        PREC=prec,
-        UP=up,
-        EXACT=exact,
-        num_warps=4,
+        PREC=_prec(q.dtype),
+        UP=_upcast(q.dtype),
+        EXACT=_interpreting(),
     )
-    _small_attn_kernel[(triton.cdiv(N, bm), BH)](
-        q,
-        k,
-        v,
-        r,
-        vt,
-        kv,
-        memb,
-        o,
-        lse,
-        route,
-        N,
-        M,
-        scale * LOG2E,
-        sscale * LOG2E,
-        S=S,
-        SHARED=shared,
-        HAS_KV=has_kv,
-        D=D,
-        MP=MP,
-        NP=NP,
-        BM=bm,
-        PREC=prec,
-        UP=up,
-        EXACT=exact,
-        num_warps=nw,
+    cr, ca = _cfg("route", min(NP, MP)), _cfg("attn", NP)
+    _small_route_kernel[(MP // cr["BS"], BH)](
+        r, k, v, kv, kk, memb, vt, lvlse, N, M, ksel, scale * LOG2E, **common, **cr
+    )
+    _small_attn_kernel[(triton.cdiv(N, ca["BM"]), BH)](
+        q, k, v, r, vt, kv, memb, o, lse, route, N, M, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca
     )
     return o, lse, memb, route, vt, lvlse
 
@@ -480,9 +462,9 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     BH, N, D = q.shape
     M = r.shape[1]
     dev = q.device
-    NP, MP, bm, nw = _blocks(N, M, D)
-    bn = min(64, NP)
-    nqb, nkb = triton.cdiv(N, bm), triton.cdiv(N, bn)
+    NP, MP = _pads(N, M)
+    cq, ck = _cfg("bwd_q", NP), _cfg("bwd_k", NP)
+    nqb, nkb = triton.cdiv(N, cq["BM"]), triton.cdiv(N, ck["BN"])
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
     if shared:
@@ -492,8 +474,16 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     else:
         pdr = pdvt = pdrl = delta
     kv, _ = _kv_args(q, key_valid, 1)
-    has_kv = key_valid is not None
-    prec, up = _prec(q.dtype), _upcast(q.dtype)
+    common = dict(
+        S=S,
+        SHARED=shared,
+        HAS_KV=key_valid is not None,
+        D=D,
+        MP=MP,
+        NP=NP,
+        PREC=_prec(q.dtype),
+        UP=_upcast(q.dtype),
+    )
     do = do.contiguous()
     _small_bwd_q_kernel[(nqb, BH)](
         q,
@@ -517,16 +507,8 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         sscale,
         scale * LOG2E,
         sscale * LOG2E,
-        S=S,
-        SHARED=shared,
-        HAS_KV=has_kv,
-        D=D,
-        MP=MP,
-        NP=NP,
-        BM=bm,
-        PREC=prec,
-        UP=up,
-        num_warps=nw,
+        **common,
+        **cq,
     )
     _small_bwd_k_kernel[(nkb, BH)](
         q,
@@ -550,17 +532,8 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         nqb,
         scale,
         scale * LOG2E,
-        S=S,
-        SHARED=shared,
-        HAS_KV=has_kv,
-        D=D,
-        MP=MP,
-        NP=NP,
-        BM=bm,
-        BN=bn,
-        PREC=prec,
-        UP=up,
-        num_warps=4,
+        **common,
+        **ck,
     )
     if shared:
         # Rows m..MP-1 of the partials are zeros of padded landmarks; the shares are summed in a fixed order.

@@ -1,0 +1,116 @@
+"""Sweep the launch settings of the short-sequence Triton kernels (mita/ops/mita/triton_small.py) at one shape.
+
+    python scripts/bench/tune_small.py [--shape 256,6,197,25,25]
+
+Each kernel's settings are varied one at a time from triton_small.CONFIG; the forward (route + attention) and the
+backward (query + key kernels) are timed with CUDA events (median), and every setting's output is checked against
+the default setting's (bitwise for the routing, closely for the rest) before its time is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from common import cuda_time  # noqa: E402
+
+from mita.ops.mita import triton_small as ts  # noqa: E402
+
+VARIANTS = {
+    "route": [dict(BS=16, num_warps=w, num_stages=1) for w in (2, 4, 8)] + [dict(BS=32, num_warps=8, num_stages=1)],
+    "attn": [
+        dict(BM=bm, BN=bn, num_warps=w, num_stages=st)
+        for bm, bn, w, st in (
+            (64, 64, 4, 2),
+            (64, 64, 8, 2),
+            (64, 32, 4, 2),
+            (32, 64, 4, 2),
+            (64, 64, 4, 1),
+            (128, 64, 8, 2),
+            (32, 32, 2, 2),
+            (16, 64, 2, 2),
+        )
+    ],
+    "bwd_q": [
+        dict(BM=bm, BN=bn, num_warps=w, num_stages=st)
+        for bm, bn, w, st in (
+            (64, 64, 4, 2),
+            (64, 64, 8, 2),
+            (64, 32, 4, 2),
+            (32, 64, 4, 2),
+            (32, 32, 2, 2),
+            (128, 64, 8, 2),
+        )
+    ],
+    "bwd_k": [
+        dict(BM=bm, BN=bn, num_warps=w, num_stages=st)
+        for bm, bn, w, st in (
+            (64, 64, 8, 2),
+            (64, 64, 4, 2),
+            (32, 64, 4, 2),
+            (64, 32, 4, 2),
+            (32, 32, 2, 2),
+            (128, 64, 8, 2),
+            (64, 128, 8, 2),
+        )
+    ],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="256,6,197,25,25", help="B,H,N,m,k")
+    args = ap.parse_args()
+    B, H, N, m, k = (int(x) for x in args.shape.split(","))
+    BH, d = B * H, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, kk, v = (torch.randn(BH, N, d, device="cuda", generator=g).bfloat16() for _ in range(3))
+    r = torch.randn(BH, m, d, device="cuda", generator=g).bfloat16()
+    do = torch.randn(BH, N, d, device="cuda", generator=g).bfloat16()
+    sc = d**-0.5
+    default = copy.deepcopy(ts.CONFIG)
+
+    def fwd():
+        return ts.small_fwd(q, kk, v, r, None, k, 1, True, sc, sc * sc)
+
+    ref = fwd()
+    o, lse, memb, route, vt, lvlse = ref
+
+    def bwd():
+        return ts.small_bwd(do, q, kk, v, r, None, o, lse, memb, route, vt, lvlse, 1, True, sc, sc * sc)
+
+    ref_b = bwd()
+    for name, variants in VARIANTS.items():
+        for var in variants:
+            ts.CONFIG = copy.deepcopy(default)
+            ts.CONFIG[name] = var
+            fn = fwd if name in ("route", "attn") else bwd
+            try:
+                out = fn()
+                refs = ref if fn is fwd else ref_b
+                errs = [
+                    ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+                    for a, b in zip(out, refs)
+                    if a.is_floating_point()
+                ]
+                same_int = all(torch.equal(a, b) for a, b in zip(out, refs) if not a.is_floating_point())
+                ms, spread = cuda_time(fn, warmup=3, reps=30, max_s=3.0)
+                print(
+                    f"{name:6s} {str(var):62s} {ms:8.4f} ms (spread {spread:.4f}) max rel err {max(errs):.1e} "
+                    f"ints equal {same_int}",
+                    flush=True,
+                )
+            except Exception as e:  # noqa: BLE001 (a setting that does not compile or fit is reported, not fatal)
+                print(f"{name:6s} {str(var):62s} FAILED {str(e).splitlines()[0][:100]}", flush=True)
+    ts.CONFIG = default
+
+
+if __name__ == "__main__":
+    main()
