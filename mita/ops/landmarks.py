@@ -167,10 +167,10 @@ class _PoolBF16(torch.autograd.Function):
     Forward: bf16 0/1 membership times x with a float32 output (exact products, float32 sums; CUDA's
     ``bmm(out_dtype=float32)``), divided by the counts in float32, rounded once. Backward: dx = W^T g with the
     float32 weights W split into three bf16 parts and g repeated three times along the landmark axis, one bf16 GEMM:
-    every product is exact and the sums are float32, so dx is the float32 result rounded once to bf16, without
-    a [G, N, D] float32 intermediate. (cuBLAS accumulates bf16 GEMMs in float32; torch's
-    ``allow_bf16_reduced_precision_reduction`` would only allow bf16 split-K partial sums, which a GEMM with
-    K = 3m and G x N/128 output tiles has no reason to use; test_pooling_on_cuda_matches_cpu checks it.)"""
+    every product is exact and the sums are float32, so dx is the float32 result rounded once to bf16. On CUDA the
+    GEMM writes a float32 output (then one cast): with a bf16 output, torch's default
+    ``allow_bf16_reduced_precision_reduction`` lets cuBLAS sum split-K partials in bf16 (an H200 run of
+    test_pooling_on_cuda_matches_cpu failed with the bf16 output)."""
 
     @staticmethod
     def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
@@ -198,7 +198,11 @@ class _PoolBF16(torch.autograd.Function):
         gt = g.transpose(1, 2) if ctx.heads else g
         g3 = g.new_empty((G, 3, *gt.shape[1:]))
         g3.copy_(gt.unsqueeze(1).expand_as(g3))
-        dx = torch.bmm(weights_t.expand(G, N, m3), g3.view(G, m3, -1))
+        if g.is_cuda:
+            # A float32 output pins cuBLAS to float32 accumulation (a bf16 output would allow bf16 split-K sums).
+            dx = torch.bmm(weights_t.expand(G, N, m3), g3.view(G, m3, -1), out_dtype=torch.float32).to(g.dtype)
+        else:
+            dx = torch.bmm(weights_t.expand(G, N, m3), g3.view(G, m3, -1))
         return dx, None, None, None, None
 
 

@@ -47,7 +47,7 @@ CONFIG = {
     "route": dict(BS=16, num_warps=4, num_stages=1),
     "attn": dict(BM=64, BN=64, num_warps=4, num_stages=2),
     "bwd_q": dict(BM=64, BN=64, num_warps=4, num_stages=2),
-    "bwd_k": dict(BM=64, BN=64, num_warps=8, num_stages=2),
+    "bwd_k": dict(BM=64, BN=32, num_warps=4, num_stages=2),
 }
 
 
