@@ -21,6 +21,12 @@ timeout "$T" $PT tests --ignore=tests/test_triton_mita.py $IGN >"$OUT/gpu_tests_
 wait
 cat "$OUT"/gpu_tests_?.log > "$OUT/gpu_tests.log"
 grep -h -E "passed|failed|error" "$OUT"/gpu_tests_?.log | tail -6
-timeout "${PROF_S:-45}" python3 scripts/bench/profile_stages.py 2>&1 | tee "$OUT/profile.log" | tail -30
-timeout "${OP_S:-90}" python3 scripts/bench/bench_op.py --out "$OUT" --points "${OP_POINTS:-deit_s,N65536,N262144,N1048576}" \
+# A step whose time limit is 0 is skipped (timeout 0 would mean no limit).
+step() { local t=$1; shift; [ "$t" = 0 ] && return 0; timeout "$t" "$@"; }
+step "${PROF_S:-45}" python3 scripts/bench/profile_stages.py 2>&1 | tee "$OUT/profile.log" | tail -30
+step "${OP_S:-90}" python3 scripts/bench/bench_op.py --out "$OUT" --points "${OP_POINTS:-deit_s,N65536,N262144,N1048576}" \
   --backends triton --dense-long "${DENSE_LONG:-cudnn}" --dense-reps-long 2 2>&1 | tee "$OUT/op_bench.log" | tail -14
+step "${OPG_S:-0}" python3 scripts/bench/bench_op.py --out "$OUT" --graph --points "${OPG_POINTS:-deit_s,N4096,N65536}" \
+  --backends triton 2>&1 | tee "$OUT/op_bench_graph.log" | tail -14
+step "${FIGF_S:-0}" python3 scripts/bench/bench_figf.py --out "$OUT" --max-n "${FIGF_MAX_N:-262144}" \
+  --time-budget-s "${FIGF_BUDGET_S:-100}" ${FIGF_GRAPH:+--graph} 2>&1 | tee "$OUT/figf.log" | tail -14
