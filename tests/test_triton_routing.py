@@ -50,8 +50,9 @@ def _same_sets(a, b):
 
 
 @pytest.mark.parametrize("path", ["small", "long"])
-@pytest.mark.parametrize("N,M,d,ksel,span,pad", [(70, 5, 32, 9, 2, False), (150, 20, 32, 40, 3, True),
-                                                 (130, 4, 64, 130, 1, True)])
+@pytest.mark.parametrize(
+    "N,M,d,ksel,span,pad", [(70, 5, 32, 9, 2, False), (150, 20, 32, 40, 3, True), (130, 4, 64, 130, 1, True)]
+)
 def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
     BH = 2
     r = _ints((BH, M, d), -span, span + 1, 1, torch.bfloat16)
@@ -59,7 +60,7 @@ def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
     valid = None
     if pad:
         valid = torch.ones(BH, N, dtype=torch.bool, device=DEV)
-        valid[0, N // 3:] = False
+        valid[0, N // 3 :] = False
         valid[1, :5] = False
     kw = dict(small_max_n=0, cap=max(64, tr._next_pow2(ksel))) if path == "long" else {}
     got = tr.exact_topk(r, k, valid, ksel, **kw)
@@ -111,6 +112,54 @@ def test_exact_topk_long_rows_count_first_then_refine_some_rows():
     assert _same_sets(got, _ref_topk(r, k, None, ksel))
 
 
+def _mixed_rows_inputs(N, d):
+    # Landmark rows: 0-2 random integer scores (candidates fit the list: atomic slots); 3 every key tied (more
+    # ties than the list holds: ordered emission, lowest indices kept); 4 three keys at level 3 and 600 at
+    # level 2 (refinement, then ties at the k-th score); 5 scores -k0: 697 zeros tie below three keys at 1.
+    g = torch.Generator().manual_seed(31)
+    r = torch.randint(-2, 3, (1, 6, d), generator=g).float()
+    k = torch.randint(-2, 3, (1, N, d), generator=g).float()
+    r[0, 3:] = 0.0
+    r[0, 3, 1] = 1.0
+    k[0, :, 1] = 1.0
+    r[0, 4, 2] = 1.0
+    k[0, :, 2] = 1.0
+    k[0, 100:700, 2] = 2.0
+    k[0, [50, 300, 650], 2] = 3.0
+    r[0, 5, 0] = -1.0
+    k[0, :, 0] = 0.0
+    k[0, [40, 400, 600], 0] = -1.0
+    return r.to(DEV), k.to(DEV)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad):
+    N, d, ksel = 700, 32, 8
+    r, k = _mixed_rows_inputs(N, d)
+    valid = None
+    if pad:
+        valid = torch.ones(1, N, dtype=torch.bool, device=DEV)
+        valid[0, :20] = False
+        valid[0, 290:310] = False
+    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
+    ref = _ref_topk(r, k, valid, ksel)
+    assert _same_sets(got, ref)
+    key = torch.where(got < 0, 1 << 30, got.long())
+    assert torch.equal(key, key.sort(-1).values)
+
+
+def test_exact_topk_long_rows_fewer_valid_keys_than_k():
+    # 70 keys in long-row mode, ksel 40, one head with 25 valid keys: all 25 (ascending) then -1.
+    r = _ints((2, 3, 32), -1, 2, 11)
+    k = _ints((2, 70, 32), -1, 2, 12)
+    valid = torch.ones(2, 70, dtype=torch.bool, device=DEV)
+    valid[1, 25:] = False
+    got = tr.exact_topk(r, k, valid, 40, small_max_n=0)
+    assert _same_sets(got, _ref_topk(r, k, valid, 40))
+    assert torch.equal(got[1, :, :25].long().cpu(), torch.arange(25).expand(3, 25))
+    assert torch.all(got[1, :, 25:] == -1)
+
+
 def test_exact_topk_fully_padded_row():
     r = _ints((2, 4, 32), -2, 3, 5)
     k = _ints((2, 90, 32), -2, 3, 6)
@@ -131,6 +180,19 @@ def test_route_topk_matches_stable_sort(S):
     assert torch.equal(got.view(2, 77, S).long().cpu(), ref.cpu())
 
 
+def test_route_top1_multiple_landmark_tiles_and_ties():
+    # M = 150: two landmark tiles of 128, the second partial; scores tie often (small integers), across tiles
+    # too, and the first 40 queries score 0 against every landmark (landmark 0 wins).
+    q = _ints((2, 300, 32), -1, 2, 13)
+    r = _ints((2, 150, 32), -1, 2, 14)
+    q[:, :40] = 0.0
+    r[:, 140] = r[:, 3]
+    got = tr.route_topk(q, r, 1)
+    ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), 1)
+    assert torch.equal(got.view(2, 300, 1).long().cpu(), ref.cpu())
+    assert torch.all(got[:, :40] == 0)
+
+
 def _lv_ref(r, k, v, valid, scale):
     s = (r.double() @ k.double().transpose(1, 2)) * scale
     if valid is not None:
@@ -139,8 +201,15 @@ def _lv_ref(r, k, v, valid, scale):
     return p @ v.double()
 
 
-@pytest.mark.parametrize("N,M,d,dtype,pad", [(100, 7, 32, torch.float32, False), (300, 20, 32, torch.float32, True),
-                                             (530, 9, 64, torch.bfloat16, True), (200, 5, 128, torch.float16, False)])
+@pytest.mark.parametrize(
+    "N,M,d,dtype,pad",
+    [
+        (100, 7, 32, torch.float32, False),
+        (300, 20, 32, torch.float32, True),
+        (530, 9, 64, torch.bfloat16, True),
+        (200, 5, 128, torch.float16, False),
+    ],
+)
 def test_landmark_values_forward_backward(N, M, d, dtype, pad):
     BH = 2
     g = torch.Generator().manual_seed(N)
@@ -148,7 +217,7 @@ def test_landmark_values_forward_backward(N, M, d, dtype, pad):
     valid = None
     if pad:
         valid = torch.ones(BH, N, dtype=torch.bool, device=DEV)
-        valid[0, N // 2:] = False
+        valid[0, N // 2 :] = False
         valid[1] = False
     scale = d**-0.5
     out = tr.LandmarkValuesFn.apply(r, k, v, valid, scale)
@@ -175,12 +244,31 @@ def test_gpu_exact_topk_and_route(N, M, ksel):
     r = _ints((2, M, 64), -3, 4, N, torch.bfloat16)
     k = _ints((2, N, 64), -3, 4, N + 1, torch.bfloat16)
     valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
-    valid[1, N // 2:] = False
+    valid[1, N // 2 :] = False
     assert _same_sets(tr.exact_topk(r, k, valid, ksel), _ref_topk(r, k, valid, ksel))
     assert _same_sets(tr.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
     got = tr.route_topk(k, r, 2)
     ref = stable_topk_indices(k.double() @ r.double().transpose(1, 2), 2)
     assert torch.equal(got.view(2, N, 2).long(), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,M", [(65536, 128), (262144, 256)])
+@pytest.mark.parametrize("cap", [None, "k"])
+def test_gpu_exact_topk_atomic_and_fallback_paths(N, M, cap):
+    # Integer scores over a wider range (fewer ties): with the default list every row takes the atomic-slot
+    # emission; with cap = k most rows take the refinement and ordered emission. Both equal a stable sort.
+    r = _ints((2, M, 64), -8, 9, N + 2, torch.bfloat16)
+    k = _ints((2, N, 64), -8, 9, N + 3, torch.bfloat16)
+    valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
+    valid[0, : N // 4] = False
+    kw = dict(cap=M) if cap == "k" else {}
+    for kv in (None, valid):
+        got = tr.exact_topk(r, k, kv, M, **kw)
+        assert _same_sets(got, _ref_topk(r, k, kv, M))
+        key = torch.where(got < 0, 1 << 30, got.long())
+        assert torch.equal(key, key.sort(-1).values)
 
 
 @pytest.mark.gpu

@@ -1,6 +1,10 @@
 """Where the Triton MiTA forward spends its time: each stage timed alone (CUDA events, median).
 
     python scripts/bench/profile_stages.py [--max-n 1048576]
+
+For N above the on-chip top-k limit it also times each pass of the long-row exact top-k in place, twice: as
+called (the candidates of every row fit the list: the refinement passes exit at once on the device) and with
+the list forced to k entries, so that most rows take the fallback (refinement, recount, ordered emission).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def profile_point(name: str, B: int, H: int, N: int, m: int, k: int) -> None:
 
     stages = {
         "exact top-k (Triton)": lambda: tr.exact_topk(r, kk, None, k),
+        "exact top-k, fallback forced (cap = k)": lambda: tr.exact_topk(r, kk, None, k, cap=k),
         "top-S routing (Triton)": lambda: tr.route_topk(q, r, 1),
         "build_plan (sort + tiles)": lambda: tm.build_plan(idx, route, m),
         "landmark values fwd (split-key)": lambda: tr.landmark_values_fwd(r, kk, v, None, d**-0.5),
@@ -55,10 +60,12 @@ def profile_point(name: str, B: int, H: int, N: int, m: int, k: int) -> None:
     print(f"{name:9s} {'whole forward + backward':40s} {ms:9.3f} ms (spread {spread:.3f})", flush=True)
     if N > tr.SMALL_N:
         profile_topk_passes(name, r, kk, k)
+        profile_topk_passes(name + "/fb", r, kk, k, cap=k)
 
 
-def profile_topk_passes(name: str, r, kk, k: int, reps: int = 5) -> None:
-    """Print the median time of each pass of the long-row exact top-k, each timed in its place in a full call."""
+def profile_topk_passes(name: str, r, kk, k: int, reps: int = 5, cap: int | None = None) -> None:
+    """Print the median time of each pass of the long-row exact top-k, each timed in its place in a full call
+    (``cap``: the candidate-list length, None for the default)."""
     acc: dict[str, list] = {}
 
     def timer(sname, fn):
@@ -69,9 +76,11 @@ def profile_topk_passes(name: str, r, kk, k: int, reps: int = 5) -> None:
         acc.setdefault(sname, []).append((start, end))
         return out
 
-    tr.exact_topk(r, kk, None, k)
+    ref = tr.exact_topk(r, kk, None, k)
     for _ in range(reps):
-        tr.exact_topk(r, kk, None, k, timer=timer)
+        got = tr.exact_topk(r, kk, None, k, cap=cap, timer=timer)
+    # Same answer whatever the path (each row's k keys, ascending).
+    assert torch.equal(got, ref), f"{name}: top-k with cap={cap} differs from the default call"
     torch.cuda.synchronize()
     total = 0.0
     for sname, evs in acc.items():
@@ -85,8 +94,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-n", type=int, default=1 << 20)
     args = ap.parse_args()
-    pts = [("deit_s", 256, 6, 197, 25, 25), ("N65536", 1, 2, 65536, 128, 128), ("N262144", 1, 2, 1 << 18, 256, 256),
-           ("N1048576", 1, 2, 1 << 20, 512, 512)]
+    pts = [
+        ("deit_s", 256, 6, 197, 25, 25),
+        ("N65536", 1, 2, 65536, 128, 128),
+        ("N262144", 1, 2, 1 << 18, 256, 256),
+        ("N1048576", 1, 2, 1 << 20, 512, 512),
+    ]
     for p in pts:
         if p[3] <= args.max_n:
             profile_point(*p)

@@ -618,29 +618,47 @@ def _route_kernel(
     o_n = i_n * BM + tl.arange(0, BM)
     m_n = o_n < N
     b_q = tl.load(Q + i_bh * N * D + o_n.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-    prev_s = tl.full([BM], float("inf"), tl.float32)
-    prev_i = tl.full([BM], -1, tl.int32)
-    for s in tl.static_range(S):
+    if S == 1:
+        # First maximum: within a tile the lowest index among equal scores (-0.0 == +0.0 as compares see them),
+        # across tiles a later tile only on a strictly larger score. Landmark 0 if every score is NaN.
         best_s = tl.full([BM], float("-inf"), tl.float32)
-        best_i = tl.full([BM], 2147483647, tl.int32)
+        best_i = tl.zeros([BM], tl.int32)
         for j0 in range(0, M, BS):
             o_j = j0 + tl.arange(0, BS)
             b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
             b_sc = _score(b_q, b_r, PREC, UP, EXACT)
-            b_sc = tl.where(b_sc == 0.0, 0.0, b_sc)
-            # Only entries after the previous pick in (score desc, index asc) order.
-            ok = (o_j < M)[None, :] & (
-                (b_sc < prev_s[:, None]) | ((b_sc == prev_s[:, None]) & (o_j[None, :] > prev_i[:, None]))
-            )
-            b_sc = tl.where(ok, b_sc, float("-inf"))
+            if M % BS != 0:
+                b_sc = tl.where((o_j < M)[None, :], b_sc, float("-inf"))
             t_max = tl.max(b_sc, 1)
-            t_arg = tl.min(tl.where(ok & (b_sc == t_max[:, None]), o_j[None, :], 2147483647), 1)
-            upd = (t_max > best_s) | ((t_max == best_s) & (t_arg < best_i))
+            t_arg = tl.min(tl.where(b_sc == t_max[:, None], o_j[None, :], 2147483647), 1)
+            upd = t_max > best_s
             best_s = tl.where(upd, t_max, best_s)
             best_i = tl.where(upd, t_arg, best_i)
-        tl.store(ROUTE + i_bh * N * S + o_n.to(tl.int64) * S + s, best_i, mask=m_n)
-        prev_s = best_s
-        prev_i = best_i
+        tl.store(ROUTE + i_bh * N + o_n.to(tl.int64), best_i, mask=m_n)
+    else:
+        prev_s = tl.full([BM], float("inf"), tl.float32)
+        prev_i = tl.full([BM], -1, tl.int32)
+        for s in tl.static_range(S):
+            best_s = tl.full([BM], float("-inf"), tl.float32)
+            best_i = tl.full([BM], 2147483647, tl.int32)
+            for j0 in range(0, M, BS):
+                o_j = j0 + tl.arange(0, BS)
+                b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
+                b_sc = _score(b_q, b_r, PREC, UP, EXACT)
+                b_sc = tl.where(b_sc == 0.0, 0.0, b_sc)
+                # Only entries after the previous pick in (score desc, index asc) order.
+                ok = (o_j < M)[None, :] & (
+                    (b_sc < prev_s[:, None]) | ((b_sc == prev_s[:, None]) & (o_j[None, :] > prev_i[:, None]))
+                )
+                b_sc = tl.where(ok, b_sc, float("-inf"))
+                t_max = tl.max(b_sc, 1)
+                t_arg = tl.min(tl.where(ok & (b_sc == t_max[:, None]), o_j[None, :], 2147483647), 1)
+                upd = (t_max > best_s) | ((t_max == best_s) & (t_arg < best_i))
+                best_s = tl.where(upd, t_max, best_s)
+                best_i = tl.where(upd, t_arg, best_i)
+            tl.store(ROUTE + i_bh * N * S + o_n.to(tl.int64) * S + s, best_i, mask=m_n)
+            prev_s = best_s
+            prev_i = best_i
 
 
 def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
@@ -657,8 +675,10 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
     BH, N, D = q.shape
     M = r.shape[1]
     route = torch.empty(BH, N * S, device=q.device, dtype=torch.int32)
-    bm = 64
-    bs = int(min(64, max(16, _next_pow2(M))))
+    # S = 1: 128 queries x up to 128 landmarks per step (fewer reloads of R; a max and a first-index min per
+    # score). S > 1: 64 x 64 (the ordered passes keep more state per score).
+    bm = 128 if S == 1 else 64
+    bs = int(min(128 if S == 1 else 64, max(16, _next_pow2(M))))
     _route_kernel[(triton.cdiv(N, bm), BH)](
         q,
         r,
@@ -672,7 +692,7 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
         EXACT=_interpreting(),
-        num_warps=4,
+        num_warps=8 if bm * bs >= 128 * 128 else 4,
     )
     return route
 
@@ -748,31 +768,31 @@ def _lv_fwd_kernel(
 
 
 @triton.jit
-def _lv_merge_kernel(PM, PL, PACC, VT, LSE, M, NC, D: tl.constexpr, BS: tl.constexpr):
-    i_s = tl.program_id(0)
+def _lv_merge_kernel(PM, PL, PACC, VT, LSE, M, NC, D: tl.constexpr, BC: tl.constexpr):
+    # One landmark per program, BC key chunks per step: the global maximum first, then the rescaled sums.
+    i_j = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
-    o_j = i_s * BS + tl.arange(0, BS)
-    m_j = o_j < M
-    b_m = tl.full([BS], float("-inf"), tl.float32)
-    b_l = tl.zeros([BS], tl.float32)
-    b_acc = tl.zeros([BS, D], tl.float32)
-    for c in range(0, NC):
-        o_w = (i_bh * NC + c) * M + o_j
-        c_m = tl.load(PM + o_w, mask=m_j, other=float("-inf"))
-        c_l = tl.load(PL + o_w, mask=m_j, other=0.0)
-        c_acc = tl.load(PACC + o_w[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_mn = tl.maximum(b_m, c_m)
-        b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-        a_old = tl.exp2(b_m - b_ms)
-        a_new = tl.exp2(c_m - b_ms)
-        b_l = b_l * a_old + c_l * a_new
-        b_acc = b_acc * a_old[:, None] + c_acc * a_new[:, None]
-        b_m = b_mn
-    m_nz = b_l > 0
-    b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
-    tl.store(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_o.to(VT.dtype.element_ty), mask=m_j[:, None])
-    tl.store(LSE + i_bh * M + o_j, tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf")), mask=m_j)
+    b_m = tl.full([BC], float("-inf"), tl.float32)
+    for c0 in range(0, NC, BC):
+        o_c = c0 + tl.arange(0, BC)
+        b_m = tl.maximum(b_m, tl.load(PM + (i_bh * NC + o_c) * M + i_j, mask=o_c < NC, other=float("-inf")))
+    g_m = tl.max(b_m, 0)
+    g_ms = tl.where(g_m == float("-inf"), 0.0, g_m)
+    b_l = tl.zeros([BC], tl.float32)
+    b_acc = tl.zeros([BC, D], tl.float32)
+    for c0 in range(0, NC, BC):
+        o_c = c0 + tl.arange(0, BC)
+        m_c = o_c < NC
+        o_w = (i_bh * NC + o_c) * M + i_j
+        a = tl.exp2(tl.load(PM + o_w, mask=m_c, other=float("-inf")) - g_ms)
+        b_l += tl.load(PL + o_w, mask=m_c, other=0.0) * a
+        b_acc += tl.load(PACC + o_w[:, None] * D + o_d[None, :], mask=m_c[:, None], other=0.0) * a[:, None]
+    l_sum = tl.sum(b_l, 0)
+    acc = tl.sum(b_acc, 0)
+    nz = l_sum > 0
+    tl.store(VT + (i_bh * M + i_j) * D + o_d, (acc / tl.where(nz, l_sum, 1.0)).to(VT.dtype.element_ty))
+    tl.store(LSE + i_bh * M + i_j, tl.where(nz, g_m + tl.log2(tl.where(nz, l_sum, 1.0)), float("-inf")))
 
 
 @triton.jit
@@ -932,6 +952,8 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
     N = k.shape[1]
     dev = r.device
     bs, bn = _lv_blocks(M, D)
+    # 128 landmarks per program when there are that many (d <= 64): half the key/value reloads of 64.
+    bs = 128 if M >= 128 and D <= 64 else bs
     n_s = triton.cdiv(M, bs)
     nc, ch = _n_chunks(N, n_s, BH, bn)
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
@@ -965,10 +987,10 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
         BN=bn,
         PREC=_prec(r.dtype),
         UP=_upcast(r.dtype),
-        num_warps=4,
+        num_warps=8 if bs >= 128 else 4,
     )
     if not direct:
-        _lv_merge_kernel[(n_s, BH)](pm, pl, pacc, vt, lse, M, nc, D=D, BS=bs, num_warps=4)
+        _lv_merge_kernel[(M, BH)](pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4)
     return vt, lse
 
 
@@ -1067,4 +1089,11 @@ def _compile_cases() -> list:
         ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
+        ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, **common), 8, None),
+        ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, **common), 4, None),
+        ("lv_fwd BS=128", _lv_fwd_kernel, dict(HAS_KV=False, DIRECT=False, BS=128, BN=64, **common), 8,
+         dict(PM="*fp32", PL="*fp32", PACC="*fp32", VT="*bf16", LSE="*fp32")),
+        ("lv_fwd BS=64 direct", _lv_fwd_kernel, dict(HAS_KV=True, DIRECT=True, BS=64, BN=64, **common), 4,
+         dict(PM="*fp32", PL="*fp32", PACC="*fp32", VT="*bf16", LSE="*fp32")),
+        ("lv_merge", _lv_merge_kernel, dict(D=64, BC=64), 4, dict(VT="*bf16")),
     ]  # fmt: skip
