@@ -160,6 +160,27 @@ def test_exact_topk_long_rows_fewer_valid_keys_than_k():
     assert torch.all(got[1, :, 25:] == -1)
 
 
+def test_exact_topk_long_rows_launches(monkeypatch):
+    # Without padding the long-row path is Triton launches only: block maxima, start, count + emit, 8 refinement
+    # passes, recount, ordered emission, final top-k (14), and no PyTorch kernel besides the allocations.
+    launches = []
+    jit_type = type(tr._topk_scan_kernel)
+    real_getitem = jit_type.__getitem__
+
+    def counting_getitem(self, grid):
+        launches.append(self.fn.__name__ if hasattr(self, "fn") else str(self))
+        return real_getitem(self, grid)
+
+    monkeypatch.setattr(jit_type, "__getitem__", counting_getitem)
+    r = _ints((1, 3, 32), -1, 2, 15)
+    k = _ints((1, 70, 32), -1, 2, 16)
+    got = tr.exact_topk(r, k, None, 5, small_max_n=0)
+    assert launches == ["_topk_scan_kernel", "_topk_start_kernel"] + ["_topk_scan_kernel"] * 11 + [
+        "_topk_final_kernel"
+    ], launches
+    assert _same_sets(got, _ref_topk(r, k, None, 5))
+
+
 def test_exact_topk_fully_padded_row():
     r = _ints((2, 4, 32), -2, 3, 5)
     k = _ints((2, 90, 32), -2, 3, 6)

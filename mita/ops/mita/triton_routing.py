@@ -3,12 +3,15 @@
 - ``exact_topk``: per landmark, the k keys with the largest raw score ``R_i . k_j`` (ties to the lower key
   index), computed tile by tile without writing the [m, N] scores. Each score is mapped to an order-preserving
   int32 key. Short rows (N <= ``SMALL_N``) keep a [landmarks, N] tile on chip and find the k-th largest key by
-  bisection over the 2^32 key range (32 counting steps in registers). Long rows take a few passes over the keys:
-  block maxima give a threshold that at least k keys reach; 16-way refinement passes raise it until at most
-  ``cap`` keys reach it (or until it is the k-th largest key itself); a counting pass and an emitting pass then
-  write the keys above it, in key order, into a [m, cap] candidate list, and a top-k of that small list (score
-  packed with the reversed index into one int64) gives the exact answer. Rows that converge early skip the
-  remaining passes on the device, so there is no host synchronisation and the result is exact for any input.
+  bisection over the 2^32 key range (32 counting steps in registers). Long rows: block maxima; a start threshold
+  that at least k keys reach (bisection over group maxima, one program per row); one pass that gives every key
+  at or above it a slot of its row's [cap] candidate list from a per-row atomic counter (the list's order does
+  not matter: each entry is the packed int64 (order key, reversed index)); a top-k of that list (bisection and
+  ranks in one kernel). Rows with more than cap such keys (many ties, or a loose start) fall back on the device:
+  16-way refinement passes raise the threshold until at most cap keys reach it (or until it is the k-th key
+  itself), then a counting pass and an emitting pass write the keys in key order (ties truncated to the lowest
+  indices). The fallback launches exit at once when no row needs them: no host synchronisation, and the result
+  is exact for any input.
 - ``route_topk``: per query, the S landmarks with the largest ``q_n . R_i`` (first maximum on ties), in order.
 - ``landmark_values``: ``softmax(R k^T s) v`` as a split-key (flash-decoding style) attention of m queries over
   N keys: each program takes a key chunk for a tile of landmarks and writes a partial (max, sum, accumulator);
