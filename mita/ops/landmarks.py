@@ -5,7 +5,7 @@ operator (2D layouts, other 1D sizes) or prefix sums (1D with padding) rather th
 it is deterministic, and AdaptiveAvgPool1d's CUDA backward fails with a shared-memory assert for very long
 sequences. Bins follow adaptive average pooling exactly: bin i of p over length L covers
 ``[floor(i L / p), ceil((i + 1) L / p))``. Sums are float32 (or float64) whatever the input dtype; bfloat16
-inputs are never copied to float32 (see ``_PoolBF16``).
+results are rounded once (see ``_PoolBF16``).
 """
 
 from __future__ import annotations
@@ -162,24 +162,19 @@ def _pool_tables(
 
 
 class _PoolBF16(torch.autograd.Function):
-    """bfloat16 pooling ``[G, N, D] -> [G, m, D]`` with float32 accumulation and no float32 copy of x.
+    """bfloat16 pooling ``[G, N, D] -> [G, m, D]`` with float32 sums, rounded once.
 
-    Forward: bf16 0/1 membership times x with a float32 output (exact products, float32 sums; CUDA's
-    ``bmm(out_dtype=float32)``), divided by the counts in float32, rounded once. Backward: dx = W^T g with the
-    float32 weights W split into three bf16 parts and g repeated three times along the landmark axis, one bf16 GEMM:
-    every product is exact and the sums are float32, so dx is the float32 result rounded once to bf16. On CUDA the
-    GEMM writes a float32 output (then one cast): with a bf16 output, torch's default
-    ``allow_bf16_reduced_precision_reduction`` lets cuBLAS sum split-K partials in bf16 (an H200 run of
-    test_pooling_on_cuda_matches_cpu failed with the bf16 output)."""
+    Forward: 0/1 membership times x in float32, divided by the counts in float32, rounded once, written straight
+    into the contiguous output. Backward: dx = W^T g. On the CPU the float32 weights W are split into three bf16
+    parts and g repeated three times, one bf16 GEMM (exact products, float32 sums, no [G, N, D] float32
+    intermediate). On CUDA the GEMM takes float32 operands: the bf16 GEMMs (bf16 output, or a float32 output from
+    bf16 operands) did not reproduce the CPU numbers on the H200 (test_pooling_on_cuda_matches_cpu)."""
 
     @staticmethod
     def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
         G, N, D = x3.shape
         m = member.shape[0]
-        if x3.is_cuda:
-            sums = torch.bmm(member.expand(G, m, N), x3, out_dtype=torch.float32)
-        else:
-            sums = torch.bmm(member.float().expand(G, m, N), x3.float())
+        sums = torch.bmm(member.float().expand(G, m, N), x3.float())
         ctx.save_for_backward(weights_t)
         ctx.heads = heads
         # Divide and round in one kernel; x3 = [B, N, H*d] is written straight into a contiguous [B, H, m, d].
@@ -196,13 +191,18 @@ class _PoolBF16(torch.autograd.Function):
         G = g.shape[0]
         # [G, m, D] (or [B, m, H, d] from [B, H, m, d]) copied three times: [G, 3, m, ...] viewed as [G, 3m, D].
         gt = g.transpose(1, 2) if ctx.heads else g
+        if g.is_cuda:
+            w = weights_t.float().view(N, 3, m3 // 3).sum(1)
+            return (
+                torch.bmm(w.expand(G, N, m3 // 3), gt.reshape(G, m3 // 3, -1).float()).to(g.dtype),
+                None,
+                None,
+                None,
+                None,
+            )
         g3 = g.new_empty((G, 3, *gt.shape[1:]))
         g3.copy_(gt.unsqueeze(1).expand_as(g3))
-        if g.is_cuda:
-            # A float32 output pins cuBLAS to float32 accumulation (a bf16 output would allow bf16 split-K sums).
-            dx = torch.bmm(weights_t.expand(G, N, m3), g3.view(G, m3, -1), out_dtype=torch.float32).to(g.dtype)
-        else:
-            dx = torch.bmm(weights_t.expand(G, N, m3), g3.view(G, m3, -1))
+        dx = torch.bmm(weights_t.expand(G, N, m3), g3.view(G, m3, -1))
         return dx, None, None, None, None
 
 
