@@ -81,6 +81,31 @@ def _order_key(s):
     return tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
 
 
+@triton.jit
+def _topk_select(b_key, m_v, m_j, kk):
+    """Top-kk of each row of the int32 order keys b_key [R, L] among the entries m_v (rows m_j), ties to the lower
+    column: a 0/1 [R, L] selection. The kk-th largest key is the largest t with count(key >= t) >= kk, found by
+    bisection from [row min, row max + 1); a row stops as soon as count(key >= lo) == kk ({key >= lo} is then its
+    top-kk), otherwise when hi = lo + 1, and the ties at lo are taken in column order."""
+    lo = tl.min(tl.where(m_v, b_key, 2147483647), 1).to(tl.int64)
+    hi = tl.max(tl.where(m_v, b_key, -2147483648), 1).to(tl.int64) + 1
+    c_lo = tl.sum(m_v.to(tl.int32), 1)
+    busy = m_j & (c_lo != kk) & (hi - lo > 1)
+    while tl.max(busy.to(tl.int32), 0) > 0:
+        mid = lo + (hi - lo) // 2
+        c = tl.sum((m_v & (b_key >= mid[:, None])).to(tl.int32), 1)
+        ok = busy & (c >= kk)
+        lo = tl.where(ok, mid, lo)
+        c_lo = tl.where(ok, c, c_lo)
+        hi = tl.where(busy & (c < kk), mid, hi)
+        busy = m_j & (c_lo != kk) & (hi - lo > 1)
+    m_gt = m_v & (b_key > lo[:, None])
+    m_eq = m_v & (b_key == lo[:, None])
+    n_gt = tl.sum(m_gt.to(tl.int32), 1)
+    tie_rank = tl.cumsum(m_eq.to(tl.int32), 1) - 1
+    return m_gt | (m_eq & (tie_rank < (kk - n_gt)[:, None]))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # exact top-k: short rows, on chip
 # ----------------------------------------------------------------------------------------------------------------
@@ -123,20 +148,7 @@ def _topk_small_kernel(
         kk = tl.load(KK + i_bh)
     else:
         kk = KSEL
-    # Largest t with count(key >= t) >= kk, by bisection on [lo, hi): count(>= lo) >= kk > count(>= hi).
-    lo = tl.full([BS], -2147483648, tl.int64)
-    hi = tl.full([BS], 2147483648, tl.int64)
-    for _ in range(32):
-        mid = lo + (hi - lo) // 2
-        c = tl.sum((m_v & (b_key >= mid[:, None])).to(tl.int32), 1)
-        ok = c >= kk
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
-    m_gt = m_v & (b_key > lo[:, None])
-    m_eq = m_v & (b_key == lo[:, None])
-    n_gt = tl.sum(m_gt.to(tl.int32), 1)
-    tie_rank = tl.cumsum(m_eq.to(tl.int32), 1) - 1
-    sel = m_gt | (m_eq & (tie_rank < (kk - n_gt)[:, None]))
+    sel = _topk_select(b_key, m_v, m_j, kk)
     pos = tl.cumsum(sel.to(tl.int32), 1) - 1
     base = IDX + (i_bh * M + o_j) * KSEL
     tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [BS, NP]), mask=sel)

@@ -26,7 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
-from mita.ops.mita.triton_routing import _dot, _interpreting, _next_pow2, _order_key, _prec, _score, _upcast
+from mita.ops.mita.triton_routing import (
+    _dot,
+    _interpreting,
+    _next_pow2,
+    _order_key,
+    _prec,
+    _score,
+    _topk_select,
+    _upcast,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -119,27 +128,8 @@ def _small_route_kernel(
     # [BS, NP] raw scores: the top-k ranks them, the landmark values softmax them.
     b_sc = _score(b_r, b_k, PREC, UP, EXACT)
 
-    # Exact top-k per landmark row: the largest int32 order key t with count(key >= t) >= kk, by bisection from
-    # [row min, row max + 1); a row stops as soon as count(key >= lo) == kk (then {key >= lo} is its top-k).
-    b_key = _order_key(b_sc)
-    m_v = m_n[None, :] & m_j[:, None]
-    lo = tl.min(tl.where(m_v, b_key, 2147483647), 1).to(tl.int64)
-    hi = tl.max(tl.where(m_v, b_key, -2147483648), 1).to(tl.int64) + 1
-    c_lo = tl.sum(m_v.to(tl.int32), 1)
-    busy = m_j & (c_lo != kk) & (hi - lo > 1)
-    while tl.max(busy.to(tl.int32), 0) > 0:
-        mid = lo + (hi - lo) // 2
-        c = tl.sum((m_v & (b_key >= mid[:, None])).to(tl.int32), 1)
-        ok = busy & (c >= kk)
-        lo = tl.where(ok, mid, lo)
-        c_lo = tl.where(ok, c, c_lo)
-        hi = tl.where(busy & (c < kk), mid, hi)
-        busy = m_j & (c_lo != kk) & (hi - lo > 1)
-    m_gt = m_v & (b_key > lo[:, None])
-    m_eq = m_v & (b_key == lo[:, None])
-    n_gt = tl.sum(m_gt.to(tl.int32), 1)
-    tie_rank = tl.cumsum(m_eq.to(tl.int32), 1) - 1
-    sel = m_gt | (m_eq & (tie_rank < (kk - n_gt)[:, None]))
+    # Exact top-k per landmark row (ties to the lower key index).
+    sel = _topk_select(_order_key(b_sc), m_n[None, :] & m_j[:, None], m_j, kk)
     tl.store(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :], sel.to(tl.int8))
 
     if SHARED:
