@@ -23,44 +23,24 @@ from common import cuda_time  # noqa: E402
 
 from mita.ops.mita import triton_small as ts  # noqa: E402
 
+# (BM, BN, num_warps, num_stages) tried for each block kernel.
+_BLOCK_SETTINGS = (
+    (64, 64, 4, 2),
+    (64, 64, 8, 2),
+    (64, 32, 4, 2),
+    (32, 64, 4, 2),
+    (64, 64, 4, 1),
+    (128, 64, 8, 2),
+    (32, 32, 2, 2),
+    (16, 64, 2, 2),
+    (64, 128, 8, 2),
+)
 VARIANTS = {
     "route": [dict(BS=16, num_warps=w, num_stages=1) for w in (2, 4, 8)] + [dict(BS=32, num_warps=8, num_stages=1)],
-    "attn": [
-        dict(BM=bm, BN=bn, num_warps=w, num_stages=st)
-        for bm, bn, w, st in (
-            (64, 64, 4, 2),
-            (64, 64, 8, 2),
-            (64, 32, 4, 2),
-            (32, 64, 4, 2),
-            (64, 64, 4, 1),
-            (128, 64, 8, 2),
-            (32, 32, 2, 2),
-            (16, 64, 2, 2),
-        )
-    ],
-    "bwd_q": [
-        dict(BM=bm, BN=bn, num_warps=w, num_stages=st)
-        for bm, bn, w, st in (
-            (64, 64, 4, 2),
-            (64, 64, 8, 2),
-            (64, 32, 4, 2),
-            (32, 64, 4, 2),
-            (32, 32, 2, 2),
-            (128, 64, 8, 2),
-        )
-    ],
-    "bwd_k": [
-        dict(BM=bm, BN=bn, num_warps=w, num_stages=st)
-        for bm, bn, w, st in (
-            (64, 64, 8, 2),
-            (64, 64, 4, 2),
-            (32, 64, 4, 2),
-            (64, 32, 4, 2),
-            (32, 32, 2, 2),
-            (128, 64, 8, 2),
-            (64, 128, 8, 2),
-        )
-    ],
+    **{
+        name: [dict(BM=bm, BN=bn, num_warps=w, num_stages=st) for bm, bn, w, st in _BLOCK_SETTINGS]
+        for name in ("attn", "bwd_q", "bwd_k")
+    },
 }
 
 
