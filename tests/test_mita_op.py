@@ -329,9 +329,10 @@ def test_pooling_operator_is_built_once_per_size():
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["contiguous", "qkv"])
 def test_pooling_on_cuda_matches_cpu(form):
-    """The CUDA bfloat16 path (bmm with a float32 output) gives the CPU numbers, forward and backward, at the
-    DeiT-S layer shape; the float32 summation order may flip a bf16 rounding at a tie, so rarely 1 ulp apart (the
-    bound allows 2 ulps of the CPU value for a pair on either side of a power of two)."""
+    """The CUDA bfloat16 path (bf16 GEMM with a float32 output forward, float32 GEMM backward) gives the CPU
+    numbers, forward and backward, at the DeiT-S layer shape. Both round float32 sums once, in different orders:
+    they may differ by an ulp or two of the value, and where the terms cancel (gradients of tokens in several
+    cells) by float32 rounding of the terms' magnitude, so the bound has both parts."""
     g = torch.Generator().manual_seed(0)
     x = _layout_input(form, 4, 6, 197, 64, torch.bfloat16, g)
     cot = torch.randn(4, 6, 25, 64, generator=g).to(torch.bfloat16)
@@ -341,8 +342,13 @@ def test_pooling_on_cuda_matches_cpu(form):
         out = pool_landmarks(xd, 25, layout="official")
         out.backward(cot.to(dev))
         res.append((out.detach().cpu().double(), xd.grad.cpu().double()))
-    for a, b in zip(*res):
-        assert ((a - b).abs() <= torch.exp2(torch.floor(torch.log2(a.abs().clamp_min(1e-30))) - 6)).all()
+    # Magnitudes of the summed terms: the same pooling of |x|, and of |cot| backwards, in float64.
+    x_abs = x.detach().double().abs().requires_grad_()
+    pooled_abs = pool_landmarks(x_abs, 25, layout="official")
+    pooled_abs.backward(cot.double().abs())
+    for (a, b), mag in zip(zip(*res), (pooled_abs.detach(), x_abs.grad)):
+        bound = torch.exp2(torch.floor(torch.log2(a.abs().clamp_min(1e-30))) - 6) + 2**-20 * mag
+        assert ((a - b).abs() <= bound).all()
         assert (a != b).double().mean() < 0.01
 
 

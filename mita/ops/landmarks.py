@@ -5,7 +5,7 @@ operator (2D layouts, other 1D sizes) or prefix sums (1D with padding) rather th
 it is deterministic, and AdaptiveAvgPool1d's CUDA backward fails with a shared-memory assert for very long
 sequences. Bins follow adaptive average pooling exactly: bin i of p over length L covers
 ``[floor(i L / p), ceil((i + 1) L / p))``. Sums are float32 (or float64) whatever the input dtype; bfloat16
-results are rounded once (see ``_PoolBF16``).
+results are rounded once, and on CUDA bfloat16 inputs are not copied to float32 (see ``_PoolBF16``).
 """
 
 from __future__ import annotations
@@ -164,17 +164,22 @@ def _pool_tables(
 class _PoolBF16(torch.autograd.Function):
     """bfloat16 pooling ``[G, N, D] -> [G, m, D]`` with float32 sums, rounded once.
 
-    Forward: 0/1 membership times x in float32, divided by the counts in float32, rounded once, written straight
-    into the contiguous output. Backward: dx = W^T g. On the CPU the float32 weights W are split into three bf16
-    parts and g repeated three times, one bf16 GEMM (exact products, float32 sums, no [G, N, D] float32
-    intermediate). On CUDA the GEMM takes float32 operands: the bf16 GEMMs (bf16 output, or a float32 output from
-    bf16 operands) did not reproduce the CPU numbers on the H200 (test_pooling_on_cuda_matches_cpu)."""
+    Forward: 0/1 membership times x with float32 sums (CUDA: a bf16 GEMM with a float32 output, so x is never
+    copied to float32; CPU: float32 operands), divided by the counts in float32, rounded once, written straight
+    into the contiguous output. Backward: dx = W^T g with float32 sums, rounded once. On the CPU the float32
+    weights W are split into three bf16 parts and g repeated three times (one bf16 GEMM, exact products); on CUDA
+    the operands W [N, m] and g [G, m, D] are small, so they are taken in float32 (a bf16 GEMM with a bf16 output
+    may sum split-K partials in bf16 under torch's default reduced-precision setting)."""
 
     @staticmethod
     def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
         G, N, D = x3.shape
         m = member.shape[0]
-        sums = torch.bmm(member.float().expand(G, m, N), x3.float())
+        if x3.is_cuda:
+            # bf16 0/1 times bf16: exact products; a float32 output pins float32 accumulation.
+            sums = torch.bmm(member.expand(G, m, N), x3, out_dtype=torch.float32)
+        else:
+            sums = torch.bmm(member.float().expand(G, m, N), x3.float())
         ctx.save_for_backward(weights_t)
         ctx.heads = heads
         # Divide and round in one kernel; x3 = [B, N, H*d] is written straight into a contiguous [B, H, m, d].
