@@ -1,0 +1,165 @@
+"""The semantic-segmentation LightningModule (ADE20K, Table C); the network comes in from config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchmetrics
+from timm.utils import ModelEmaV3
+
+from tasks.common.module import ClassificationModule
+
+IGNORE_INDEX = 255
+
+
+def scores_from_confusion(confusion: torch.Tensor) -> dict[str, torch.Tensor]:
+    """mmseg's metrics from a confusion matrix accumulated over the whole split.
+
+    IoU of a class = intersection / union over every pixel of the split; classes whose union is empty (absent from
+    both the labels and the predictions) are left out of the mean, as mmseg's ``nanmean``.
+
+    Args:
+        confusion: [C, C] counts, rows = labels, columns = predictions (ignored pixels excluded).
+
+    Returns:
+        ``{"mIoU", "mAcc", "aAcc"}`` as fractions (0-dim float tensors): mean IoU, mean per-class accuracy over
+        classes present in the labels, and pixel accuracy.
+    """
+    confusion = confusion.double()
+    intersection = confusion.diag()
+    labelled = confusion.sum(dim=1)
+    union = labelled + confusion.sum(dim=0) - intersection
+    iou = intersection[union > 0] / union[union > 0]
+    acc = intersection[labelled > 0] / labelled[labelled > 0]
+    total = confusion.sum()
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=confusion.device)
+    return {
+        "mIoU": (iou.mean() if iou.numel() else nan).float(),
+        "mAcc": (acc.mean() if acc.numel() else nan).float(),
+        "aAcc": (intersection.sum() / total if total > 0 else nan).float(),
+    }
+
+
+class SegmentationModule(L.LightningModule):
+    """Trains a segmentation network with pixel-wise cross-entropy and evaluates it by sliding window.
+
+    Args:
+        net: the network (``net(images [B, 3, H, W]) -> logits [B, num_classes, H, W]``), built by Hydra from the
+            ``model`` group.
+        num_classes: classes (150).
+        optimizer: the ``optimizer`` config group (see :func:`tasks.common.optim.build_optimizer`).
+        scheduler: the ``scheduler`` config group (see :func:`tasks.common.optim.build_scheduler`), or None.
+        window: sliding-window side at evaluation (the training crop, 512).
+        stride: sliding-window stride (512: non-overlapping windows, as Segmenter's ADE20K setting).
+        ema: None, or ``{"decay": ..., "validate": false}`` as in :class:`tasks.common.module.ClassificationModule`
+            (``validate`` adds ``val/mIoU_ema``).
+        compile: ``torch.compile`` the network.
+
+    Logged: ``train/loss``; ``val/loss`` (cross-entropy at the label's resolution), ``val/mIoU``, ``val/mAcc``,
+    ``val/aAcc`` (fractions; the same under ``test/``).
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int,
+        optimizer: Mapping[str, Any],
+        scheduler: Mapping[str, Any] | None = None,
+        window: int = 512,
+        stride: int = 512,
+        ema: Mapping[str, Any] | None = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["net"])
+        self.net = torch.compile(net) if compile else net
+        self.num_classes = num_classes
+        self.optimizer_cfg = dict(optimizer)
+        self.scheduler_cfg = dict(scheduler) if scheduler else None
+        self.window, self.stride = int(window), int(stride)
+        self.ema = None
+        self.ema_validate = False
+        if ema:
+            self.ema = ModelEmaV3(net, decay=float(ema["decay"]))
+            self.ema_validate = bool(ema.get("validate", False))
+        self.confusion = nn.ModuleDict(
+            {
+                name: torchmetrics.classification.MulticlassConfusionMatrix(num_classes, ignore_index=IGNORE_INDEX)
+                for name in ("val", "val_ema", "test")
+            }
+        )
+        self.val_loss = torchmetrics.MeanMetric()
+        self.test_loss = torchmetrics.MeanMetric()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits [B, num_classes, H, W] of images [B, 3, H, W]."""
+        return self.net(images)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.ema is not None:
+            self.ema.update(self.net, step=self.global_step)
+
+    def predict_logits(self, net: nn.Module, images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """Sliding-window logits of ``images`` [B, 3, h, w], upsampled (bilinear) to the label size ``size``.
+
+        Returns:
+            [B, num_classes, *size] float32.
+        """
+        from mita.models.segmenter import sliding_window_logits
+
+        logits = sliding_window_logits(net, images, self.window, self.stride, self.num_classes).float()
+        if tuple(logits.shape[-2:]) != tuple(size):
+            logits = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
+        return logits
+
+    def _eval_step(self, batch: Any, prefix: str) -> None:
+        images, labels = batch
+        logits = self.predict_logits(self.net, images, tuple(labels.shape[-2:]))
+        loss_metric = self.val_loss if prefix == "val" else self.test_loss
+        if (labels != IGNORE_INDEX).any():
+            loss_metric(F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX))
+        self.confusion[prefix].update(logits.argmax(dim=1), labels)
+        if prefix == "val" and self.ema_validate:
+            ema_logits = self.predict_logits(self.ema.module, images, tuple(labels.shape[-2:]))
+            self.confusion["val_ema"].update(ema_logits.argmax(dim=1), labels)
+
+    def _log_scores(self, prefix: str) -> None:
+        loss_metric = self.val_loss if prefix == "val" else self.test_loss
+        if loss_metric.update_called:
+            self.log(f"{prefix}/loss", loss_metric.compute(), sync_dist=False)
+        loss_metric.reset()
+        names = [(prefix, "")] + ([("val_ema", "_ema")] if prefix == "val" and self.ema_validate else [])
+        for name, postfix in names:
+            # compute() sums the confusion matrices of every process (one exact score under DDP).
+            scores = scores_from_confusion(self.confusion[name].compute())
+            self.confusion[name].reset()
+            for key, value in scores.items():
+                self.log(f"{prefix}/{key}{postfix}", value, prog_bar=key == "mIoU" and not postfix)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_scores("val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_scores("test")
+
+    # The optimiser and the per-step schedule are built exactly as for classification.
+    global_batch_size = ClassificationModule.global_batch_size
+    configure_optimizers = ClassificationModule.configure_optimizers
