@@ -1,7 +1,8 @@
 """A tiny data set in the ADEChallengeData2016 release layout, for tests and ``reproduce.sh C --smoke``.
 
 ``python -m tasks.ade20k.fake ROOT`` writes ``ROOT/ADEChallengeData2016/{images,annotations}/{training,validation}``
-and prints that folder; ``--weights-for EXPERIMENT`` writes a smoke-sized full-attention checkpoint instead.
+and prints that folder; ``--weights-for EXPERIMENT`` writes a smoke-sized full-attention checkpoint instead, and
+``--overrides`` prints the overrides of a smoke run on that folder (``reproduce.sh C --smoke``).
 """
 
 from __future__ import annotations
@@ -60,18 +61,24 @@ def write_fake_ade20k(
     return out
 
 
+# Overrides that shrink a Table C row for one CPU step: a 112 crop (a 7 x 7 patch grid, the smallest that holds
+# MiTA's m = 49 landmarks), validation images resized to a 112 shorter side, one encoder block.
+SMOKE_OVERRIDES = ["data.crop_size=112", "data.scale=[448,112]", "~model.depth", "model.encoder_kwargs={depth:1}"]
+
+
 def write_fake_weights(path: str | Path, experiment: str) -> Path:
-    """A timm-style full-attention ViT state dict (keys ``blocks.0.attn.qkv.weight``, ...) shaped like the encoder
-    of ``experiment``'s smoke-run network, standing in for the ImageNet weights the Table C rows start from."""
+    """A full-attention ViT state dict shaped like the encoder of ``experiment``'s smoke-run network (keys
+    ``encoder.blocks.0.attn.qkv.weight``, ...: a timm ViT state dict under the ``encoder.`` prefix), standing in
+    for the ImageNet weights the Table C rows start from; the decoder is not in it, as in the real setting."""
     import torch
     from hydra.utils import instantiate
 
     from tasks.common.config import compose
 
-    cfg = compose([f"experiment={experiment}", "debug=smoke", "attention=full"])
+    cfg = compose([f"experiment={experiment}", "debug=smoke", *SMOKE_OVERRIDES, "attention=full"])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(instantiate(cfg.model).state_dict(), path)
+    torch.save({f"encoder.{k}": v for k, v in instantiate(cfg.model).encoder.state_dict().items()}, path)
     return path
 
 
@@ -79,7 +86,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("root")
     parser.add_argument("--weights-for", metavar="EXPERIMENT", help="write smoke-sized weights for EXPERIMENT to root")
+    parser.add_argument("--overrides", action="store_true", help="print the smoke overrides (with data.root=ROOT)")
     args = parser.parse_args()
+    if args.overrides:
+        print(" ".join([*SMOKE_OVERRIDES, f"data.root={Path(args.root) / 'ADEChallengeData2016'}"]))
+        return
     if args.weights_for:
         print(write_fake_weights(args.root, args.weights_for))
         return
