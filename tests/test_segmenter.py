@@ -245,3 +245,25 @@ def test_table_c_macs():
         mita = create_segmenter("vit_small", decoder="cbt", attention="mita")
     assert round(segmenter_flops(full, 512), 2) == 32.95
     assert round(segmenter_flops(mita, 512), 2) == 25.13
+
+
+@pytest.mark.gpu
+def test_table_c_mita_segmenter_on_cuda_triton_against_torch_backend():
+    # ViT-S + CBT with MiTA (m = k = 49) at a 512 crop under bf16 autocast: the Triton backend against the PyTorch
+    # one on the same weights (top-k ties may route a few queries differently, hence the loose bounds).
+    torch.manual_seed(0)
+    model = create_segmenter("vit_small", decoder="cbt", attention="mita", drop_path_rate=0.0).cuda().eval()
+    images = torch.randn(2, 3, 512, 512, device="cuda")
+    outputs = {}
+    for backend in ("torch", "triton"):
+        for block in model.encoder.blocks:
+            block.attn.backend = backend
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            outputs[backend] = model(images).float()
+    ref, fast = outputs["torch"], outputs["triton"]
+    assert torch.isfinite(fast).all()
+    assert (fast - ref).abs().mean() < 0.05 * ref.std()
+    assert (fast.argmax(1) == ref.argmax(1)).float().mean() > 0.95
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model.train()(images).float().square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
