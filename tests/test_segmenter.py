@@ -157,6 +157,8 @@ def test_sliding_window_of_a_per_pixel_model_is_the_model(size, stride):
     with torch.no_grad():
         assert torch.allclose(out, model.conv(images), atol=1e-5)
     assert all(call[-2:] == (64, 64) for call in model.calls)
+    n_windows = len(_reference_windows(size[0], 64, stride)) * len(_reference_windows(size[1], 64, stride))
+    assert sum(call[0] for call in model.calls) == 2 * n_windows
 
 
 @pytest.mark.parametrize("size", [(40, 50), (50, 40), (1, 1), (3, 200)])
