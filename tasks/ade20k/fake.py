@@ -75,7 +75,8 @@ def write_fake_weights(path: str | Path, experiment: str) -> Path:
 
     from tasks.common.config import compose
 
-    cfg = compose([f"experiment={experiment}", "debug=smoke", *SMOKE_OVERRIDES, "attention=full"])
+    # The row's own network: MiTA adds no parameters, so its state dict is a full-attention one.
+    cfg = compose([f"experiment={experiment}", "debug=smoke", *SMOKE_OVERRIDES])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({f"encoder.{k}": v for k, v in instantiate(cfg.model).encoder.state_dict().items()}, path)
