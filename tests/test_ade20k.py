@@ -234,3 +234,39 @@ def test_missing_init_weights_is_a_one_line_error(fake_root, tmp_path, capsys):
     assert exc.value.code == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line]
     assert len(err) == 1 and err[0].startswith("config error: init_weights:")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("experiment", ["ade20k/vit_s-cbt-full", "ade20k/vit_s-cbt-mita"])
+def test_full_size_rows_train_on_the_gpu(experiment, tmp_path):
+    """The recipe's real shapes (512 crops, 12 blocks, batch 8, bf16, sliding-window validation at 512) for a few
+    steps on the GPU with the fastest attention backend; the losses and scores are finite."""
+    from hydra.utils import instantiate
+
+    root = write_fake_ade20k(tmp_path / "data", sizes=((384, 512), (512, 384)))
+    weights = tmp_path / "w.pth"
+    encoder = instantiate(compose(["experiment=ade20k/vit_s-cbt-full"]).model).encoder
+    torch.save({f"encoder.{k}": v for k, v in encoder.state_dict().items()}, weights)
+    result = run_in_process(
+        [
+            f"experiment={experiment}",
+            "debug=smoke",
+            "logger=none",
+            "~model.depth",
+            "trainer.accelerator=gpu",
+            "trainer.precision=bf16-mixed",
+            "trainer.max_steps=12",
+            "data.batch_size=4",
+            "data.photometric=false",
+            f"data.root={root}",
+            f"init_weights={weights}",
+            "~callbacks.checkpoint",
+            "save_final_checkpoint=false",
+        ],
+        tmp_path / "run",
+    )
+    assert result["global_step"] == 12
+    metrics = result["metrics"]
+    assert np.isfinite(metrics["val/loss"]) and 0 <= metrics["val/mIoU"] <= 1
+    net = result["trainer"].lightning_module.net
+    assert len(net.encoder.blocks) == 12 and net.encoder.blocks[0].attn.grid_size == (32, 32)
