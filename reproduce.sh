@@ -61,6 +61,15 @@ prepare_smoke_data() {
                     ;;
             esac
             ;;
+        ade20k/*)
+            # A tiny ADEChallengeData2016 release and smoke-sized encoder weights (tasks/ade20k/fake.py).
+            if [ ! -d "$SMOKE_DIR/ade20k" ] && [ "$DRY_RUN" = 0 ]; then
+                "$PYTHON" -m tasks.ade20k.fake "$SMOKE_DIR/ade20k" >/dev/null
+            fi
+            if [ "$DRY_RUN" = 0 ]; then
+                "$PYTHON" -m tasks.ade20k.fake "$SMOKE_DIR/weights/${1#ade20k/}.pth" --weights-for "$1" >/dev/null
+            fi
+            ;;
         lra/*|arxiv/*)
             # Tiny files in each LRA / arXiv release format (tasks/lra/fake.py).
             if [ ! -d "$SMOKE_DIR/seq" ] && [ "$DRY_RUN" = 0 ]; then
@@ -78,6 +87,10 @@ smoke_args() {
             ;;
         imagenet/*)
             echo "debug=smoke data.root=$SMOKE_DIR/imagenet data.num_classes=3 paths.log_dir=$SMOKE_DIR/outputs"
+            ;;
+        ade20k/*)
+            echo "debug=smoke paths.log_dir=$SMOKE_DIR/outputs init_weights=$SMOKE_DIR/weights/${1#ade20k/}.pth" \
+                "$("$PYTHON" -m tasks.ade20k.fake "$SMOKE_DIR/ade20k" --overrides)"
             ;;
         lra/*|arxiv/*)
             local task
@@ -105,6 +118,7 @@ run_table() {
     done
     case "$table" in
         A) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only imagenet/ ;;
+        C) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only ade20k/ ;;
         F) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/bench/bench_figf.py --out results/bench ;;
         G) figure_g ;;
     esac

@@ -77,7 +77,12 @@ def build(cfg: DictConfig) -> dict[str, Any]:
         from tasks.common.weights import WeightsError, load_init_weights
 
         try:
-            loaded = load_init_weights(net, cfg.init_weights, skip=list(cfg.get("init_weights_skip") or []))
+            loaded = load_init_weights(
+                net,
+                cfg.init_weights,
+                skip=list(cfg.get("init_weights_skip") or []),
+                prefix=cfg.get("init_weights_prefix") or "",
+            )
         except WeightsError as exc:
             raise ConfigError(str(exc)) from exc
         print(

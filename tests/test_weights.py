@@ -76,3 +76,27 @@ def test_evaluate_mita_with_full_attention_weights(tmp_path, capsys):
     assert exc.value.code == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line]
     assert len(err) == 1 and "init_weights" in err[0]
+
+
+def test_timm_vit_weights_into_segmenter_encoder_with_prefix(tmp_path):
+    """A timm ViT state dict (no prefix, another grid) initialises Segmenter's encoder with prefix="encoder.":
+    the position embedding is resampled by the encoder; a network that does not resample still refuses it."""
+    import timm
+
+    from mita.models.segmenter import create_segmenter
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2)
+    torch.save(vit.state_dict(), tmp_path / "vit.pth")
+    seg = create_segmenter("vit_tiny", num_classes=3, img_size=64, decoder="linear", encoder_kwargs={"depth": 2})
+    with pytest.raises(WeightsError):
+        load_init_weights(seg, tmp_path / "vit.pth")
+    loaded = load_init_weights(seg, tmp_path / "vit.pth", prefix="encoder.")
+    assert set(loaded["unexpected"]) == {"encoder.head.weight", "encoder.head.bias"}
+    assert all(k.startswith("decoder.") for k in loaded["missing"])
+    torch.testing.assert_close(seg.encoder.blocks[1].attn.qkv.weight, vit.blocks[1].attn.qkv.weight)
+    assert seg.encoder.pos_embed.shape[1] == 1 + 4 * 4
+    # A classification ViT of another grid has no resampling hook: the shape mismatch is an error, as before.
+    other = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2, img_size=64)
+    with pytest.raises(WeightsError):
+        load_init_weights(other, tmp_path / "vit.pth")

@@ -335,6 +335,9 @@ class Segmenter(nn.Module):
         num_classes: K.
     """
 
+    # The encoder resamples a position embedding of another grid while loading (tasks.common.weights reads this).
+    resamples_pos_embed = True
+
     def __init__(self, encoder: SegmenterEncoder, decoder: nn.Module, num_classes: int) -> None:
         super().__init__()
         self.encoder = encoder

@@ -38,13 +38,17 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return {k.replace("_orig_mod.", ""): v for k, v in state.items()}
 
 
-def load_init_weights(net: nn.Module, path: str | Path, skip: Sequence[str] = ()) -> dict[str, list[str]]:
+def load_init_weights(
+    net: nn.Module, path: str | Path, skip: Sequence[str] = (), prefix: str = ""
+) -> dict[str, list[str]]:
     """Copy the checkpoint's tensors into ``net`` wherever names and shapes match.
 
     Args:
         net: the network.
         path: checkpoint file (see :func:`read_state_dict`).
         skip: key prefixes to leave at their initial values (e.g. ``["head."]`` for another number of classes).
+        prefix: where a checkpoint of a sub-network goes (``"encoder."``: a timm ViT state dict into Segmenter's
+            encoder); prepended to every key unless some key already starts with it (a checkpoint of ``net``).
 
     Returns:
         ``{"missing": [...], "unexpected": [...], "skipped": [...]}``: parameters the checkpoint did not provide
@@ -56,13 +60,17 @@ def load_init_weights(net: nn.Module, path: str | Path, skip: Sequence[str] = ()
             network's), or no key at all matches.
     """
     state = read_state_dict(path)
+    if prefix and not any(k.startswith(prefix) for k in state):
+        state = {prefix + k: v for k, v in state.items()}
     own = net.state_dict()
+    # A network that resamples position embeddings of another grid while loading (Segmenter's encoder) says so.
+    resamples = getattr(net, "resamples_pos_embed", False)
     skipped = sorted(k for k in state if any(k.startswith(p) for p in skip))
     state = {k: v for k, v in state.items() if k not in skipped}
     mismatched = [
         f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}"
         for k, v in state.items()
-        if k in own and v.shape != own[k].shape
+        if k in own and v.shape != own[k].shape and not (resamples and k.endswith("pos_embed"))
     ]
     if mismatched:
         raise WeightsError(
