@@ -63,6 +63,9 @@ def _check_tasks_run(tokens: list[str]) -> None:
         elif "<" in value or "/path/to" in value or value == "...":
             # A placeholder such as data.root=/path/to/imagenet: the key must exist, the value is the reader's.
             plain.append(f"{key}=/tmp")
+        elif value.startswith(("[", "{")):
+            # A list or dict value (data.scale=[448,112]): its commas are not a sweep.
+            plain.append(f"{key}={value}")
         else:
             plain.append(f"{key}={value.split(',')[0]}")
     # An experiment alone is composed by test_framework; compose here when the command adds overrides.
