@@ -198,6 +198,38 @@ def test_module_metrics_ignore_255_and_accumulate_over_images():
     assert scores_from_confusion(confusion)["mIoU"].item() == pytest.approx((24 / 32 + 16 / 24) / 2)
 
 
+def test_multi_scale_flip_averages_softmax_over_views():
+    """Multi-scale + flip evaluation is the log of the mean softmax over (scale, flip) views, each view's
+    sliding-window logits flipped back and upsampled to the label size; single scale returns the logits."""
+    from mita.models.segmenter import sliding_window_logits
+
+    torch.manual_seed(0)
+    net = torch.nn.Conv2d(3, 4, (1, 3), padding=(0, 1))  # not mirror-symmetric: a missing flip-back shows
+    opt = {"name": "sgd", "lr": 0.1}
+    images = torch.randn(1, 3, 8, 12)
+    size = (16, 24)
+
+    def up(x):
+        return torch.nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
+
+    def window(x):
+        return sliding_window_logits(net, x, 4, 4, 4)
+
+    with torch.no_grad():
+        single = SegmentationModule(net, num_classes=4, optimizer=opt, window=4, stride=4)
+        torch.testing.assert_close(single.predict_logits(net, images, size), up(window(images)))
+        multi = SegmentationModule(net, num_classes=4, optimizer=opt, window=4, stride=4, scales=[0.5, 1.5], flip=True)
+        views = []
+        for scale in (0.5, 1.5):
+            x = torch.nn.functional.interpolate(images, scale_factor=scale, mode="bilinear", align_corners=False)
+            views += [up(window(x)).softmax(1), up(window(x.flip(-1)).flip(-1)).softmax(1)]
+        assert not torch.allclose(views[0], views[1], atol=1e-3)
+        want = torch.stack(views).mean(0).log()
+        torch.testing.assert_close(multi.predict_logits(net, images, size), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="task.scales"):
+        SegmentationModule(net, num_classes=4, optimizer=opt, scales=[])
+
+
 @pytest.mark.parametrize("experiment", TABLE_C)
 def test_every_table_c_row_runs(experiment, fake_root, encoder_weights, tmp_path):
     size = experiment.split("vit_")[1][0]

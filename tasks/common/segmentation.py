@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -58,6 +58,10 @@ class SegmentationModule(L.LightningModule):
         stride: sliding-window stride (512: non-overlapping windows, as Segmenter's ADE20K setting).
         ema: None, or ``{"decay": ..., "validate": false}`` as in :class:`tasks.common.module.ClassificationModule`
             (``validate`` adds ``val/mIoU_ema``).
+        scales: evaluation scales of the (already resized) validation image; ``[1.0]`` is single scale. Several
+            scales (mmseg / Segmenter's multi-scale setting: 0.5, 0.75, 1.0, 1.25, 1.5, 1.75) average the softmax
+            probabilities, each scale's sliding-window logits upsampled to the label size first.
+        flip: also evaluate the horizontally flipped image at every scale (flipped back, averaged likewise).
         compile: ``torch.compile`` the network.
 
     Logged: ``train/loss``; ``val/loss`` (cross-entropy at the label's resolution), ``val/mIoU``, ``val/mAcc``,
@@ -74,11 +78,17 @@ class SegmentationModule(L.LightningModule):
         stride: int = 512,
         ema: Mapping[str, Any] | None = None,
         compile: bool = False,
+        scales: Sequence[float] = (1.0,),
+        flip: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["net"])
         self.net = torch.compile(net) if compile else net
         self.num_classes = num_classes
+        self.scales = tuple(float(x) for x in scales)
+        if not self.scales or any(x <= 0 for x in self.scales):
+            raise ValueError(f"task.scales must be a non-empty list of positive numbers, got {list(scales)}")
+        self.flip = bool(flip)
         self.optimizer_cfg = dict(optimizer)
         self.scheduler_cfg = dict(scheduler) if scheduler else None
         self.window, self.stride = int(window), int(stride)
@@ -111,18 +121,40 @@ class SegmentationModule(L.LightningModule):
         if self.ema is not None:
             self.ema.update(self.net, step=self.global_step)
 
-    def predict_logits(self, net: nn.Module, images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-        """Sliding-window logits of ``images`` [B, 3, h, w], upsampled (bilinear) to the label size ``size``.
-
-        Returns:
-            [B, num_classes, *size] float32.
-        """
+    def _window_logits(self, net: nn.Module, images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
         from mita.models.segmenter import sliding_window_logits
 
         logits = sliding_window_logits(net, images, self.window, self.stride, self.num_classes).float()
         if tuple(logits.shape[-2:]) != tuple(size):
             logits = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
         return logits
+
+    def predict_logits(self, net: nn.Module, images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """Sliding-window logits of ``images`` [B, 3, h, w], upsampled (bilinear) to the label size ``size``.
+
+        With several scales or flip: the log of the softmax probabilities averaged over every (scale, flip) view
+        (log-probabilities are logits of the same distribution, so the loss and the argmax read them alike).
+
+        Returns:
+            [B, num_classes, *size] float32.
+        """
+        if self.scales == (1.0,) and not self.flip:
+            return self._window_logits(net, images, size)
+        h, w = images.shape[-2:]
+        probs = None
+        views = 0
+        for scale in self.scales:
+            scaled = images
+            if scale != 1.0:
+                shape = (max(1, round(h * scale)), max(1, round(w * scale)))
+                scaled = F.interpolate(images, size=shape, mode="bilinear", align_corners=False)
+            for flipped in (False, True) if self.flip else (False,):
+                view = scaled.flip(-1) if flipped else scaled
+                logits = self._window_logits(net, view, size)
+                p = (logits.flip(-1) if flipped else logits).softmax(dim=1)
+                probs = p if probs is None else probs + p
+                views += 1
+        return (probs / views).clamp_min(torch.finfo(torch.float32).tiny).log()
 
     def _eval_step(self, batch: Any, prefix: str) -> None:
         images, labels = batch
