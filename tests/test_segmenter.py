@@ -269,3 +269,10 @@ def test_table_c_mita_segmenter_on_cuda_triton_against_torch_backend():
     with torch.autocast("cuda", dtype=torch.bfloat16):
         model.train()(images).float().square().mean().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_depth_argument_sets_the_encoder_blocks():
+    """``depth`` (what the framework's debug=smoke sets as model.depth) reaches the encoder, not the decoder."""
+    seg = create_segmenter("vit_tiny", num_classes=3, img_size=32, decoder="linear", depth=1)
+    assert len(seg.encoder.blocks) == 1
+    assert seg(torch.randn(1, 3, 32, 32)).shape == (1, 3, 32, 32)

@@ -376,6 +376,7 @@ def create_segmenter(
     attention: str | Mapping[str, Any] = "full",
     drop_path_rate: float = 0.1,
     encoder_kwargs: Mapping[str, Any] | None = None,
+    depth: int | None = None,
     **decoder_kwargs: Any,
 ) -> Segmenter:
     """Build a Segmenter for Table C.
@@ -391,6 +392,7 @@ def create_segmenter(
             options default to Table C's ``m = k = 49`` with the ``"official"`` landmark layout.
         drop_path_rate: encoder stochastic depth (Table C: 0.1).
         encoder_kwargs: extra ``VisionTransformer`` arguments (e.g. ``{"depth": 2}`` for tests).
+        depth: encoder blocks, if not 12 (the framework's ``debug=smoke`` sets ``model.depth=1``).
         **decoder_kwargs: the decoder's options (:class:`MaskTransformerDecoder`, :class:`CBTDecoder`).
 
     Returns:
@@ -409,6 +411,8 @@ def create_segmenter(
         qkv_bias=True, drop_path_rate=drop_path_rate, num_classes=0,
     )  # fmt: skip
     args.update(encoder_kwargs or {})
+    if depth is not None:
+        args["depth"] = int(depth)
     encoder = SegmenterEncoder(attention=name, attention_kwargs=options, **args)
     width = encoder.embed_dim
     if decoder == "linear":
