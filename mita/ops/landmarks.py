@@ -133,7 +133,7 @@ class _PoolTables(NamedTuple):
 
     member: torch.Tensor  # [m, N] 0/1 in the matmul dtype: which tokens landmark i averages
     counts: torch.Tensor  # [m, 1] tokens per landmark, float32 (bfloat16 inputs) or the matmul dtype
-    weights_t: torch.Tensor | None  # bfloat16 only: [N, 3m], the float32 weights member / counts in 3 bf16 parts
+    weights_t: torch.Tensor | None  # bfloat16 only: [N, m] float32 weights (member / counts) transposed
 
 
 @functools.lru_cache(maxsize=64)
@@ -153,12 +153,8 @@ def _pool_tables(
     counts = member.sum(dim=1, keepdim=True).to(torch.float32 if low else dtype)
     if not low:
         return _PoolTables(member.to(dtype), counts, None)
-    # float32 weights as hi + mid + lo, each bfloat16: 24 = 3 x 8 significant bits, so the sum is exact.
-    weights = member.to(torch.float32) / counts
-    hi = weights.to(torch.bfloat16)
-    mid = (weights - hi.float()).to(torch.bfloat16)
-    lo = (weights - hi.float() - mid.float()).to(torch.bfloat16)
-    return _PoolTables(member.to(torch.bfloat16), counts, torch.cat([hi, mid, lo]).T)
+    weights_t = (member.to(torch.float32) / counts).T.contiguous()
+    return _PoolTables(member.to(torch.bfloat16), counts, weights_t)
 
 
 class _PoolBF16(torch.autograd.Function):
@@ -166,10 +162,9 @@ class _PoolBF16(torch.autograd.Function):
 
     Forward: 0/1 membership times x with float32 sums (CUDA: a bf16 GEMM with a float32 output, so x is never
     copied to float32; CPU: float32 operands), divided by the counts in float32, rounded once, written straight
-    into the contiguous output. Backward: dx = W^T g with float32 sums, rounded once. On the CPU the float32
-    weights W are split into three bf16 parts and g repeated three times (one bf16 GEMM, exact products); on CUDA
-    the operands W [N, m] and g [G, m, D] are small, so they are taken in float32 (a bf16 GEMM with a bf16 output
-    may sum split-K partials in bf16 under torch's default reduced-precision setting)."""
+    into the contiguous output. Backward: dx = W^T g in float32 (the operands W [N, m] and g [G, m, D] are small),
+    rounded once; a bf16 GEMM with a bf16 output may sum split-K partials in bf16 under torch's default
+    reduced-precision setting."""
 
     @staticmethod
     def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
@@ -192,22 +187,11 @@ class _PoolBF16(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         (weights_t,) = ctx.saved_tensors
-        N, m3 = weights_t.shape
+        N, m = weights_t.shape
         G = g.shape[0]
-        # [G, m, D] (or [B, m, H, d] from [B, H, m, d]) copied three times: [G, 3, m, ...] viewed as [G, 3m, D].
-        gt = g.transpose(1, 2) if ctx.heads else g
-        if g.is_cuda:
-            w = weights_t.float().view(N, 3, m3 // 3).sum(1)
-            return (
-                torch.bmm(w.expand(G, N, m3 // 3), gt.reshape(G, m3 // 3, -1).float()).to(g.dtype),
-                None,
-                None,
-                None,
-                None,
-            )
-        g3 = g.new_empty((G, 3, *gt.shape[1:]))
-        g3.copy_(gt.unsqueeze(1).expand_as(g3))
-        dx = torch.bmm(weights_t.expand(G, N, m3), g3.view(G, m3, -1))
+        # [G, m, D] (or [B, m, H, d] from [B, H, m, d], matching x3 = [B, N, H*d]).
+        gt = (g.transpose(1, 2) if ctx.heads else g).reshape(G, m, -1)
+        dx = torch.bmm(weights_t.expand(G, N, m), gt.float()).to(g.dtype)
         return dx, None, None, None, None
 
 
