@@ -35,6 +35,7 @@ from mita.ops.mita.triton_routing import (
     _score,
     _topk_select,
     _upcast,
+    _valid_counts,
 )
 
 LOG2E = 1.4426950408889634
@@ -84,6 +85,22 @@ def _onehot_route(SCORE, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S: tl.constexpr, MP
         b_oh += hit.to(tl.float32)
         avail = avail & (~hit)
     return b_oh
+
+
+@triton.jit
+def _routed_logits(b_q, b_k, b_c, scale_log2, PREC: tl.constexpr, UP: tl.constexpr):
+    """[BM, BN] log2-unit logits of the routed keys: ``q . k * scale`` plus log2 of the key's multiplicity c in the
+    query's routed lists; -inf where c = 0 (the key is in none of them, or is padding)."""
+    b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
+    return tl.where(b_c > 0, b_s + tl.log2(tl.maximum(b_c, 1.0)), float("-inf"))
+
+
+@triton.jit
+def _routed_p_ds(b_q, b_k, b_v, b_do, b_c, b_lse, b_delta, scale_log2, PREC: tl.constexpr, UP: tl.constexpr):
+    """Backward of the routed entries of a [BM queries, BN keys] tile: probabilities P (from the rows' LSE) and
+    dS = P (dO v^T - delta)."""
+    b_p = tl.exp2(_routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP) - b_lse[:, None])
+    return b_p, b_p * (_dot(b_do, tl.trans(b_v), PREC, UP) - b_delta[:, None])
 
 
 @triton.jit
@@ -209,8 +226,7 @@ def _small_attn_kernel(
         b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
         # [BM, BN] how many of the query's experts hold each key (0 for padding: it is in no list).
         b_c = tl.dot(b_oh, b_mb)
-        b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
-        b_s = tl.where(b_c > 0, b_s + tl.log2(tl.maximum(b_c, 1.0)), float("-inf"))
+        b_s = _routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP)
         b_mn = tl.maximum(b_m, tl.max(b_s, 1))
         b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
         b_p = tl.exp2(b_s - b_ms[:, None])
@@ -293,9 +309,7 @@ def _small_bwd_q_kernel(
         b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
         b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
         b_c = tl.dot(b_oh, tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16))
-        b_b = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2 + tl.log2(tl.maximum(b_c, 1.0))
-        b_pb = tl.where(b_c > 0, tl.exp2(b_b - b_lse[:, None]), 0.0)
-        b_dsb = b_pb * (_dot(b_do, tl.trans(b_v), PREC, UP) - b_delta[:, None])
+        b_pb, b_dsb = _routed_p_ds(b_q, b_k, b_v, b_do, b_c, b_lse, b_delta, scale_log2, PREC, UP)
         b_dq += _dot(b_dsb.to(b_k.dtype), b_k, PREC, UP)
     b_dq = b_dq * scale
     if SHARED:
@@ -373,9 +387,7 @@ def _small_bwd_k_kernel(
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
         b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_mb)
-        b_b = _dot(b_q, tl.trans(b_kb), PREC, UP) * scale_log2 + tl.log2(tl.maximum(b_c, 1.0))
-        b_p = tl.where(b_c > 0, tl.exp2(b_b - b_lse[:, None]), 0.0)
-        b_ds = b_p * (_dot(b_do, tl.trans(b_vb), PREC, UP) - b_delta[:, None])
+        b_p, b_ds = _routed_p_ds(b_q, b_kb, b_vb, b_do, b_c, b_lse, b_delta, scale_log2, PREC, UP)
         b_dv += _dot(tl.trans(b_p).to(b_do.dtype), b_do, PREC, UP)
         b_dk += _dot(tl.trans(b_ds).to(b_q.dtype), b_q, PREC, UP)
     b_dk = b_dk * scale
@@ -402,12 +414,6 @@ def _small_bwd_k_kernel(
     tl.store(DV + p_key, b_dv.to(DV.dtype.element_ty), mask=(o_kn < N)[:, None])
 
 
-def _kv_args(q, key_valid, ksel: int):
-    if key_valid is None:
-        return q, q
-    return key_valid.to(torch.int8).contiguous(), key_valid.sum(-1).clamp(max=ksel).to(torch.int32)
-
-
 def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float, sscale: float):
     """Forward on flattened heads: q, k, v ``[BH, N, d]``, r ``[BH, m, d]``, key_valid ``[BH, N]`` bool or None.
 
@@ -426,7 +432,8 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     route = torch.empty(BH, N, S, device=dev, dtype=torch.int32)
     vt = torch.empty_like(r) if shared else r
     lvlse = torch.empty(BH, M, device=dev, dtype=torch.float32) if shared else lse
-    kv, kk = _kv_args(q, key_valid, ksel)
+    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
+    kk = _valid_counts(key_valid, ksel) if key_valid is not None else q
     common = dict(
         SHARED=shared,
         HAS_KV=key_valid is not None,
@@ -463,7 +470,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         pdrl = torch.empty(BH, nkb, MP, D, device=dev, dtype=torch.float32)
     else:
         pdr = pdvt = pdrl = delta
-    kv, _ = _kv_args(q, key_valid, 1)
+    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
     common = dict(
         S=S,
         SHARED=shared,
