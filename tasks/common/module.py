@@ -31,7 +31,66 @@ def split_batch(batch: Any) -> tuple[dict[str, Any], torch.Tensor]:
     return {"x": x}, y
 
 
-class ClassificationModule(L.LightningModule):
+class NetModule(L.LightningModule):
+    """What every task module shares: the network (optionally compiled), the optimiser and schedule configs, the
+    exponential moving average of the weights, and the optimiser / per-step schedule built from them. Subclasses
+    add the loss and metrics and call ``save_hyperparameters(ignore=["net"])`` in their own ``__init__``.
+
+    Args:
+        net: the network, built by Hydra from the ``model`` group.
+        num_classes: classes.
+        optimizer: the ``optimizer`` config group (see :func:`tasks.common.optim.build_optimizer`).
+        scheduler: the ``scheduler`` config group (see :func:`tasks.common.optim.build_scheduler`), or None.
+        ema: None, or ``{"decay": ..., "validate": false}`` (``validate``: the subclass also evaluates the EMA).
+        compile: ``torch.compile`` the network.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int,
+        optimizer: Mapping[str, Any],
+        scheduler: Mapping[str, Any] | None = None,
+        ema: Mapping[str, Any] | None = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.net = torch.compile(net) if compile else net
+        self.num_classes = num_classes
+        self.optimizer_cfg = dict(optimizer)
+        self.scheduler_cfg = dict(scheduler) if scheduler else None
+        self.ema = None
+        self.ema_validate = False
+        if ema:
+            self.ema = ModelEmaV3(net, decay=float(ema["decay"]))
+            self.ema_validate = bool(ema.get("validate", False))
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.ema is not None:
+            self.ema.update(self.net, step=self.global_step)
+
+    def global_batch_size(self) -> int:
+        """Samples per optimiser step over all processes."""
+        dm = self.trainer.datamodule
+        per_device = int(getattr(dm, "batch_size", 1)) if dm is not None else 1
+        return per_device * self.trainer.world_size * self.trainer.accumulate_grad_batches
+
+    def configure_optimizers(self) -> Any:
+        optimizer = build_optimizer(self.net, self.optimizer_cfg, self.global_batch_size())
+        if self.scheduler_cfg is None:
+            return optimizer
+        # Loads the train loader once, so num_training_batches is known below.
+        total = int(self.trainer.estimated_stepping_batches)
+        batches = self.trainer.num_training_batches
+        if batches in (None, float("inf")):
+            steps_per_epoch = total
+        else:
+            steps_per_epoch = max(1, math.ceil(int(batches) / self.trainer.accumulate_grad_batches))
+        scheduler = build_scheduler(optimizer, self.scheduler_cfg, total, steps_per_epoch)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class ClassificationModule(NetModule):
     """Trains and evaluates a classifier given as ``net``.
 
     Args:
@@ -64,12 +123,8 @@ class ClassificationModule(L.LightningModule):
         top_k: tuple[int, ...] = (1, 5),
         compile: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(net, num_classes, optimizer, scheduler, ema, compile)
         self.save_hyperparameters(ignore=["net"])
-        self.net = torch.compile(net) if compile else net
-        self.num_classes = num_classes
-        self.optimizer_cfg = dict(optimizer)
-        self.scheduler_cfg = dict(scheduler) if scheduler else None
         if loss not in ("ce", "bce"):
             raise ValueError(f"task.loss must be 'ce' or 'bce', got {loss!r}")
         self.mixup = None
@@ -83,11 +138,6 @@ class ClassificationModule(L.LightningModule):
             self.train_loss = LabelSmoothingCrossEntropy(smoothing=label_smoothing)
         else:
             self.train_loss = nn.CrossEntropyLoss()
-        self.ema = None
-        self.ema_validate = False
-        if ema:
-            self.ema = ModelEmaV3(net, decay=float(ema["decay"]))
-            self.ema_validate = bool(ema.get("validate", False))
         self.top_k = tuple(k for k in top_k if k <= num_classes)
         self.val_metrics = self._metrics("val/")
         self.val_metrics_ema = self._metrics("val/", "_ema") if self.ema_validate else None
@@ -123,10 +173,6 @@ class ClassificationModule(L.LightningModule):
             self.log("train/acc1", self.train_acc, on_step=True, on_epoch=False)
         return loss
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.ema is not None:
-            self.ema.update(self.net, step=self.global_step)
-
     def _eval_step(self, batch: Any, metrics: torchmetrics.MetricCollection, loss_metric, prefix: str) -> None:
         inputs, y = split_batch(batch)
         logits = self(**inputs)
@@ -143,23 +189,3 @@ class ClassificationModule(L.LightningModule):
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._eval_step(batch, self.test_metrics, self.test_loss, "test/")
-
-    def global_batch_size(self) -> int:
-        """Samples per optimiser step over all processes."""
-        dm = self.trainer.datamodule
-        per_device = int(getattr(dm, "batch_size", 1)) if dm is not None else 1
-        return per_device * self.trainer.world_size * self.trainer.accumulate_grad_batches
-
-    def configure_optimizers(self) -> Any:
-        optimizer = build_optimizer(self.net, self.optimizer_cfg, self.global_batch_size())
-        if self.scheduler_cfg is None:
-            return optimizer
-        # Loads the train loader once, so num_training_batches is known below.
-        total = int(self.trainer.estimated_stepping_batches)
-        batches = self.trainer.num_training_batches
-        if batches in (None, float("inf")):
-            steps_per_epoch = total
-        else:
-            steps_per_epoch = max(1, math.ceil(int(batches) / self.trainer.accumulate_grad_batches))
-        scheduler = build_scheduler(optimizer, self.scheduler_cfg, total, steps_per_epoch)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torchmetrics
-from timm.utils import ModelEmaV3
 
-from tasks.common.module import ClassificationModule
+from tasks.common.module import NetModule
 
 IGNORE_INDEX = 255
 
@@ -45,7 +43,7 @@ def scores_from_confusion(confusion: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-class SegmentationModule(L.LightningModule):
+class SegmentationModule(NetModule):
     """Trains a segmentation network with pixel-wise cross-entropy and evaluates it by sliding window.
 
     Args:
@@ -81,22 +79,13 @@ class SegmentationModule(L.LightningModule):
         scales: Sequence[float] = (1.0,),
         flip: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(net, num_classes, optimizer, scheduler, ema, compile)
         self.save_hyperparameters(ignore=["net"])
-        self.net = torch.compile(net) if compile else net
-        self.num_classes = num_classes
         self.scales = tuple(float(x) for x in scales)
         if not self.scales or any(x <= 0 for x in self.scales):
             raise ValueError(f"task.scales must be a non-empty list of positive numbers, got {list(scales)}")
         self.flip = bool(flip)
-        self.optimizer_cfg = dict(optimizer)
-        self.scheduler_cfg = dict(scheduler) if scheduler else None
         self.window, self.stride = int(window), int(stride)
-        self.ema = None
-        self.ema_validate = False
-        if ema:
-            self.ema = ModelEmaV3(net, decay=float(ema["decay"]))
-            self.ema_validate = bool(ema.get("validate", False))
         self.confusion = nn.ModuleDict(
             {
                 name: torchmetrics.classification.MulticlassConfusionMatrix(num_classes, ignore_index=IGNORE_INDEX)
@@ -116,10 +105,6 @@ class SegmentationModule(L.LightningModule):
         loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         return loss
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.ema is not None:
-            self.ema.update(self.net, step=self.global_step)
 
     def _window_logits(self, net: nn.Module, images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
         from mita.models.segmenter import sliding_window_logits
@@ -191,7 +176,3 @@ class SegmentationModule(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_scores("test")
-
-    # The optimiser and the per-step schedule are built exactly as for classification.
-    global_batch_size = ClassificationModule.global_batch_size
-    configure_optimizers = ClassificationModule.configure_optimizers
