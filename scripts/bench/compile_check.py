@@ -81,11 +81,13 @@ def main() -> None:
                       {"CMAX": "*fp32", "CNT": "*i32"}))
     small = {"MEMB": "*i8", "DQ": "*bf16"}
     for S, kv, mp in ((1, False, 32), (2, True, 16)):
-        sc = dict(SHARED=True, HAS_KV=kv, MP=mp, NP=256, **common)
-        cases.append((f"small_route MP={mp}", ts._small_route_kernel, dict(BS=16, EXACT=False, **sc), 4, small))
+        sc = dict(SHARED=True, MP=mp, NP=256, **common)
+        cases.append((f"small_route MP={mp}", ts._small_route_kernel,
+                      dict(BS=16, EXACT=False, HAS_KV=kv, **sc), 4, small))
         cases.append((f"small_attn S={S}", ts._small_attn_kernel, dict(S=S, BM=64, BN=64, EXACT=False, **sc), 4, small))
         cases.append((f"small_bwd_q S={S}", ts._small_bwd_q_kernel, dict(S=S, BM=64, BN=64, **sc), 4, small))
-        cases.append((f"small_bwd_k S={S}", ts._small_bwd_k_kernel, dict(S=S, BM=64, BN=64, **sc), 8, small))
+        cases.append((f"small_bwd_k S={S}", ts._small_bwd_k_kernel,
+                      dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small))
     extra = getattr(tr, "_compile_cases", None)
     if extra is not None:
         cases += extra()

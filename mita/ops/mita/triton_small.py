@@ -171,7 +171,6 @@ def _small_attn_kernel(
     V,
     R,
     VT,
-    KV,
     MEMB,
     O,
     LSE,
@@ -182,7 +181,6 @@ def _small_attn_kernel(
     sscale_log2,
     S: tl.constexpr,
     SHARED: tl.constexpr,
-    HAS_KV: tl.constexpr,
     D: tl.constexpr,
     MP: tl.constexpr,
     NP: tl.constexpr,
@@ -257,7 +255,6 @@ def _small_bwd_q_kernel(
     V,
     R,
     VT,
-    KV,
     DO,
     O,
     LSE,
@@ -275,7 +272,6 @@ def _small_bwd_q_kernel(
     sscale_log2,
     S: tl.constexpr,
     SHARED: tl.constexpr,
-    HAS_KV: tl.constexpr,
     D: tl.constexpr,
     MP: tl.constexpr,
     NP: tl.constexpr,
@@ -434,9 +430,9 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     lvlse = torch.empty(BH, M, device=dev, dtype=torch.float32) if shared else lse
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
     kk = _valid_counts(key_valid, ksel) if key_valid is not None else q
+    has_kv = key_valid is not None
     common = dict(
         SHARED=shared,
-        HAS_KV=key_valid is not None,
         D=D,
         MP=MP,
         NP=NP,
@@ -446,10 +442,10 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     )
     cr, ca = _cfg("route", min(NP, MP)), _cfg("attn", NP)
     _small_route_kernel[(MP // cr["BS"], BH)](
-        r, k, v, kv, kk, memb, vt, lvlse, N, M, ksel, scale * LOG2E, **common, **cr
+        r, k, v, kv, kk, memb, vt, lvlse, N, M, ksel, scale * LOG2E, HAS_KV=has_kv, **common, **cr
     )
     _small_attn_kernel[(triton.cdiv(N, ca["BM"]), BH)](
-        q, k, v, r, vt, kv, memb, o, lse, route, N, M, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca
+        q, k, v, r, vt, memb, o, lse, route, N, M, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca
     )
     return o, lse, memb, route, vt, lvlse
 
@@ -474,7 +470,6 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     common = dict(
         S=S,
         SHARED=shared,
-        HAS_KV=key_valid is not None,
         D=D,
         MP=MP,
         NP=NP,
@@ -488,7 +483,6 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         v,
         r,
         vt,
-        kv,
         do,
         o,
         lse,
@@ -529,6 +523,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         nqb,
         scale,
         scale * LOG2E,
+        HAS_KV=key_valid is not None,
         **common,
         **ck,
     )
