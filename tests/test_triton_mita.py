@@ -252,8 +252,34 @@ def test_gpu_backward_is_deterministic():
     assert math.isfinite(sum(float(a.float().norm()) for a in g1))
 
 
-@pytest.mark.parametrize("N,m,S,imbalanced", [(197, 25, 1, False), (70, 5, 2, True), (300, 40, 3, False)])
-def test_fused_plan_matches_sort_path(monkeypatch, N, m, S, imbalanced):
+def _reference_plan(route: torch.Tensor, m: int, bm: int, T: int):
+    """The routing plan written out with a stable sort and a loop over experts (CPU)."""
+    route = route.cpu().long()
+    BH = route.shape[0]
+    rows = torch.sort(route, dim=-1, stable=True).indices.int()
+    starts = torch.zeros(BH, m + 1, dtype=torch.int32)
+    tile_e = torch.full((BH, T), -1, dtype=torch.int32)
+    tile_rs = torch.zeros(BH, T, dtype=torch.int32)
+    tile_re = torch.zeros(BH, T, dtype=torch.int32)
+    for b in range(BH):
+        cnt = torch.bincount(route[b], minlength=m)
+        starts[b, 1:] = torch.cumsum(cnt, 0)
+        t = 0
+        for e in range(m):
+            for r0 in range(int(starts[b, e]), int(starts[b, e + 1]), bm):
+                tile_e[b, t], tile_rs[b, t], tile_re[b, t] = e, r0, int(starts[b, e + 1])
+                t += 1
+    return rows, starts, tile_e, tile_rs, tile_re
+
+
+@pytest.mark.parametrize(
+    "N,m,S,imbalanced,chunked",
+    [(197, 25, 1, False, False), (70, 5, 2, True, False), (300, 40, 3, False, False), (197, 25, 1, False, True),
+     (70, 5, 2, True, True), (1100, 5, 1, True, True), (300, 40, 3, False, True)],
+)  # fmt: skip
+def test_plan_matches_reference(monkeypatch, N, m, S, imbalanced, chunked):
+    """Both plan builders (one program per head; the chunked three-kernel counting sort, here with many small
+    chunks and a partial last one) against a stable sort and a loop over experts."""
     g = torch.Generator().manual_seed(N + m)
     BH = 3
     route = torch.randint(0, m, (BH, N * S), generator=g, dtype=torch.int32)
@@ -261,15 +287,19 @@ def test_fused_plan_matches_sort_path(monkeypatch, N, m, S, imbalanced):
         route[:, : N * S * 3 // 4] = 1
     route = route.to(DEV)
     idx = torch.zeros(BH, m, 4, dtype=torch.int32, device=DEV)
-    fused = tm.build_plan(idx, route, m)
-    monkeypatch.setattr(tm, "_PLAN_FUSED_MAX", 0)
-    ref = tm.build_plan(idx, route, m)
-    assert fused.bm == ref.bm
-    for name in ("rows", "starts", "tile_e"):
-        assert torch.equal(getattr(fused, name), getattr(ref, name)), name
-    live = ref.tile_e >= 0
-    assert torch.equal(fused.tile_rs[live], ref.tile_rs[live])
-    assert torch.equal(fused.tile_re[live], ref.tile_re[live])
+    if chunked:
+        monkeypatch.setattr(tm, "_PLAN_FUSED_MAX", 0)
+        monkeypatch.setattr(tm, "_PLAN_CHUNK", 256)
+        monkeypatch.setattr(tm, "_PLAN_PROGRAMS", 4096)
+    plan = tm.build_plan(idx, route, m)
+    T = plan.tile_e.shape[1]
+    rows, starts, tile_e, tile_rs, tile_re = _reference_plan(route, m, plan.bm, T)
+    assert torch.equal(plan.rows.cpu(), rows)
+    assert torch.equal(plan.starts.cpu(), starts)
+    assert torch.equal(plan.tile_e.cpu(), tile_e)
+    live = tile_e >= 0
+    assert torch.equal(plan.tile_rs.cpu()[live], tile_rs[live])
+    assert torch.equal(plan.tile_re.cpu()[live], tile_re[live])
 
 
 @pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])

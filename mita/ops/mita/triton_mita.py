@@ -13,8 +13,8 @@ and on one NVIDIA H200 (triton 3.6, torch 2.11). Differences from the reference 
 
 Routing (exact top-k of R k^T with ties to the lower key index, per-query top-S of q R^T) and the landmark
 values softmax(R k^T s) v (split-key forward and backward) are Triton kernels in triton_routing.py; the plan
-(queries sorted by expert, the tile table) is one kernel at small N * S * m and a few PyTorch ops otherwise, both
-without host synchronisation.
+(queries sorted by expert, the tile table) is one kernel at small N * S * m and a chunked counting sort of three
+kernels otherwise, both without host synchronisation.
 """
 
 from __future__ import annotations
@@ -488,6 +488,13 @@ def _plan_kernel(
         pos = tl.sum(tl.where(oh > 0, base[None, :] + rank - 1, 0), 1)
         tl.store(ROWS + i_bh * NR + pos, o_r, mask=m_r)
         base += tl.sum(oh, 0)
+    _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, BMQ, MP, BT)
+
+
+@triton.jit
+def _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, BMQ, MP: tl.constexpr, BT: tl.constexpr):
+    # The tile table of one (batch, head) from the expert counts, first rows and end rows ([MP] each).
+    o_m = tl.arange(0, MP)
     tiles = (cnt + BMQ - 1) // BMQ
     tcum = tl.cumsum(tiles, 0)
     for t0 in range(0, T, BT):
@@ -506,8 +513,70 @@ def _plan_kernel(
         tl.store(TILE_RE + i_bh * T + o_t, tl.where(ok, re, 0), mask=m_t)
 
 
+@triton.jit
+def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr):
+    # Chunked plan, step 1 of 3: per chunk of CR rows, the number of rows routed to each expert -> CNTS[bh, c].
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_m = tl.arange(0, MP)
+    cnt = tl.zeros([MP], tl.int32)
+    r_end = tl.minimum((i_c + 1) * CR, NR)
+    for r0 in range(i_c * CR, r_end, BR):
+        o_r = r0 + tl.arange(0, BR)
+        b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=o_r < r_end, other=-1)
+        cnt += tl.sum((b_e[:, None] == o_m[None, :]).to(tl.int32), 0)
+    tl.store(CNTS + (i_bh * NC + i_c) * MP + o_m, cnt)
+
+
+@triton.jit
+def _plan_offsets_kernel(
+    CNTS, STARTS, TILE_E, TILE_RS, TILE_RE, M, T, BMQ, NC, MP: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr
+):
+    # Step 2 of 3, one program per (batch, head): expert totals and first rows, the tile table, and each chunk's
+    # first output position per expert (first row of the expert + the rows of earlier chunks), over CNTS in place.
+    i_bh = tl.program_id(0).to(tl.int64)
+    o_m = tl.arange(0, MP)
+    base = CNTS + i_bh * NC * MP
+    cnt = tl.zeros([MP], tl.int32)
+    for c0 in range(0, NC, BC):
+        o_c = c0 + tl.arange(0, BC)
+        cnt += tl.sum(tl.load(base + o_c[:, None] * MP + o_m[None, :], mask=(o_c < NC)[:, None], other=0), 0)
+    incl = tl.cumsum(cnt, 0)
+    start = incl - cnt
+    tl.store(STARTS + i_bh * (M + 1) + o_m, start, mask=o_m < M)
+    tl.store(STARTS + i_bh * (M + 1) + o_m + 1, incl, mask=o_m == M - 1)
+    run = start
+    for c0 in range(0, NC, BC):
+        o_c = c0 + tl.arange(0, BC)
+        ptr = base + o_c[:, None] * MP + o_m[None, :]
+        b_c = tl.load(ptr, mask=(o_c < NC)[:, None], other=0)
+        # Exclusive prefix over the chunks of this block, on top of the running offset.
+        tl.store(ptr, run[None, :] + tl.cumsum(b_c, 0) - b_c, mask=(o_c < NC)[:, None])
+        run += tl.sum(b_c, 0)
+    _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, BMQ, MP, BT)
+
+
+@triton.jit
+def _plan_scatter_kernel(ROUTE, CNTS, ROWS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr):
+    # Step 3 of 3: each chunk writes its rows at their expert's offset, in row order (a stable counting sort).
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_m = tl.arange(0, MP)
+    pos0 = tl.load(CNTS + (i_bh * NC + i_c) * MP + o_m)
+    r_end = tl.minimum((i_c + 1) * CR, NR)
+    for r0 in range(i_c * CR, r_end, BR):
+        o_r = r0 + tl.arange(0, BR)
+        m_r = o_r < r_end
+        b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=m_r, other=-1)
+        oh = (b_e[:, None] == o_m[None, :]).to(tl.int32)
+        rank = tl.cumsum(oh, 0)
+        pos = tl.sum(tl.where(oh > 0, pos0[None, :] + rank - 1, 0), 1)
+        tl.store(ROWS + i_bh * NR + pos, o_r, mask=m_r)
+        pos0 += tl.sum(oh, 0)
+
+
 # ----------------------------------------------------------------------------------------------------------------
-# routing plan (PyTorch ops, float32, no host synchronisation)
+# routing plan (Triton counting sort, no host synchronisation)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -547,10 +616,12 @@ class RoutingPlan:
         self.bm = bm
 
 
-# The fused plan kernel takes N * S * next_pow2(m) up to this (one program per (batch, head) loops over the rows
-# in chunks of _PLAN_CHUNK one-hot entries); beyond it the PyTorch sort path has more parallelism.
+# The one-program plan kernel takes N * S * next_pow2(m) up to this (one program per (batch, head) loops over the
+# rows in steps of _PLAN_CHUNK one-hot entries); beyond it the chunked plan (about _PLAN_PROGRAMS programs per
+# step) has more parallelism.
 _PLAN_FUSED_MAX = 1 << 18
 _PLAN_CHUNK = 8192
+_PLAN_PROGRAMS = 512
 
 
 def _choose_bm(nrows: int, m: int) -> int:
@@ -575,7 +646,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
     T = triton.cdiv(nrows, bm) + min(m, nrows)
     mp = max(16, _next_pow2(m))
     if nrows * mp <= _PLAN_FUSED_MAX:
-        # One program per (batch, head) builds the whole plan (one launch instead of ~25 small PyTorch ops).
+        # One program per (batch, head) builds the whole plan in one launch.
         i32 = torch.int32
         rows = torch.empty(BH, nrows, device=dev, dtype=i32)
         starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
@@ -585,30 +656,22 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
             route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br, num_warps=8
         )
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
-    sorted_e, rows = torch.sort(route, dim=-1, stable=True)
-    ar = torch.arange(m + 1, device=dev, dtype=sorted_e.dtype)
-    starts = torch.searchsorted(sorted_e.contiguous(), ar.expand(BH, m + 1).contiguous())
-    cnt = starts[:, 1:] - starts[:, :-1]
-    tiles = (cnt + bm - 1) // bm
-    tcum = torch.cumsum(tiles, dim=-1)
-    t = torch.arange(T, device=dev, dtype=tcum.dtype)
-    e_t = torch.searchsorted(tcum.contiguous(), t.expand(BH, T).contiguous(), right=True)
-    ok_t = e_t < m
-    e_c = e_t.clamp(max=m - 1)
-    j = t[None, :] - (torch.gather(tcum, 1, e_c) - torch.gather(tiles, 1, e_c))
-    tile_rs = torch.gather(starts, 1, e_c) + j * bm
-    tile_re = torch.gather(starts, 1, e_c + 1)
-    tile_e = torch.where(ok_t, e_c, -1)
+    # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets + tile table, scatter.
+    br = max(16, _PLAN_CHUNK // mp)
+    cr = max(br, triton.cdiv(triton.cdiv(nrows, max(1, _PLAN_PROGRAMS // BH)), br) * br)
+    nc = triton.cdiv(nrows, cr)
     i32 = torch.int32
-    return RoutingPlan(
-        idx,
-        rows.to(i32).contiguous(),
-        starts.to(i32).contiguous(),
-        tile_e.to(i32).contiguous(),
-        tile_rs.to(i32).contiguous(),
-        tile_re.to(i32).contiguous(),
-        bm,
-    )
+    cnts = torch.empty(BH, nc, mp, device=dev, dtype=i32)
+    rows = torch.empty(BH, nrows, device=dev, dtype=i32)
+    starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
+    tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
+    _plan_count_kernel[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
+    _plan_offsets_kernel[(BH,)](
+        cnts, starts, tile_e, tile_rs, tile_re, m, T, bm, nc, MP=mp, BC=max(1, min(64, 4096 // mp)), BT=br,
+        num_warps=8,
+    )  # fmt: skip
+    _plan_scatter_kernel[(nc, BH)](route, cnts, rows, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
+    return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
 
 
 # ----------------------------------------------------------------------------------------------------------------
