@@ -6,7 +6,7 @@ For each stage: host time per call (perf_counter around back-to-back calls, no s
 the Python thread needs to issue the stage) and the wall time per call with a synchronisation at the end. A stage
 whose host time is close to its wall time is bound by launches, not by the GPU. Also prints the cost of single
 launches (an empty Triton kernel with few and with many arguments, torch.empty, a small PyTorch op) and a cProfile
-of one whole forward sorted by own time.
+of one whole forward sorted by own and by cumulative time.
 """
 
 from __future__ import annotations
@@ -124,10 +124,11 @@ def point(name: str) -> None:
             mita_attention(q, kk, v, pool(), k, backend="triton")
         prof.disable()
         torch.cuda.synchronize()
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
-    print(f"== {name} cProfile of 10 calls (pooling + mita_attention), by own time", flush=True)
-    print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:6000], flush=True)
+    for order in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(order).print_stats(25)
+        print(f"== {name} cProfile of 10 calls (pooling + mita_attention), by {order}", flush=True)
+        print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:7000], flush=True)
 
 
 def main() -> None:

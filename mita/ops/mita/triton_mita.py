@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from mita.ops.mita.checks import check_mita_args
+from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
     _dot,
     _lv_bwd_dr_kernel,
@@ -624,9 +625,15 @@ _PLAN_CHUNK = 8192
 _PLAN_PROGRAMS = 512
 
 
+# Launch settings of the general path's attention kernels (scripts/bench/tune_long.py sweeps them on the GPU):
+# query rows per tile at most bm_max; keys / landmarks per step at most bn_max (None: 64 for d <= 64, else 32);
+# warps and pipeline stages of the forward (None: by tile size / Triton's default).
+FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None)
+
+
 def _choose_bm(nrows: int, m: int) -> int:
     avg = max(1, nrows // m)
-    return int(min(64, max(16, _next_pow2(avg))))
+    return int(min(FWD_CONFIG["bm_max"], max(16, _next_pow2(avg))))
 
 
 def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
@@ -652,7 +659,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
         starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
         tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
         br = max(16, _PLAN_CHUNK // mp)
-        _plan_kernel[(BH,)](
+        fast(_plan_kernel)[(BH,)](
             route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br, num_warps=8
         )
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
@@ -665,12 +672,12 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
     rows = torch.empty(BH, nrows, device=dev, dtype=i32)
     starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
     tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
-    _plan_count_kernel[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
-    _plan_offsets_kernel[(BH,)](
+    fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
+    fast(_plan_offsets_kernel)[(BH,)](
         cnts, starts, tile_e, tile_rs, tile_re, m, T, bm, nc, MP=mp, BC=max(1, min(64, 4096 // mp)), BT=br,
         num_warps=8,
     )  # fmt: skip
-    _plan_scatter_kernel[(nc, BH)](route, cnts, rows, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
+    fast(_plan_scatter_kernel)[(nc, BH)](route, cnts, rows, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
     return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
 
 
@@ -680,7 +687,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
 
 
 def _blocks(m: int, ksel: int, d: int) -> tuple[int, int]:
-    cap = 64 if d <= 64 else 32
+    cap = FWD_CONFIG["bn_max"] or (64 if d <= 64 else 32)
     bn = int(min(cap, max(16, _next_pow2(ksel))))
     bs = int(min(cap, max(16, _next_pow2(m))))
     return bn, bs
@@ -709,7 +716,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
     else:
         o = torch.empty(BH, nrows, D, device=q.device, dtype=torch.float32)
         lse = torch.empty(BH, nrows, device=q.device, dtype=torch.float32)
-    _mita_fwd_kernel[(T, BH)](
+    fast(_mita_fwd_kernel)[(T, BH)](
         q,
         k,
         v,
@@ -738,7 +745,8 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         BS=bs,
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
-        num_warps=_num_warps(plan.bm, D),
+        num_warps=FWD_CONFIG["num_warps"] or _num_warps(plan.bm, D),
+        **({"num_stages": FWD_CONFIG["num_stages"]} if FWD_CONFIG["num_stages"] else {}),
     )
     if direct:
         return o, lse
@@ -795,7 +803,7 @@ def mita_bwd(
     direct = S == 1
     delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
     dq = torch.empty_like(q) if direct else torch.empty(BH, nrows, D, device=dev, dtype=torch.float32)
-    _mita_bwd_dq_kernel[(T, BH)](
+    fast(_mita_bwd_dq_kernel)[(T, BH)](
         q,
         k,
         v,
@@ -838,7 +846,7 @@ def mita_bwd(
     L = m * ksel
     dk_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
     dv_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
-    _mita_bwd_dkdv_routed_kernel[(triton.cdiv(ksel, bn), m, BH)](
+    fast(_mita_bwd_dkdv_routed_kernel)[(triton.cdiv(ksel, bn), m, BH)](
         q,
         k,
         v,
@@ -884,7 +892,7 @@ def mita_bwd(
         n_chunk = triton.cdiv(N, chunk)
         dr = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
         dvt = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
-        _mita_bwd_shared_kernel[(n_sblk, n_chunk, BH)](
+        fast(_mita_bwd_shared_kernel)[(n_sblk, n_chunk, BH)](
             q,
             r,
             vt,
@@ -915,7 +923,7 @@ def mita_bwd(
     dv = torch.empty_like(v)
     bk = 32
     lbs = int(min(64 if D <= 64 else 32, max(16, _next_pow2(m))))
-    _dkdv_final_kernel[(triton.cdiv(N, bk), BH)](
+    fast(_dkdv_final_kernel)[(triton.cdiv(N, bk), BH)](
         dk_e,
         dv_e,
         plan.idx,
@@ -951,7 +959,7 @@ def mita_bwd(
         # dR of the landmark values (dR partials per key chunk, summed in order) joins the shared expert's dR.
         nc, ch = _n_chunks(N, triton.cdiv(m, lbs), BH, 64)
         dr_lv = torch.empty(BH, nc, m, D, device=dev, dtype=torch.float32)
-        _lv_bwd_dr_kernel[(triton.cdiv(m, lbs), nc, BH)](
+        fast(_lv_bwd_dr_kernel)[(triton.cdiv(m, lbs), nc, BH)](
             r,
             k,
             v,

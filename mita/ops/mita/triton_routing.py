@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mita.ops.mita.launch import fast
+
 LOG2E = 1.4426950408889634
 # Rows up to this length take the on-chip top-k (if the [N, d] key tile stays within _SMALL_BYTES).
 SMALL_N = 512
@@ -36,6 +38,9 @@ _P = 16
 _PASSES = 8
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
+# Long-row scan passes: keys per step, landmarks per tile (None: 64 for d <= 64, else 32), warps of the passes and
+# of the count + emit pass (scripts/bench/tune_long.py sweeps them on the GPU).
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4)
 
 
 def _interpreting() -> bool:
@@ -525,7 +530,7 @@ def exact_topk(
     if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
         idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
         bs = 16
-        _topk_small_kernel[(triton.cdiv(M, bs), BH)](
+        fast(_topk_small_kernel)[(triton.cdiv(M, bs), BH)](
             r,
             k,
             kv,
@@ -545,8 +550,8 @@ def exact_topk(
             num_warps=4 if NP <= 256 else 8,
         )
         return idx
-    bn = 64
-    bs = 64 if D <= 64 else 32
+    bn = SCAN_CONFIG["bn"]
+    bs = SCAN_CONFIG["bs"] or (64 if D <= 64 else 32)
     n_s = triton.cdiv(M, bs)
     NB = triton.cdiv(N, bn)
     G = max(1, min(NB, triton.cdiv(_SCAN_PROGRAMS, n_s * BH)))
@@ -555,9 +560,7 @@ def exact_topk(
     cap = _next_pow2(max(cap or 2 * ksel, ksel, 64))
     rows = BH * M
     grid = (n_s, G, BH)
-    common = dict(
-        HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P, num_warps=4
-    )
+    common = dict(HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P)
 
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
@@ -575,9 +578,10 @@ def exact_topk(
     idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
 
     def scan(mode, i_pass=0):
-        _topk_scan_kernel[grid](
+        fast(_topk_scan_kernel)[grid](
             r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB, cap, ksel, rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, **common,
+            num_warps=SCAN_CONFIG["emit_warps" if mode == 4 else "num_warps"],
         )  # fmt: skip
 
     run("block maxima", lambda: scan(0))
@@ -586,7 +590,7 @@ def exact_topk(
     gp = _next_pow2(triton.cdiv(NB, f))
     run(
         "start threshold",
-        lambda: _topk_start_kernel[(rows,)](
+        lambda: fast(_topk_start_kernel)[(rows,)](
             cmax, kk, lo, hi, off, cnt, cand, M, NB, cap, ksel, rows,
             HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), num_warps=8 if gp * f >= 4096 else 4,
         ),
@@ -600,7 +604,7 @@ def exact_topk(
     kp = _next_pow2(ksel)
     run(
         "top-k of the candidate list",
-        lambda: _topk_final_kernel[(rows,)](
+        lambda: fast(_topk_final_kernel)[(rows,)](
             cand, idx, ksel, cap, CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), num_warps=4 if cap <= 512 else 8
         ),
     )
@@ -694,7 +698,7 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
     # score). S > 1: 64 x 64 (the ordered passes keep more state per score).
     bm = 128 if S == 1 else 64
     bs = int(min(128 if S == 1 else 64, max(16, _next_pow2(M))))
-    _route_kernel[(triton.cdiv(N, bm), BH)](
+    fast(_route_kernel)[(triton.cdiv(N, bm), BH)](
         q,
         r,
         route,
@@ -981,7 +985,7 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
         pm = torch.empty(BH, nc, M, device=dev, dtype=torch.float32)
         pl = torch.empty(BH, nc, M, device=dev, dtype=torch.float32)
         pacc = torch.empty(BH, nc, M, D, device=dev, dtype=torch.float32)
-    _lv_fwd_kernel[(n_s, nc, BH)](
+    fast(_lv_fwd_kernel)[(n_s, nc, BH)](
         r,
         k,
         v,
@@ -1005,7 +1009,7 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
         num_warps=8 if bs >= 128 else 4,
     )
     if not direct:
-        _lv_merge_kernel[(M, BH)](pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4)
+        fast(_lv_merge_kernel)[(M, BH)](pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4)
     return vt, lse
 
 
@@ -1023,7 +1027,7 @@ def landmark_values_bwd(dvt, r, k, v, key_valid, vt, lse, scale: float):
     has_kv = key_valid is not None
     dk = torch.empty(BH, N, D, device=dev, dtype=torch.float32)
     dv = torch.empty(BH, N, D, device=dev, dtype=torch.float32)
-    _lv_bwd_dkdv_kernel[(triton.cdiv(N, bn), BH)](
+    fast(_lv_bwd_dkdv_kernel)[(triton.cdiv(N, bn), BH)](
         r,
         k,
         v,
@@ -1047,7 +1051,7 @@ def landmark_values_bwd(dvt, r, k, v, key_valid, vt, lse, scale: float):
     )
     nc, ch = _n_chunks(N, n_s, BH, bn)
     dr = torch.empty(BH, nc, M, D, device=dev, dtype=torch.float32)
-    _lv_bwd_dr_kernel[(n_s, nc, BH)](
+    fast(_lv_bwd_dr_kernel)[(n_s, nc, BH)](
         r,
         k,
         v,

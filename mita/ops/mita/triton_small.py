@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
     _dot,
     _interpreting,
@@ -441,10 +442,10 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
         EXACT=_interpreting(),
     )
     cr, ca = _cfg("route", min(NP, MP)), _cfg("attn", NP)
-    _small_route_kernel[(MP // cr["BS"], BH)](
+    fast(_small_route_kernel)[(MP // cr["BS"], BH)](
         r, k, v, kv, kk, memb, vt, lvlse, N, M, ksel, scale * LOG2E, HAS_KV=has_kv, **common, **cr
     )
-    _small_attn_kernel[(triton.cdiv(N, ca["BM"]), BH)](
+    fast(_small_attn_kernel)[(triton.cdiv(N, ca["BM"]), BH)](
         q, k, v, r, vt, memb, o, lse, route, N, M, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca
     )
     return o, lse, memb, route, vt, lvlse
@@ -477,7 +478,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         UP=_upcast(q.dtype),
     )
     do = do.contiguous()
-    _small_bwd_q_kernel[(nqb, BH)](
+    fast(_small_bwd_q_kernel)[(nqb, BH)](
         q,
         k,
         v,
@@ -501,7 +502,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         **common,
         **cq,
     )
-    _small_bwd_k_kernel[(nkb, BH)](
+    fast(_small_bwd_k_kernel)[(nkb, BH)](
         q,
         k,
         v,

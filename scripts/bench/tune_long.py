@@ -1,0 +1,106 @@
+"""Sweep the launch settings of the general (long-sequence) path at the Figure F shapes: the fused attention
+forward (triton_mita.FWD_CONFIG) and the long-row top-k scan passes (triton_routing.SCAN_CONFIG).
+
+    python scripts/bench/tune_long.py [--points N262144,N1048576]
+
+Each setting is checked against the default before its time is printed: the top-k indices bitwise, the attention
+output closely (max relative error). Times are CUDA-event medians of the stage alone (bf16, d 64, B 1, H 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from common import cuda_time  # noqa: E402
+from kernel_profile import POINTS  # noqa: E402
+
+from mita.ops.mita import triton_mita as tm  # noqa: E402
+from mita.ops.mita import triton_routing as tr  # noqa: E402
+
+FWD_VARIANTS = [
+    dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None),
+    dict(bm_max=64, bn_max=None, num_warps=4, num_stages=None),
+    dict(bm_max=64, bn_max=None, num_warps=8, num_stages=2),
+    dict(bm_max=64, bn_max=None, num_warps=4, num_stages=4),
+    dict(bm_max=64, bn_max=128, num_warps=8, num_stages=None),
+    dict(bm_max=64, bn_max=128, num_warps=4, num_stages=2),
+    dict(bm_max=128, bn_max=None, num_warps=8, num_stages=None),
+    dict(bm_max=128, bn_max=None, num_warps=8, num_stages=2),
+    dict(bm_max=128, bn_max=128, num_warps=8, num_stages=2),
+    dict(bm_max=128, bn_max=None, num_warps=4, num_stages=None),
+]
+SCAN_VARIANTS = [
+    dict(bn=64, bs=None, num_warps=4, emit_warps=4),
+    dict(bn=64, bs=None, num_warps=8, emit_warps=8),
+    dict(bn=64, bs=None, num_warps=4, emit_warps=8),
+    dict(bn=128, bs=None, num_warps=4, emit_warps=4),
+    dict(bn=128, bs=None, num_warps=8, emit_warps=8),
+    dict(bn=64, bs=128, num_warps=8, emit_warps=8),
+    dict(bn=32, bs=None, num_warps=4, emit_warps=4),
+    dict(bn=64, bs=32, num_warps=4, emit_warps=4),
+]
+
+
+def tune_point(name: str) -> None:
+    """Time every variant at one point and restore the default settings."""
+    fwd_default, scan_default = copy.deepcopy(tm.FWD_CONFIG), copy.deepcopy(tr.SCAN_CONFIG)
+    p = POINTS[name]
+    BH, N, d, m, k = p["B"] * p["H"], p["N"], 64, p["m"], p["k"]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, kk, v = (torch.randn(BH, N, d, device="cuda", generator=g).bfloat16() for _ in range(3))
+    r = torch.randn(BH, m, d, device="cuda", generator=g).bfloat16()
+    idx_ref = tr.exact_topk(r, kk, None, k)
+    route = tr.route_topk(q, r, 1)
+    vt, _ = tr.landmark_values_fwd(r, kk, v, None, d**-0.5)
+    o_ref = None
+    for var in FWD_VARIANTS:
+        tm.FWD_CONFIG.update(var)
+        try:
+            plan = tm.build_plan(idx_ref, route, m)
+
+            def fwd(plan=plan):
+                return tm.mita_fwd(q, kk, v, r, vt, plan, 1, True, d**-0.5, 1.0 / d)[0]
+
+            o = fwd()
+            if o_ref is None:
+                o_ref = o.float()
+            err = ((o.float() - o_ref).norm() / o_ref.norm()).item()
+            ms, spread = cuda_time(fwd, warmup=3, reps=20, max_s=3.0)
+            print(f"{name:9s} fwd  {str(var):70s} {ms:8.4f} ms (spread {spread:.4f}) rel err {err:.1e}", flush=True)
+        except Exception as e:  # noqa: BLE001 (a setting that does not compile or fit is reported, not fatal)
+            print(f"{name:9s} fwd  {str(var):70s} FAILED {str(e).splitlines()[0][:100]}", flush=True)
+    tm.FWD_CONFIG.update(fwd_default)
+    for var in SCAN_VARIANTS:
+        tr.SCAN_CONFIG.update(var)
+        try:
+
+            def topk():
+                return tr.exact_topk(r, kk, None, k)
+
+            same = torch.equal(topk(), idx_ref)
+            ms, spread = cuda_time(topk, warmup=3, reps=20, max_s=3.0)
+            print(f"{name:9s} topk {str(var):70s} {ms:8.4f} ms (spread {spread:.4f}) equal {same}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name:9s} topk {str(var):70s} FAILED {str(e).splitlines()[0][:100]}", flush=True)
+    tr.SCAN_CONFIG.update(scan_default)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", default="N262144,N1048576")
+    args = ap.parse_args()
+    for name in args.points.split(","):
+        tune_point(name)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

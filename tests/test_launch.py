@@ -1,0 +1,175 @@
+"""Direct launches of cached Triton binaries (mita/ops/mita/launch.py): keys, caching rules, fallback, and on the
+GPU bitwise agreement with Triton's own launch path."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from mita.ops.mita import launch
+
+
+class _Param:
+    def __init__(self, name, is_constexpr):
+        self.name, self.is_constexpr = name, is_constexpr
+
+
+class _FakeCompiled:
+    def __init__(self, log, fail=False):
+        self.log, self.fail = log, fail
+
+    def __getitem__(self, grid):
+        def run(*args):
+            if self.fail:
+                raise TypeError("launcher signature changed")
+            self.log.append(("direct", grid, args))
+
+        return run
+
+
+class _FakeJit:
+    """Stands in for a triton.jit function: X, N runtime, BLOCK constexpr."""
+
+    arg_names = ["X", "N", "BLOCK"]
+    params = [_Param("X", False), _Param("N", False), _Param("BLOCK", True)]
+
+    def __init__(self, fail=False):
+        self.log = []
+        self.compiled = _FakeCompiled(self.log, fail)
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.log.append(("jit", grid, args, kwargs))
+            return self.compiled
+
+        return run
+
+
+@pytest.fixture
+def on_gpu_path(monkeypatch):
+    monkeypatch.setattr(launch, "_interpreting", lambda: False)
+    monkeypatch.setattr(launch, "ENABLED", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_arg_key_separates_what_triton_specialises_on():
+    x = torch.zeros(64)
+    assert launch._arg_key(x) == launch._arg_key(torch.ones(64))
+    assert launch._arg_key(x) != launch._arg_key(x[1:])  # 16-byte alignment
+    assert launch._arg_key(x) != launch._arg_key(x.to(torch.float16))
+    keys = {launch._arg_key(v) for v in (1, 16, 17, 32, 2**31, 2**63)}
+    assert len(keys) == 5  # 16 and 32 share a key; 1, 17, 2^31 and 2^63 each differ
+    assert launch._arg_key(True) != launch._arg_key(1)
+    assert launch._arg_key(0.5) == launch._arg_key(2.0)
+
+
+def test_first_call_compiles_then_direct_launch_with_constexpr_tail(on_gpu_path):
+    fn = _FakeJit()
+    k = launch.FastKernel(fn)
+    x = torch.zeros(64)
+    k[(4,)](x, 32, BLOCK=64, num_warps=4)
+    k[(8,)](x, 48, BLOCK=64, num_warps=4)  # same key: 48 is divisible by 16 like 32
+    assert fn.log[0][0] == "jit"
+    assert fn.log[1] == ("direct", (8,), (x, 48, 64))
+    k[(8,)](x, 33, BLOCK=64, num_warps=4)  # new key (33 not divisible by 16): Triton's own path again
+    k[(8,)](x, 32, BLOCK=128, num_warps=4)  # new constexpr value
+    k[(8,)](x, 32, BLOCK=64, num_warps=8)  # new launch option
+    assert [e[0] for e in fn.log] == ["jit", "direct", "jit", "jit", "jit"]
+    assert len(k.cache) == 4
+
+
+def test_runtime_argument_by_keyword_is_never_cached(on_gpu_path):
+    fn = _FakeJit()
+    k = launch.FastKernel(fn)
+    x = torch.zeros(64)
+    for n in (32, 48):
+        k[(1,)](x, N=n, BLOCK=64)
+    assert [e[0] for e in fn.log] == ["jit", "jit"]
+    assert fn.log[1][3]["N"] == 48
+    assert not k.cache
+
+
+def test_failure_of_the_direct_path_turns_it_off_and_relaunches(on_gpu_path):
+    fn = _FakeJit(fail=True)
+    k = launch.FastKernel(fn)
+    x = torch.zeros(64)
+    k[(1,)](x, 32, BLOCK=64)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        k[(1,)](x, 32, BLOCK=64)
+    assert launch.ENABLED is False
+    assert any("turned off" in str(m.message) for m in w)
+    assert [e[0] for e in fn.log] == ["jit", "jit"]  # the failed direct launch was redone the usual way
+
+
+def test_disabled_or_interpreting_always_takes_triton_path(monkeypatch):
+    monkeypatch.setattr(launch, "ENABLED", True)
+    monkeypatch.setattr(launch, "_interpreting", lambda: True)
+    fn = _FakeJit()
+    k = launch.FastKernel(fn)
+    for _ in range(3):
+        k[(1,)](torch.zeros(4), 4, BLOCK=4)
+    assert [e[0] for e in fn.log] == ["jit"] * 3 and not k.cache
+
+
+def test_registry_returns_one_wrapper_per_function():
+    fn = _FakeJit()
+    assert launch.fast(fn) is launch.fast(fn)
+    assert launch.fast(fn).fn is fn
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("short", [True, False])
+def test_direct_launches_match_triton_launches_on_gpu(monkeypatch, short):
+    """Forward and backward bitwise equal with direct launches on and off, over shapes whose specialisations differ
+    (N 197 / 256 / 1000 / 4097, d 64 / 32, bf16 / fp16, with and without padding), and the direct path was used."""
+    from mita.ops.mita import triton_mita as tm
+
+    monkeypatch.setattr(tm, "SHORT_PATH", short)
+    cases = [(2, 3, 197, 64, 25, torch.bfloat16, False), (1, 2, 256, 32, 16, torch.float16, True)]
+    if not short:
+        cases += [(1, 2, 1000, 64, 24, torch.bfloat16, True), (1, 1, 4097, 64, 40, torch.bfloat16, False)]
+
+    def run(B, H, N, d, m, dtype, pad):
+        g = torch.Generator(device="cuda").manual_seed(N)
+        q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+        r = torch.randn(B, H, m, d, device="cuda", dtype=dtype, generator=g)
+        mask = None
+        if pad:
+            mask = torch.zeros(B, N, dtype=torch.bool, device="cuda")
+            mask[:, N - N // 5 :] = True
+        ins = [t.requires_grad_() for t in (q, k, v, r)]
+        o = tm.triton_mita(*ins, m, key_padding_mask=mask)
+        grads = torch.autograd.grad(o, ins, torch.randn(o.shape, device="cuda", dtype=dtype, generator=g))
+        return [o.detach(), *grads]
+
+    for _ in range(2):  # the second round launches every key directly
+        for c in cases:
+            monkeypatch.setattr(launch, "ENABLED", True)
+            fast = run(*c)
+            monkeypatch.setattr(launch, "ENABLED", False)
+            ref = run(*c)
+            for a, b in zip(fast, ref):
+                assert torch.equal(a, b), c
+    assert launch.ENABLED is False  # set by this test; monkeypatch restores it
+    used = [k for k in launch._REGISTRY.values() if k.cache]
+    assert len(used) >= (4 if short else 10)
+
+
+def test_an_installed_launch_hook_sends_launches_through_triton(monkeypatch, on_gpu_path):
+    knobs = pytest.importorskip("triton.knobs")
+    rt = knobs.runtime
+    hook = getattr(rt, "launch_enter_hook", None)
+    if hasattr(hook, "add"):
+        monkeypatch.setattr(hook, "calls", [lambda *a: None])
+    else:
+        monkeypatch.setattr(rt, "launch_enter_hook", lambda *a: None)
+    assert launch._hooks_installed()
+    fn = _FakeJit()
+    k = launch.FastKernel(fn)
+    for _ in range(2):
+        k[(1,)](torch.zeros(4), 4, BLOCK=4)
+    assert [e[0] for e in fn.log] == ["jit", "jit"]
