@@ -72,7 +72,8 @@ def test_first_call_compiles_then_direct_launch_with_constexpr_tail(on_gpu_path)
     k[(4,)](x, 32, BLOCK=64, num_warps=4)
     k[(8,)](x, 48, BLOCK=64, num_warps=4)  # same key: 48 is divisible by 16 like 32
     assert fn.log[0][0] == "jit"
-    assert fn.log[1] == ("direct", (8,), (x, 48, 64))
+    assert fn.log[1] == ("direct", (8, 1, 1), (x, 48, 64))
+    assert k.direct == 1
     k[(8,)](x, 33, BLOCK=64, num_warps=4)  # new key (33 not divisible by 16): Triton's own path again
     k[(8,)](x, 32, BLOCK=128, num_warps=4)  # new constexpr value
     k[(8,)](x, 32, BLOCK=64, num_warps=8)  # new launch option
@@ -146,17 +147,21 @@ def test_direct_launches_match_triton_launches_on_gpu(monkeypatch, short):
         grads = torch.autograd.grad(o, ins, torch.randn(o.shape, device="cuda", dtype=dtype, generator=g))
         return [o.detach(), *grads]
 
-    for _ in range(2):  # the second round launches every key directly
-        for c in cases:
-            monkeypatch.setattr(launch, "ENABLED", True)
-            fast = run(*c)
-            monkeypatch.setattr(launch, "ENABLED", False)
-            ref = run(*c)
-            for a, b in zip(fast, ref):
-                assert torch.equal(a, b), c
-    assert launch.ENABLED is False  # set by this test; monkeypatch restores it
+    direct0 = sum(k.direct for k in launch._REGISTRY.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failure of the direct path warns: fail the test on it
+        for _ in range(2):  # the second round launches every key directly
+            for c in cases:
+                monkeypatch.setattr(launch, "ENABLED", True)
+                fast = run(*c)
+                monkeypatch.setattr(launch, "ENABLED", False)
+                ref = run(*c)
+                for a, b in zip(fast, ref):
+                    assert torch.equal(a, b), c
     used = [k for k in launch._REGISTRY.values() if k.cache]
     assert len(used) >= (4 if short else 10)
+    # Every kernel of every case launched directly in the second round at least.
+    assert sum(k.direct for k in launch._REGISTRY.values()) - direct0 >= len(cases) * (4 if short else 10)
 
 
 def test_an_installed_launch_hook_sends_launches_through_triton(monkeypatch, on_gpu_path):

@@ -275,11 +275,12 @@ def _reference_plan(route: torch.Tensor, m: int, bm: int, T: int):
 @pytest.mark.parametrize(
     "N,m,S,imbalanced,chunked",
     [(197, 25, 1, False, False), (70, 5, 2, True, False), (300, 40, 3, False, False), (197, 25, 1, False, True),
-     (70, 5, 2, True, True), (1100, 5, 1, True, True), (300, 40, 3, False, True)],
+     (70, 5, 2, True, True), (1100, 5, 1, True, True), (300, 40, 3, False, True), (300, 300, 3, False, True)],
 )  # fmt: skip
 def test_plan_matches_reference(monkeypatch, N, m, S, imbalanced, chunked):
-    """Both plan builders (one program per head; the chunked three-kernel counting sort, here with many small
-    chunks and a partial last one) against a stable sort and a loop over experts."""
+    """Both plan builders (one program per head; the chunked three-kernel counting sort, here with several steps
+    per chunk, a partial last chunk, and at m = 300 more chunks than one offsets block) against a stable sort and
+    a loop over experts."""
     g = torch.Generator().manual_seed(N + m)
     BH = 3
     route = torch.randint(0, m, (BH, N * S), generator=g, dtype=torch.int32)
@@ -289,8 +290,8 @@ def test_plan_matches_reference(monkeypatch, N, m, S, imbalanced, chunked):
     idx = torch.zeros(BH, m, 4, dtype=torch.int32, device=DEV)
     if chunked:
         monkeypatch.setattr(tm, "_PLAN_FUSED_MAX", 0)
-        monkeypatch.setattr(tm, "_PLAN_CHUNK", 256)
-        monkeypatch.setattr(tm, "_PLAN_PROGRAMS", 4096)
+        monkeypatch.setattr(tm, "_PLAN_STEP", 16)
+        monkeypatch.setattr(tm, "_PLAN_PROGRAMS", 64)
     plan = tm.build_plan(idx, route, m)
     T = plan.tile_e.shape[1]
     rows, starts, tile_e, tile_rs, tile_re = _reference_plan(route, m, plan.bm, T)

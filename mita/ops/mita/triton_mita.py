@@ -515,18 +515,33 @@ def _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, BMQ, MP:
 
 
 @triton.jit
+def _plan_subchunk(ROUTE, i_bh, NR, r0, r_end, BR: tl.constexpr):
+    # Rows r0 .. r0 + BR of the chunk: their experts, validity, rank among the earlier rows of the same expert in
+    # this step, count of the expert in this step and whether a row is its expert's last one here ([BR] each).
+    o_r = r0 + tl.arange(0, BR)
+    m_r = o_r < r_end
+    b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=m_r, other=-1)
+    same = (b_e[:, None] == b_e[None, :]) & m_r[None, :]
+    o_b = tl.arange(0, BR)
+    rank = tl.sum((same & (o_b[None, :] < o_b[:, None])).to(tl.int32), 1)
+    cnt = tl.sum(same.to(tl.int32), 1)
+    last = m_r & (rank == cnt - 1)
+    return o_r, m_r, b_e, rank, cnt, last
+
+
+@triton.jit
 def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr):
-    # Chunked plan, step 1 of 3: per chunk of CR rows, the number of rows routed to each expert -> CNTS[bh, c].
+    # Chunked plan, step 1 of 3: per chunk of CR rows, the number of rows routed to each expert -> CNTS[bh, c]
+    # (per step of BR rows one integer atomic per expert present: the counts do not depend on their order).
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    o_m = tl.arange(0, MP)
-    cnt = tl.zeros([MP], tl.int32)
+    base = CNTS + (i_bh * NC + i_c) * MP
+    tl.store(base + tl.arange(0, MP), tl.zeros([MP], tl.int32))
+    tl.debug_barrier()
     r_end = tl.minimum((i_c + 1) * CR, NR)
     for r0 in range(i_c * CR, r_end, BR):
-        o_r = r0 + tl.arange(0, BR)
-        b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=o_r < r_end, other=-1)
-        cnt += tl.sum((b_e[:, None] == o_m[None, :]).to(tl.int32), 0)
-    tl.store(CNTS + (i_bh * NC + i_c) * MP + o_m, cnt)
+        o_r, m_r, b_e, rank, cnt, last = _plan_subchunk(ROUTE, i_bh, NR, r0, r_end, BR)
+        tl.atomic_add(base + b_e, cnt, mask=last, sem="relaxed")
 
 
 @triton.jit
@@ -559,21 +574,19 @@ def _plan_offsets_kernel(
 
 @triton.jit
 def _plan_scatter_kernel(ROUTE, CNTS, ROWS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr):
-    # Step 3 of 3: each chunk writes its rows at their expert's offset, in row order (a stable counting sort).
+    # Step 3 of 3: each chunk writes its rows at their expert's next position, in row order (a stable counting
+    # sort); the chunk's [MP] next positions live in its CNTS row (written by step 2), advanced after each step.
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    o_m = tl.arange(0, MP)
-    pos0 = tl.load(CNTS + (i_bh * NC + i_c) * MP + o_m)
+    base = CNTS + (i_bh * NC + i_c) * MP
     r_end = tl.minimum((i_c + 1) * CR, NR)
     for r0 in range(i_c * CR, r_end, BR):
-        o_r = r0 + tl.arange(0, BR)
-        m_r = o_r < r_end
-        b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=m_r, other=-1)
-        oh = (b_e[:, None] == o_m[None, :]).to(tl.int32)
-        rank = tl.cumsum(oh, 0)
-        pos = tl.sum(tl.where(oh > 0, pos0[None, :] + rank - 1, 0), 1)
+        o_r, m_r, b_e, rank, cnt, last = _plan_subchunk(ROUTE, i_bh, NR, r0, r_end, BR)
+        pos = tl.load(base + b_e, mask=m_r, other=0) + rank
         tl.store(ROWS + i_bh * NR + pos, o_r, mask=m_r)
-        pos0 += tl.sum(oh, 0)
+        tl.debug_barrier()
+        tl.store(base + b_e, pos + 1, mask=last)
+        tl.debug_barrier()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -623,6 +636,8 @@ class RoutingPlan:
 _PLAN_FUSED_MAX = 1 << 18
 _PLAN_CHUNK = 8192
 _PLAN_PROGRAMS = 512
+# Rows per step of the chunked plan (ranks among equal experts from a [step, step] comparison).
+_PLAN_STEP = 64
 
 
 # Launch settings of the general path's attention kernels (scripts/bench/tune_long.py sweeps them on the GPU):
@@ -664,7 +679,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
         )
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets + tile table, scatter.
-    br = max(16, _PLAN_CHUNK // mp)
+    br = _PLAN_STEP
     cr = max(br, triton.cdiv(triton.cdiv(nrows, max(1, _PLAN_PROGRAMS // BH)), br) * br)
     nc = triton.cdiv(nrows, cr)
     i32 = torch.int32
@@ -674,8 +689,8 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
     tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
     fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
     fast(_plan_offsets_kernel)[(BH,)](
-        cnts, starts, tile_e, tile_rs, tile_re, m, T, bm, nc, MP=mp, BC=max(1, min(64, 4096 // mp)), BT=br,
-        num_warps=8,
+        cnts, starts, tile_e, tile_rs, tile_re, m, T, bm, nc, MP=mp, BC=max(1, min(64, 4096 // mp)),
+        BT=max(16, _PLAN_CHUNK // mp), num_warps=8,
     )  # fmt: skip
     fast(_plan_scatter_kernel)[(nc, BH)](route, cnts, rows, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
     return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
