@@ -72,8 +72,9 @@ def main() -> None:
          dict(CSR=True, LV=True, HAS_KV=False, BK=16, KP=512, BS=64, **common), 4, None),
         ("plan", tm._plan_kernel, dict(MP=32, BR=256, BT=256), 8, None),
         ("plan_count", tm._plan_count_kernel, dict(MP=128, BR=64), 4, {"CNTS": "*i32", "CR": "i32"}),
-        ("plan_offsets", tm._plan_offsets_kernel, dict(MP=512, BC=8, BT=16), 8, {"CNTS": "*i32"}),
-        ("plan_scatter", tm._plan_scatter_kernel, dict(MP=512, BR=16), 4, {"CNTS": "*i32", "CR": "i32"}),
+        ("plan_offsets", tm._plan_offsets_kernel, dict(MP=512, BC=8), 8, {"CNTS": "*i32"}),
+        ("plan_scatter", tm._plan_scatter_kernel, dict(MP=512, BR=64, BT=16), 4,
+         {"CNTS": "*i32", "CR": "i32", "TT": "i32"}),
         ("topk_small", tr._topk_small_kernel,
          dict(HAS_KV=False, BS=16, NP=256, KP=32, EXACT=False, **common), 4, None),
     ]

@@ -489,18 +489,21 @@ def _plan_kernel(
         pos = tl.sum(tl.where(oh > 0, base[None, :] + rank - 1, 0), 1)
         tl.store(ROWS + i_bh * NR + pos, o_r, mask=m_r)
         base += tl.sum(oh, 0)
-    _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, BMQ, MP, BT)
+    _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, 0, T, BMQ, MP, BT)
 
 
 @triton.jit
-def _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, BMQ, MP: tl.constexpr, BT: tl.constexpr):
-    # The tile table of one (batch, head) from the expert counts, first rows and end rows ([MP] each).
+def _plan_tiles(
+    TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, t_lo, t_hi, BMQ, MP: tl.constexpr, BT: tl.constexpr
+):
+    # Tiles t_lo .. t_hi of the tile table of one (batch, head) from the expert counts, first rows and end rows
+    # ([MP] each; experts past M have none).
     o_m = tl.arange(0, MP)
     tiles = (cnt + BMQ - 1) // BMQ
     tcum = tl.cumsum(tiles, 0)
-    for t0 in range(0, T, BT):
+    for t0 in range(t_lo, t_hi, BT):
         o_t = t0 + tl.arange(0, BT)
-        m_t = o_t < T
+        m_t = o_t < t_hi
         # Expert of tile t: the number of experts whose tiles all come before t (padded experts have no tiles
         # and count only past the last tile, giving e >= M there).
         e_t = tl.sum((tcum[None, :] <= o_t[:, None]).to(tl.int32), 1)
@@ -545,11 +548,9 @@ def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constex
 
 
 @triton.jit
-def _plan_offsets_kernel(
-    CNTS, STARTS, TILE_E, TILE_RS, TILE_RE, M, T, BMQ, NC, MP: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr
-):
-    # Step 2 of 3, one program per (batch, head): expert totals and first rows, the tile table, and each chunk's
-    # first output position per expert (first row of the expert + the rows of earlier chunks), over CNTS in place.
+def _plan_offsets_kernel(CNTS, STARTS, M, NC, MP: tl.constexpr, BC: tl.constexpr):
+    # Step 2 of 3, one program per (batch, head): expert totals and first rows, and each chunk's first output
+    # position per expert (first row of the expert + the rows of earlier chunks), over CNTS in place.
     i_bh = tl.program_id(0).to(tl.int64)
     o_m = tl.arange(0, MP)
     base = CNTS + i_bh * NC * MP
@@ -569,15 +570,24 @@ def _plan_offsets_kernel(
         # Exclusive prefix over the chunks of this block, on top of the running offset.
         tl.store(ptr, run[None, :] + tl.cumsum(b_c, 0) - b_c, mask=(o_c < NC)[:, None])
         run += tl.sum(b_c, 0)
-    _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, BMQ, MP, BT)
 
 
 @triton.jit
-def _plan_scatter_kernel(ROUTE, CNTS, ROWS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr):
+def _plan_scatter_kernel(
+    ROUTE, CNTS, ROWS, STARTS, TILE_E, TILE_RS, TILE_RE, NR, CR, NC, M, T, BMQ, TT,
+    MP: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
     # Step 3 of 3: each chunk writes its rows at their expert's next position, in row order (a stable counting
     # sort); the chunk's [MP] next positions live in its CNTS row (written by step 2), advanced after each step.
+    # Program c also writes tiles c * TT .. (c + 1) * TT of the tile table (from the first rows of step 2).
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
+    o_m = tl.arange(0, MP)
+    start = tl.load(STARTS + i_bh * (M + 1) + tl.minimum(o_m, M))
+    incl = tl.load(STARTS + i_bh * (M + 1) + tl.minimum(o_m + 1, M))
+    t_lo = i_c * TT
+    _plan_tiles(TILE_E, TILE_RS, TILE_RE, incl - start, start, incl, i_bh, M, T, t_lo, tl.minimum(t_lo + TT, T), BMQ,
+                MP, BT)  # fmt: skip
     base = CNTS + (i_bh * NC + i_c) * MP
     r_end = tl.minimum((i_c + 1) * CR, NR)
     for r0 in range(i_c * CR, r_end, BR):
@@ -678,7 +688,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
             route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br, num_warps=8
         )
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
-    # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets + tile table, scatter.
+    # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets, scatter + tile table.
     br = _PLAN_STEP
     cr = max(br, triton.cdiv(triton.cdiv(nrows, max(1, _PLAN_PROGRAMS // BH)), br) * br)
     nc = triton.cdiv(nrows, cr)
@@ -688,11 +698,11 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
     starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
     tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
     fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
-    fast(_plan_offsets_kernel)[(BH,)](
-        cnts, starts, tile_e, tile_rs, tile_re, m, T, bm, nc, MP=mp, BC=max(1, min(64, 4096 // mp)),
-        BT=max(16, _PLAN_CHUNK // mp), num_warps=8,
+    fast(_plan_offsets_kernel)[(BH,)](cnts, starts, m, nc, MP=mp, BC=max(1, min(64, 4096 // mp)), num_warps=8)
+    fast(_plan_scatter_kernel)[(nc, BH)](
+        route, cnts, rows, starts, tile_e, tile_rs, tile_re, nrows, cr, nc, m, T, bm, triton.cdiv(T, nc),
+        MP=mp, BR=br, BT=max(16, _PLAN_CHUNK // mp), num_warps=4,
     )  # fmt: skip
-    fast(_plan_scatter_kernel)[(nc, BH)](route, cnts, rows, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
     return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
 
 
