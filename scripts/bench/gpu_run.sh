@@ -28,5 +28,7 @@ step "${OP_S:-90}" python3 scripts/bench/bench_op.py --out "$OUT" --points "${OP
   --backends triton --dense-long "${DENSE_LONG:-cudnn}" --dense-reps-long 2 2>&1 | tee "$OUT/op_bench.log" | tail -14
 step "${OPG_S:-0}" python3 scripts/bench/bench_op.py --out "$OUT" --graph --points "${OPG_POINTS:-deit_s,N4096,N65536}" \
   --backends triton 2>&1 | tee "$OUT/op_bench_graph.log" | tail -14
+step "${LAYER_S:-0}" python3 scripts/bench/bench_layers.py --out "$OUT" --points "${LAYER_POINTS:-deit_s,N4096,N65536}" \
+  2>&1 | tee "$OUT/layer_bench.log" | tail -30
 step "${FIGF_S:-0}" python3 scripts/bench/bench_figf.py --out "$OUT" --max-n "${FIGF_MAX_N:-262144}" \
   --time-budget-s "${FIGF_BUDGET_S:-100}" ${FIGF_GRAPH:+--graph} 2>&1 | tee "$OUT/figf.log" | tail -14

@@ -1,0 +1,210 @@
+"""Layer-level benchmark: every registered attention (mita.registry) against full attention on the fastest dense
+SDPA kernel measured in the same run.
+
+Each attention is built with ``create_attention(name, C = H * d, H, ...)`` and timed on ``[B, N, C]`` tokens
+(its projections included): forward and forward+backward time, peak memory above the inputs, and the speed-up
+over the fastest ``full`` variant (SDPA pinned to flash / cuDNN / efficient) per stage. Points as in bench_op.py:
+the DeiT-S layer (B 256, N 197 with a class token on a 14 x 14 grid, H 6, d 64) and long sequences N = 1K, 4K,
+... (B 1, H 2, d 64, on a square grid, m = k = sqrt(N / 4)). Before timing, each attention passes a correctness
+gate: the same layer (same weights) in the benchmark dtype on the device against float32 on the CPU at a small
+shape, forward output and input gradient (relative error < 5e-2); one that fails gets no speed-up.
+
+    python scripts/bench/bench_layers.py --out results/bench [--max-n 65536] [--attentions mita,agent,...]
+    python scripts/bench/bench_layers.py --device cpu --points tiny --dtype float32   # a CPU smoke run
+
+On the CPU times are wall-clock medians (no peak memory); on CUDA, CUDA-event medians of eager calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from common import environment, write_csv  # noqa: E402
+
+from mita.registry import create_attention, list_attentions  # noqa: E402
+
+DENSE_KERNELS = ("flash", "cudnn", "efficient")
+
+
+def points(max_n: int) -> list[dict]:
+    """Benchmark points; ``tiny`` is for CPU smoke runs."""
+    pts = [
+        dict(name="tiny", B=2, H=2, N=257, d=32, grid=(16, 16), prefix=1, m=16, k=16),
+        dict(name="deit_s", B=256, H=6, N=197, d=64, grid=(14, 14), prefix=1, m=25, k=25),
+    ]
+    n = 1024
+    while n <= max_n:
+        s = math.isqrt(n)
+        mk = int(math.sqrt(n / 4))
+        pts.append(dict(name=f"N{n}", B=1, H=2, N=n, d=64, grid=(s, s), prefix=0, m=mk, k=mk))
+        n *= 4
+    return pts
+
+
+def layer_options(name: str, p: dict) -> dict:
+    """Keyword options of attention ``name`` at point ``p`` (budgets from the point's m and k)."""
+    layout = "official" if p["prefix"] else "1d"
+    return {
+        "mita": dict(m=p["m"], k=p["k"], landmark_layout=layout),
+        "mita_routing": dict(m=p["m"], k=p["k"], landmark_layout=layout),
+        "topk": dict(k=p["k"]),
+        "agent": dict(agent_num=p["m"]),
+        "agent_minus": dict(agent_num=p["m"]),
+    }.get(name, {})
+
+
+def methods(p: dict, wanted: list[str], device: str) -> dict[str, tuple[str, dict]]:
+    """Method label -> (registered name, options): ``full[<kernel>]`` per dense SDPA kernel (``full[auto]`` on the
+    CPU), then every wanted attention except ``full``."""
+    out = {}
+    for kern in DENSE_KERNELS if device == "cuda" else ("auto",):
+        out[f"full[{kern}]"] = ("full", dict(sdpa_backend=kern, use_flash_attn=False))
+    for name in wanted:
+        if name != "full":
+            out[name] = (name, layer_options(name, p))
+    return out
+
+
+def gate(name: str, opts: dict, p: dict, device: str, dtype: torch.dtype) -> tuple[bool, str]:
+    """The layer in ``dtype`` on ``device`` against the same weights in float32 on the CPU (output, input grad)."""
+    torch.manual_seed(0)
+    H, d = p["H"], p["d"]
+    # Long points are checked on a 32 x 32 grid (the point's options; every budget here fits 1024 tokens).
+    N, grid = (1024, (32, 32)) if p["N"] > 1024 else (p["N"], p["grid"])
+    ref = create_attention(name, H * d, H, **opts).float()
+    dut = copy.deepcopy(ref).to(device, dtype)
+    kw = dict(grid=grid)
+    x = torch.randn(2, N, H * d)
+    x_ref = x.clone().requires_grad_()
+    x_dut = x.to(device, dtype).requires_grad_()
+    o_ref = ref(x_ref, **kw)
+    o_dut = dut(x_dut, **kw)
+    g = torch.randn_like(o_ref)
+    (gx_ref,) = torch.autograd.grad(o_ref, x_ref, g)
+    (gx_dut,) = torch.autograd.grad(o_dut, x_dut, g.to(device, dtype))
+    errs = []
+    for what, a, b in (("out", o_dut, o_ref), ("dx", gx_dut, gx_ref)):
+        err = ((a.float().cpu() - b).norm() / b.norm().clamp_min(1e-30)).item()
+        if not err < 5e-2:
+            errs.append(f"{what} rel err {err:.2e}")
+    return not errs, "; ".join(errs) or "ok"
+
+
+def time_call(fn, device: str, warmup: int, reps: int) -> tuple[float, float]:
+    """Median and spread in ms (CUDA events on CUDA, wall clock on the CPU)."""
+    if device == "cuda":
+        from common import time_ms
+
+        return time_ms(fn, "eager", warmup=warmup, reps=reps)
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts), max(ts) - min(ts)
+
+
+def measure(layer, x, grid, device: str, long_run: bool) -> dict:
+    """Forward and forward+backward time and (CUDA) peak memory of one layer on tokens ``x``."""
+    reps, warmup = (3, 1) if long_run else (10, 2)
+    do = torch.randn_like(x)
+
+    def fwd():
+        return layer(x, grid=grid)
+
+    def fwdbwd():
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        layer(x, grid=grid).backward(do)
+
+    row = {}
+    for stage, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+        with torch.no_grad() if stage == "fwd" else torch.enable_grad():
+            row[f"{stage}_ms"], row[f"{stage}_spread_ms"] = time_call(fn, device, warmup, reps)
+            if device == "cuda":
+                from common import peak_memory_mib
+
+                row[f"{stage}_peak_mib"] = peak_memory_mib(fn)
+    return row
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/bench")
+    ap.add_argument("--max-n", type=int, default=1 << 16)
+    ap.add_argument("--points", default="deit_s,N4096,N65536", help="comma-separated point names; empty: all")
+    ap.add_argument("--attentions", default="", help="comma-separated registered names; empty: all")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    known = list_attentions()
+    wanted = [a for a in args.attentions.split(",") if a] or known
+    unknown = [a for a in wanted if a not in known]
+    if unknown:
+        raise SystemExit(f"unknown attention(s) {unknown}; registered: {', '.join(known)}")
+    env = environment()
+    os.makedirs(args.out, exist_ok=True)
+    rows: list[dict] = []
+    sel = [x for x in args.points.split(",") if x]
+    for p in points(args.max_n):
+        if sel and p["name"] not in sel:
+            continue
+        res, gates = {}, {}
+        for label, (name, opts) in methods(p, wanted, args.device).items():
+            try:
+                gates[label] = gate(name, opts, p, args.device, dtype)
+                torch.manual_seed(0)
+                layer = create_attention(name, p["H"] * p["d"], p["H"], **opts).to(args.device, dtype)
+                x = torch.randn(p["B"], p["N"], p["H"] * p["d"], device=args.device, dtype=dtype, requires_grad=True)
+                res[label] = measure(layer, x, p["grid"], args.device, p["N"] >= 1 << 18)
+                del layer, x
+            except (RuntimeError, ValueError) as e:
+                res[label] = {"error": str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__}
+                gates.setdefault(label, (False, "not run"))
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+            print(f"{p['name']} {label} gate {gates[label][1]} {res[label]}", flush=True)
+        dense = {lb: r for lb, r in res.items() if lb.startswith("full[") and gates[lb][0]}
+        for label, r in res.items():
+            row = dict(point=p["name"], B=p["B"], H=p["H"], N=p["N"], d=p["d"], m=p["m"], k=p["k"], method=label)
+            row.update(r)
+            row["correctness"] = "PASS" if gates[label][0] else f"FAIL: {gates[label][1]}"
+            for st in ("fwd", "fwdbwd"):
+                cands = [lb for lb in dense if f"{st}_ms" in dense[lb]]
+                if not cands or f"{st}_ms" not in r:
+                    continue
+                best = min(cands, key=lambda lb: dense[lb][f"{st}_ms"])
+                row[f"best_dense_{st}"] = best
+                if not label.startswith("full["):
+                    row[f"speedup_{st}"] = (
+                        dense[best][f"{st}_ms"] / r[f"{st}_ms"] if gates[label][0] else "refused: correctness gate"
+                    )
+            row.update(env, device=args.device, dtype=args.dtype)
+            rows.append(row)
+        write_csv(os.path.join(args.out, "layer_bench.csv"), rows)
+    print("point    method            fwd_ms   fwdbwd_ms  speedup_fwd  speedup_fwdbwd  correctness / error")
+    for r in rows:
+        print(
+            f"{r['point']:8s} {r['method']:16s} {r.get('fwd_ms', float('nan')):9.3f} "
+            f"{r.get('fwdbwd_ms', float('nan')):10.3f} {str(r.get('speedup_fwd', ''))[:8]:>12s} "
+            f"{str(r.get('speedup_fwdbwd', ''))[:8]:>14s}  {r.get('error', r['correctness'])}"
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The layer-level benchmark (scripts/bench/bench_layers.py) end to end on the CPU at its smoke point: every
+registered attention gets a row, a correctness verdict and speed-ups over the dense reference; a layer whose gate
+fails is refused a speed-up."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("bench_layers", None)
+    import bench_layers
+
+    return bench_layers
+
+
+def test_every_registered_attention_is_benchmarked_on_cpu(bench, tmp_path):
+    from mita.registry import list_attentions
+
+    rows = bench.main(["--device", "cpu", "--points", "tiny", "--dtype", "float32", "--out", str(tmp_path)])
+    with open(tmp_path / "layer_bench.csv") as f:
+        written = list(csv.DictReader(f))
+    assert len(written) == len(rows)
+    by_method = {r["method"]: r for r in written}
+    expected = {"full[auto]"} | {a for a in list_attentions() if a != "full"}
+    assert set(by_method) == expected
+    for method, r in by_method.items():
+        assert r["correctness"] == "PASS", (method, r)
+        assert float(r["fwd_ms"]) > 0 and float(r["fwdbwd_ms"]) > 0
+        assert r["best_dense_fwd"] == "full[auto]"
+        if method != "full[auto]":
+            ratio = float(by_method["full[auto]"]["fwd_ms"]) / float(r["fwd_ms"])
+            assert float(r["speedup_fwd"]) == pytest.approx(ratio)
+
+
+def test_failed_gate_refuses_the_speedup(bench, tmp_path, monkeypatch):
+    real_gate = bench.gate
+    monkeypatch.setattr(bench, "gate", lambda name, *a: (False, "forced") if name == "linear" else real_gate(name, *a))
+    rows = bench.main(
+        ["--device", "cpu", "--points", "tiny", "--dtype", "float32", "--out", str(tmp_path), "--attentions",
+         "full,linear,mita"]
+    )  # fmt: skip
+    by_method = {r["method"]: r for r in rows}
+    assert set(by_method) == {"full[auto]", "linear", "mita"}
+    assert by_method["linear"]["correctness"].startswith("FAIL")
+    assert by_method["linear"]["speedup_fwd"] == "refused: correctness gate"
+    assert isinstance(by_method["mita"]["speedup_fwd"], float)
+
+
+def test_unknown_attention_is_a_clear_error(bench, tmp_path):
+    with pytest.raises(SystemExit, match="unknown attention"):
+        bench.main(["--device", "cpu", "--points", "tiny", "--attentions", "nope", "--out", str(tmp_path)])
