@@ -14,7 +14,8 @@ and on one NVIDIA H200 (triton 3.6, torch 2.11). Differences from the reference 
 Routing (exact top-k of R k^T with ties to the lower key index, per-query top-S of q R^T) and the landmark
 values softmax(R k^T s) v (split-key forward and backward) are Triton kernels in triton_routing.py; the plan
 (queries sorted by expert, the tile table) is one kernel at small N * S * m and a chunked counting sort of three
-kernels otherwise, both without host synchronisation.
+kernels otherwise, both without host synchronisation. Under torch.compile the operator is the custom ops of
+triton_op.py (same kernels, no graph break).
 """
 
 from __future__ import annotations
@@ -1021,8 +1022,9 @@ class _MiTAFn(torch.autograd.Function):
     """Landmark values and the fused attention as one autograd node: one backward writes dq, dk, dv, dR once."""
 
     @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale):
-        BH, _, D = q.shape
+    def fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale):
+        """``(o, vt, lse, lv_lse)``: output, landmark values (zeros without the shared expert), the attention's
+        LSE and the landmark values' LSE (None without the shared expert)."""
         if shared:
             # softmax(R k^T s) v: split-key kernels; zeros for a row with no valid key, as the reference gives.
             vt, lv_lse = landmark_values_fwd(r, k, v, key_valid, scale)
@@ -1030,6 +1032,11 @@ class _MiTAFn(torch.autograd.Function):
             vt = torch.zeros_like(r)
             lv_lse = None
         o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale)
+        return o, vt, lse, lv_lse
+
+    @staticmethod
+    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale):
+        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale)
         ctx.save_for_backward(q, k, v, r, vt, o, lse, lv_lse)
         ctx.key_valid, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, plan, S, shared, scale, sscale
         return o
@@ -1086,7 +1093,12 @@ def triton_mita(
     key_valid = None
     if key_padding_mask is not None:
         key_valid = (~key_padding_mask)[:, None, :].expand(B, H, N).reshape(BH, N)
-    if SHORT_PATH and small_supported(N, m, D):
+    short = SHORT_PATH and small_supported(N, m, D)
+    if torch.compiler.is_compiling():
+        # Inside torch.compile: the same kernels behind two opaque custom ops (triton_op.py), no graph break.
+        o = torch.ops.mita.triton_fwd(qf, kf, vf, rf, key_valid, ksel, S, shared, scale, sscale, short)[0]
+        return o.view(B, H, N, D)
+    if short:
         # Image sizes: routing, landmark values and attention in one launch per (batch, head), see triton_small.py.
         o = SmallMiTAFn.apply(qf, kf, vf, rf, key_valid, ksel, S, shared, scale, sscale)
         return o.view(B, H, N, D)
@@ -1097,3 +1109,7 @@ def triton_mita(
         plan = build_plan(idx, route, m)
     o = _MiTAFn.apply(qf, kf, vf, rf, key_valid, plan, S, shared, scale, sscale)
     return o.view(B, H, N, D)
+
+
+# Registers the custom ops torch.compile uses (imports this module's names, hence at the end).
+from mita.ops.mita import triton_op  # noqa: E402, F401
