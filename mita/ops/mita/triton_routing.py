@@ -502,6 +502,7 @@ def exact_topk(
     small_max_n: int = SMALL_N,
     cap: int | None = None,
     timer=None,
+    stats: dict | None = None,
 ) -> torch.Tensor:
     """Per landmark, the indices of the ``ksel`` valid keys with the largest raw score, ties to the lower index.
 
@@ -515,6 +516,10 @@ def exact_topk(
             to a power of 2). Rows with more keys above the start threshold than cap take the refinement passes.
         timer: None, or ``timer(name, fn)`` that runs ``fn()`` (profiling: each pass of the long-row path is one
             named call).
+        stats: None, or a dict that receives (long-row path only) ``"cap"``, ``"counts"`` (``[BH * m]`` int32
+            device tensor: keys at or above each row's start threshold) and ``"overflow_rows"`` (device tensor: rows
+            with more than cap such keys, which took the refinement passes). No host synchronisation here;
+            scripts/bench/topk_overflow.py models the same threshold on the CPU.
 
     Returns:
         ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for.
@@ -601,6 +606,10 @@ def exact_topk(
         run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
     run("recount (fallback rows)", lambda: scan(2))
     run("ordered emit (fallback rows)", lambda: scan(3))
+    if stats is not None:
+        stats["cap"] = cap
+        stats["counts"] = off
+        stats["overflow_rows"] = (off > cap).sum()
     kp = _next_pow2(ksel)
     run(
         "top-k of the candidate list",

@@ -1,0 +1,98 @@
+"""How often the long-row exact top-k leaves its fast path: a PyTorch model of its start threshold, on the CPU.
+
+The Triton top-k (mita/ops/mita/triton_routing.py, rows longer than 512 keys) takes, per landmark row, the
+kk-th largest maximum of 64-key blocks (of groups of f blocks when a row has more than 8192 blocks) as a start
+threshold, and emits every key at or above it into a candidate list of ``cap = next_pow2(max(2 k, 64))`` slots.
+A row with more such keys than cap overflows into the refinement passes (up to 8 extra passes over the keys,
+~5.7 ms each at N = 1M when every row needs them; run 6). The threshold is tight when a landmark's top keys are
+spread over many blocks (independent tokens) and loose when they cluster in a few blocks (neighbouring tokens
+alike): this script measures the share of overflowing rows for synthetic sequences with AR(1) correlation along
+the tokens, or for q / k tensors saved from a real model.
+
+    python scripts/bench/topk_overflow.py [--n 65536] [--rho 0,0.9,0.99]
+    python scripts/bench/topk_overflow.py --qk saved.pt      # a dict with "q" and "k": [N, d] or [B, H, N, d]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+
+def start_overflow(r: torch.Tensor, k: torch.Tensor, kk: int, bn: int = 64, max_groups: int = 8192) -> dict:
+    """Share of rows of ``r @ k.T`` whose keys at or above the start threshold exceed the candidate list.
+
+    Args:
+        r: ``[m, d]`` landmarks; k: ``[N, d]`` keys (float32 scores as the kernels compute them).
+        kk: keys per landmark.
+
+    Returns:
+        ``{"overflow": share of rows, "median_count": median keys >= start, "cap": list length, "counts": [m]}``.
+    """
+    s = r.float() @ k.float().T
+    m, N = s.shape
+    nb = math.ceil(N / bn)
+    bmax = torch.nn.functional.pad(s, (0, nb * bn - N), value=float("-inf")).view(m, nb, bn).amax(-1)
+    f = 1 << max(0, math.ceil(nb / max_groups) - 1).bit_length()
+    ng = math.ceil(nb / f)
+    gmax = torch.nn.functional.pad(bmax, (0, ng * f - nb), value=float("-inf")).view(m, ng, f).amax(-1)
+    start = gmax.topk(min(kk, ng), dim=-1).values[:, -1:]
+    cnt = (s >= start).sum(-1)
+    cap = 1 << (max(2 * kk, kk, 64) - 1).bit_length()
+    return {
+        "overflow": (cnt > cap).float().mean().item(),
+        "median_count": cnt.float().median().item(),
+        "cap": cap,
+        "counts": cnt,
+    }
+
+
+def ar1_tokens(n: int, d: int, rho: float, gen: torch.Generator) -> torch.Tensor:
+    """``[n, d]`` tokens, each dimension an AR(1) sequence with lag-1 correlation rho (rho = 0: independent)."""
+    e = torch.randn(n, d, generator=gen)
+    if rho == 0:
+        return e
+    x = torch.empty(n, d)
+    x[0] = e[0]
+    c = math.sqrt(1 - rho * rho)
+    for t in range(1, n):
+        x[t] = rho * x[t - 1] + c * e[t]
+    return x
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=65536)
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--rho", default="0,0.9,0.99,0.999")
+    ap.add_argument("--qk", default="", help="a torch.save'd dict with q and k ([N, d] or [B, H, N, d])")
+    args = ap.parse_args()
+    if args.qk:
+        saved = torch.load(args.qk, map_location="cpu")
+        q, k = saved["q"], saved["k"]
+        q, k = (t.reshape(-1, t.shape[-2], t.shape[-1]) if t.dim() > 2 else t[None] for t in (q, k))
+        n = q.shape[1]
+        mk = max(1, int(math.sqrt(n / 4)))
+        for i in range(q.shape[0]):
+            r = q[i][: n - n % mk].reshape(mk, -1, q.shape[-1]).mean(1)
+            res = start_overflow(r, k[i], mk)
+            res.pop("counts")
+            print(f"head {i}: N {n}, m = k = {mk}: {res}", flush=True)
+        return
+    gen = torch.Generator().manual_seed(0)
+    n, d = args.n, args.d
+    mk = int(math.sqrt(n / 4))
+    w_q, w_k = (torch.randn(d, d, generator=gen) / math.sqrt(d) for _ in range(2))
+    for rho in (float(x) for x in args.rho.split(",")):
+        x = ar1_tokens(n, d, rho, gen)
+        q, k = x @ w_q, x @ w_k
+        r = q.view(mk, n // mk, d).mean(1)  # 1-D landmarks: means of consecutive query segments
+        res = start_overflow(r, k, mk)
+        res.pop("counts")
+        print(f"N {n}, m = k = {mk}, AR(1) rho {rho}: {res}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

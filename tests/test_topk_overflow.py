@@ -1,0 +1,51 @@
+"""The CPU model of the long-row top-k's start threshold (scripts/bench/topk_overflow.py) against the Triton
+kernel's own per-row counts (exact_topk(stats=...), interpreter on the CPU): same count of keys at or above the
+start threshold in every row, for independent and for correlated tokens (where rows overflow the list)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from mita.ops.mita import triton_routing as tr  # noqa: E402
+
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
+
+
+@pytest.fixture
+def ovf(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("topk_overflow", None)
+    import topk_overflow
+
+    return topk_overflow
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.95])
+def test_model_matches_kernel_counts(ovf, rho):
+    n, d, mk = 2048, 32, 16
+    gen = torch.Generator().manual_seed(1)
+    x = ovf.ar1_tokens(n, d, rho, gen)
+    w_q, w_k = (torch.randn(d, d, generator=gen) / math.sqrt(d) for _ in range(2))
+    q, k = x @ w_q, x @ w_k
+    r = q.view(mk, n // mk, d).mean(1)
+    model = ovf.start_overflow(r, k, mk)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    stats = {}
+    idx = tr.exact_topk(r[None].to(dev), k[None].to(dev), None, mk, stats=stats)
+    assert stats["cap"] == model["cap"]
+    assert torch.equal(stats["counts"].cpu().long(), model["counts"].long())
+    assert int(stats["overflow_rows"]) == round(model["overflow"] * mk)
+    if rho > 0:
+        assert model["overflow"] > 0.5  # correlated tokens: most rows take the refinement passes
+    else:
+        assert model["overflow"] == 0.0
+    # The result is exact either way.
+    ref = torch.topk(r.float() @ k.float().T, mk, dim=-1).indices.sort(-1).values
+    assert torch.equal(idx[0].cpu().long(), ref)
