@@ -29,7 +29,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from common import capture_failure, environment, mita_correct, peak_memory_mib, time_ms, write_csv  # noqa: E402
+from common import (  # noqa: E402
+    capture_failure,
+    correlated_tokens,
+    environment,
+    mita_correct,
+    peak_memory_mib,
+    time_ms,
+    write_csv,
+)
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
 from mita.ops.mita.api import list_backends, mita_attention  # noqa: E402
@@ -99,7 +107,9 @@ def measure(f, ins, do, long_run: bool, timing: str = "eager", reps_long: int = 
     return row
 
 
-def point_rows(p: dict, res: dict[str, dict], gate: dict[str, tuple[bool, str]], timing: str, env: dict) -> list[dict]:
+def point_rows(
+    p: dict, res: dict[str, dict], gate: dict[str, tuple[bool, str]], timing: str, env: dict, rho: float = 0.0
+) -> list[dict]:
     """CSV rows of one point: each method's measurement, TFLOP/s, and for MiTA the speed-ups over the fastest dense
     backend of the same run and timing, per stage (a failed capture may leave a method with only a forward)."""
     B, H, N, d = p["B"], p["H"], p["N"], p["d"]
@@ -113,6 +123,7 @@ def point_rows(p: dict, res: dict[str, dict], gate: dict[str, tuple[bool, str]],
     rows = []
     for method, r in res.items():
         row = dict(point=p["name"], B=B, H=H, N=N, d=d, m=p["m"], k=p["k"], method=method, timing=timing, **r)
+        row["rho"] = rho
         is_mita = method.startswith("mita_")
         fl = mita_flops if is_mita else dense_flops
         if "fwd_ms" in r:
@@ -155,9 +166,18 @@ def main() -> None:
         help="time CUDA-graph replays of every method (no host launch overhead); writes "
         "op_bench_cuda_graph.csv with timing=cuda_graph",
     )
+    ap.add_argument(
+        "--rho",
+        type=float,
+        default=0.0,
+        help="token correlation of q, k, v (AR(1) along N; 0: i.i.d.). Correlated tokens make the long-row top-k "
+        "take its refinement passes (scripts/bench/topk_overflow.py); writes op_bench_rho<rho>.csv",
+    )
     args = ap.parse_args()
     timing = "cuda_graph" if args.graph else "eager"
     csv_name = "op_bench_cuda_graph.csv" if args.graph else "op_bench.csv"
+    if args.rho:
+        csv_name = csv_name.replace(".csv", f"_rho{args.rho:g}.csv")
     os.makedirs(args.out, exist_ok=True)
     env = environment()
     backends = [b for b in args.backends.split(",") if b in list_backends()]
@@ -171,7 +191,8 @@ def main() -> None:
             continue
         B, H, N, d = p["B"], p["H"], p["N"], p["d"]
         g = torch.Generator(device="cuda").manual_seed(N)
-        q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        q, k, v = (correlated_tokens((B, H, N, d), args.rho, g) for _ in range(3))
+        do = torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g)
         ins = [t.requires_grad_() for t in (q, k, v)]
         long_run = N >= 1 << 18
         res = {}
@@ -192,7 +213,7 @@ def main() -> None:
                 res[f"mita_{b}"] = {"error": str(e).splitlines()[0][:80]}
                 torch.cuda.empty_cache()
             print(f"{p['name']} mita_{b} {res[f'mita_{b}']}", flush=True)
-        rows += point_rows(p, res, gate, timing, env)
+        rows += point_rows(p, res, gate, timing, env, args.rho)
         del q, k, v, do, ins
         torch.cuda.empty_cache()
         write_csv(os.path.join(args.out, csv_name), rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import math
 import platform
 import statistics
 import subprocess
@@ -163,6 +164,25 @@ def mita_correct(backend: str, device: str = "cuda") -> tuple[bool, str]:
                 ok = False
                 msgs.append(f"N={N} S={S} {name} rel err {err:.2e}")
     return ok, "; ".join(msgs) if msgs else "ok"
+
+
+def correlated_tokens(
+    shape: tuple[int, ...], rho: float, generator: torch.Generator, device: str = "cuda", dtype=torch.bfloat16
+) -> torch.Tensor:
+    """Standard-normal entries, independent except along dim -2 (the tokens), where each sequence is AR(1) with
+    lag-1 correlation ``rho`` (rho = 0: i.i.d.). Built as white noise convolved (FFT) with the AR(1) impulse response
+    truncated where it falls below 1e-4, so neighbouring tokens are alike, as in images or text."""
+    e = torch.randn(*shape, device=device, generator=generator, dtype=torch.float32)
+    if rho == 0:
+        return e.to(dtype)
+    if not 0 < rho < 1:
+        raise ValueError(f"rho must be in [0, 1), got {rho}")
+    n = shape[-2]
+    L = min(n, int(math.ceil(math.log(1e-4) / math.log(rho))) + 1)
+    h = math.sqrt(1 - rho * rho) * rho ** torch.arange(L, device=device, dtype=torch.float32)
+    size = 1 << (n + L - 1).bit_length()
+    x = torch.fft.irfft(torch.fft.rfft(e, size, dim=-2) * torch.fft.rfft(h, size)[:, None], size, dim=-2)[..., :n, :]
+    return x.to(dtype)
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
