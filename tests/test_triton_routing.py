@@ -18,6 +18,7 @@ if not _CUDA:
 
 triton = pytest.importorskip("triton")
 
+from mita.ops.mita import launch  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
 from mita.ops.mita.naive import stable_topk_indices  # noqa: E402
 
@@ -160,9 +161,14 @@ def test_exact_topk_long_rows_fewer_valid_keys_than_k():
     assert torch.all(got[1, :, 25:] == -1)
 
 
-def test_exact_topk_long_rows_launches(monkeypatch):
-    # Without padding the long-row path is Triton launches only: block maxima, start, count + emit, 8 refinement
-    # passes, recount, ordered emission, final top-k (14), and no PyTorch kernel besides the allocations.
+@pytest.mark.parametrize("ph", [0, 64])
+def test_exact_topk_long_rows_launches(monkeypatch, ph):
+    # Without padding the long-row path is Triton launches only: block maxima, start, count + emit, (with the
+    # histogram start: the re-threshold kernel and a second emitting pass), 8 refinement passes, recount, ordered
+    # emission, final top-k (14 or 16), and no PyTorch kernel besides the allocations.
+    monkeypatch.setitem(tr.SCAN_CONFIG, "hist_bins", ph)
+    # Counted at Triton's own launch path, which direct launches of cached binaries (on a GPU) bypass.
+    monkeypatch.setattr(launch, "ENABLED", False)
     launches = []
     jit_type = type(tr._topk_scan_kernel)
     real_getitem = jit_type.__getitem__
@@ -175,9 +181,10 @@ def test_exact_topk_long_rows_launches(monkeypatch):
     r = _ints((1, 3, 32), -1, 2, 15)
     k = _ints((1, 70, 32), -1, 2, 16)
     got = tr.exact_topk(r, k, None, 5, small_max_n=0)
-    assert launches == ["_topk_scan_kernel", "_topk_start_kernel"] + ["_topk_scan_kernel"] * 11 + [
-        "_topk_final_kernel"
-    ], launches
+    hist = ["_topk_rethreshold_kernel", "_topk_scan_kernel"] if ph else []
+    assert launches == ["_topk_scan_kernel", "_topk_start_kernel", "_topk_scan_kernel"] + hist + [
+        "_topk_scan_kernel"
+    ] * 10 + ["_topk_final_kernel"], launches
     assert _same_sets(got, _ref_topk(r, k, None, 5))
 
 
@@ -190,6 +197,40 @@ def test_exact_topk_fully_padded_row():
         got = tr.exact_topk(r, k, valid, 8, **kw)
         assert torch.all(got[1] == -1)
         assert _same_sets(got[0:1], _ref_topk(r[0:1], k[0:1], valid[0:1], 8))
+
+
+@pytest.mark.parametrize("ph", [16, 256])
+@pytest.mark.parametrize("pad", [False, True])
+def test_exact_topk_histogram_start(monkeypatch, ph, pad):
+    """Histogram start on: exact on the mixed rows (list fits, all ties, refinement after the histogram, ties below
+    the top keys), on integer scores with many ties across blocks, and on correlated tokens, with and without
+    padding; 16 bins leave rows for the refinement passes (state handed over from the histogram), 256 fewer."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "hist_bins", ph)
+    N, d, ksel = 700, 32, 8
+    r, k = _mixed_rows_inputs(N, d)
+    valid = None
+    if pad:
+        valid = torch.ones(1, N, dtype=torch.bool, device=DEV)
+        valid[0, :20] = False
+        valid[0, 290:310] = False
+    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
+    assert _same_sets(got, _ref_topk(r, k, valid, ksel))
+    key = torch.where(got < 0, 1 << 30, got.long())
+    assert torch.equal(key, key.sort(-1).values)
+    r2 = _ints((2, 6, 32), -2, 3, 17, torch.bfloat16)
+    k2 = _ints((2, 1300, 32), -2, 3, 18, torch.bfloat16)
+    v2 = None if not pad else torch.rand(2, 1300, generator=torch.Generator().manual_seed(3)).to(DEV) > 0.2
+    assert _same_sets(tr.exact_topk(r2, k2, v2, 16, small_max_n=0), _ref_topk(r2, k2, v2, 16))
+    # Correlated tokens (a smoothed random walk): every row overflows the block-maximum start.
+    g = torch.Generator().manual_seed(4)
+    x = torch.cumsum(torch.randn(1, 2048, 32, generator=g), dim=1) * 0.05 + torch.randn(1, 2048, 32, generator=g)
+    kx = x.to(DEV)
+    rx = x[:, :: 2048 // 16][:, :16].contiguous().to(DEV)
+    st = {}
+    got = tr.exact_topk(rx, kx, None, 16, stats=st)
+    assert _same_sets(got, _ref_topk(rx, kx, None, 16))
+    assert int(st["overflow_rows"]) > 8
+    assert int(st["overflow_rows_after_histogram"]) < int(st["overflow_rows"])
 
 
 @pytest.mark.parametrize("S", [1, 2, 3])
@@ -277,7 +318,8 @@ def test_gpu_exact_topk_and_route(N, M, ksel):
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("N,M", [(65536, 128), (262144, 256)])
 @pytest.mark.parametrize("cap", [None, "k"])
-def test_gpu_exact_topk_atomic_and_fallback_paths(N, M, cap):
+@pytest.mark.parametrize("ph", [0, 256])
+def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, ph):
     # Integer scores over a wider range (fewer ties): with the default list every row takes the atomic-slot
     # emission; with cap = k most rows take the refinement and ordered emission. Both equal a stable sort.
     r = _ints((2, M, 64), -8, 9, N + 2, torch.bfloat16)
@@ -285,11 +327,32 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(N, M, cap):
     valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
     valid[0, : N // 4] = False
     kw = dict(cap=M) if cap == "k" else {}
+    monkeypatch.setitem(tr.SCAN_CONFIG, "hist_bins", ph)
     for kv in (None, valid):
         got = tr.exact_topk(r, k, kv, M, **kw)
         assert _same_sets(got, _ref_topk(r, k, kv, M))
         key = torch.where(got < 0, 1 << 30, got.long())
         assert torch.equal(key, key.sort(-1).values)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("ph", [0, 256])
+def test_gpu_exact_topk_correlated_tokens(monkeypatch, ph):
+    """Correlated tokens (every row overflows the block-maximum start) at 64K, bf16: exact with and without the
+    histogram start; with it, fewer rows are left for the refinement passes. Integer tokens (a moving average of
+    noise, rounded to [-8, 8]) keep the scores exact in float32, with ties."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "hist_bins", ph)
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(2, 65536 + 63, 64, generator=g).unfold(1, 64, 1).mean(-1) * 32).round().clamp(-8, 8)
+    k = x.to(DEV, torch.bfloat16)
+    r = x[:, ::512].contiguous().to(DEV, torch.bfloat16)
+    st = {}
+    got = tr.exact_topk(r, k, None, 128, stats=st)
+    assert _same_sets(got, _ref_topk(r, k, None, 128))
+    assert int(st["overflow_rows"]) > 200
+    if ph:
+        assert int(st["overflow_rows_after_histogram"]) < int(st["overflow_rows"]) // 4
 
 
 @pytest.mark.gpu

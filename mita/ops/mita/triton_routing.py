@@ -40,7 +40,10 @@ _PASSES = 8
 _SCAN_PROGRAMS = 2048
 # Long-row scan passes: keys per step, landmarks per tile (None: 64 for d <= 64, else 32), warps of the passes and
 # of the count + emit pass (scripts/bench/tune_long.py sweeps them on the GPU).
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4)
+# hist_bins > 0: rows that overflow their candidate list take a start threshold from a histogram of their keys
+# (hist_bins bins, a power of 2) and one more emitting pass before the refinement passes; 0 keeps the block-maximum
+# start alone (measured on the H200; the histogram start is not yet, see notes/kernels-notes.md).
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, hist_bins=0)
 
 
 def _interpreting() -> bool:
@@ -184,6 +187,7 @@ def _topk_start_kernel(
     OFF,
     CNT,
     CAND,
+    HIST,
     M,
     NB,
     CAP,
@@ -194,6 +198,7 @@ def _topk_start_kernel(
     GP: tl.constexpr,
     P: tl.constexpr,
     CB: tl.constexpr,
+    PH: tl.constexpr,
 ):
     # One row per program: lo = the largest order key t that kk maxima of groups of F key blocks reach (so kk
     # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
@@ -223,6 +228,39 @@ def _topk_start_kernel(
     for c0 in range(0, CAP, CB):
         o_e = c0 + tl.arange(0, CB)
         tl.store(CAND + row * CAP + o_e, tl.full([CB], _EMPTY, tl.int64), mask=o_e < CAP)
+    if PH > 0:
+        tl.store(HIST + row * PH + tl.arange(0, PH), tl.zeros([PH], tl.int32))
+
+
+@triton.jit
+def _topk_rethreshold_kernel(KK, LO, HI, OFF, HIST, MARK, CAND, M, CAP, ksel, HAS_KV: tl.constexpr,
+                             PH: tl.constexpr, CB: tl.constexpr):  # fmt: skip
+    # Histogram start (one row per program): a row whose keys >= lo overflowed its list (OFF > CAP) takes the
+    # narrowest of the PH bins of [lo, hi) that keeps count(key >= t) >= kk: lo = t_p, hi = t_{p+1}, with t_p =
+    # lo + (hi - lo) * p // PH and the counts from the count + emit pass's histogram. Its counter and list are
+    # emptied and MARK set, so that a second emitting pass (MODE 5) fills them from the new lo; other rows: MARK 0.
+    row = tl.program_id(0).to(tl.int64)
+    over = tl.load(OFF + row) > CAP
+    tl.store(MARK + row, over.to(tl.int32))
+    if over:
+        if HAS_KV:
+            kk = tl.load(KK + row // M)
+        else:
+            kk = ksel
+        o_p = tl.arange(0, PH)
+        # Keys >= t_p, from the bins at and above p (keys >= hi sit in the last bin).
+        ge = tl.cumsum(tl.load(HIST + row * PH + o_p), 0, reverse=True)
+        p_star = tl.max(tl.where(ge >= kk, o_p, 0), 0).to(tl.int64)
+        lo = tl.load(LO + row)
+        hi = tl.load(HI + row)
+        t_lo = lo + ((hi - lo) * p_star) // PH
+        t_hi = tl.where(p_star + 1 < PH, lo + ((hi - lo) * (p_star + 1)) // PH, hi)
+        tl.store(LO + row, t_lo)
+        tl.store(HI + row, t_hi)
+        tl.store(OFF + row, 0)
+        for c0 in range(0, CAP, CB):
+            o_e = c0 + tl.arange(0, CB)
+            tl.store(CAND + row * CAP + o_e, tl.full([CB], _EMPTY, tl.int64), mask=o_e < CAP)
 
 
 @triton.jit
@@ -272,6 +310,8 @@ def _topk_scan_kernel(
     CNT,
     OFF,
     CAND,
+    HIST,
+    MARK,
     N,
     M,
     CH,
@@ -291,12 +331,15 @@ def _topk_scan_kernel(
     PREC: tl.constexpr,
     UP: tl.constexpr,
     EXACT: tl.constexpr,
+    PH: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: maximum of each key block per landmark -> CMAX [rows, NB].
     # MODE 4: every key >= lo (slot 0) takes a slot of its row's list from the row's atomic counter OFF and is
     #         written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The
-    #         list's order does not matter: the final top-k orders by the packed value.
+    #         list's order does not matter: the final top-k orders by the packed value. With PH > 0 the keys
+    #         in [lo, hi) are also counted into PH bins (HIST) for the histogram start (_topk_rethreshold_kernel).
+    # MODE 5: MODE 4 again for the rows MARK flags (their lo raised by the histogram start), without the bins.
     # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
     # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P].
     # MODE 2: final state (slot _NPASS), empty candidate lists, per key chunk the count of keys >= hi and of keys
@@ -312,7 +355,10 @@ def _topk_scan_kernel(
     row = i_bh * M + o_j
     active = tl.sum(m_j.to(tl.int32), 0) > 0
     if MODE != 0 and MODE != 4:
-        fb = m_j & (tl.load(OFF + row, mask=m_j, other=0) > CAP)
+        if MODE == 5:
+            fb = m_j & (tl.load(MARK + row, mask=m_j, other=0) != 0)
+        else:
+            fb = m_j & (tl.load(OFF + row, mask=m_j, other=0) > CAP)
         if SKIP:
             active = tl.sum(fb.to(tl.int32), 0) > 0
     if active:
@@ -323,10 +369,15 @@ def _topk_scan_kernel(
                 kk = tl.load(KK + i_bh)
             else:
                 kk = ksel
-            if MODE == 4:
+            if MODE == 4 or MODE == 5:
                 b_lo64 = tl.load(LO + row, mask=m_j, other=0)
                 b_hi64 = b_lo64
-                need = m_j
+                if MODE == 4 and PH > 0:
+                    b_hi64 = tl.load(HI + row, mask=m_j, other=1)
+                if MODE == 4:
+                    need = m_j
+                else:
+                    need = fb
                 # The float t with key(s) >= lo <=> s >= t: lo is the key of a block maximum (-inf below every
                 # score's key; NaN, which no score reaches, above +inf's key: a row without valid keys).
                 b_tf = tl.where(b_lo64 >= 0, b_lo64, b_lo64 ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
@@ -391,11 +442,17 @@ def _topk_scan_kernel(
                 if MODE == 0:
                     b_max = tl.max(tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf")), 1)
                     tl.store(CMAX + row * NB + n_b // BN, b_max, mask=m_j)
-                elif MODE == 4:
+                elif MODE == 4 or MODE == 5:
                     # Float compares only (no order key per score): each round takes every row's best remaining
                     # candidate of the tile (first index on ties) and gives it the row's next slot. A tile holds
-                    # one or two candidates on average, so there is usually one round.
-                    m_c = m_j[:, None] & m_n[None, :] & (b_sc >= b_tf[:, None])
+                    # one or two candidates on average for independent tokens, so there is usually one round.
+                    m_c = need[:, None] & m_n[None, :] & (b_sc >= b_tf[:, None])
+                    if MODE == 4 and PH > 0:
+                        # Bin p of [lo, hi) holds keys with t_p <= key < t_{p+1}; keys >= hi go to the last bin.
+                        b_x = _order_key(b_sc).to(tl.int64) - b_lo64[:, None]
+                        b_bin = ((b_x + 1) * PH - 1) // tl.maximum(b_hi64 - b_lo64, 1)[:, None]
+                        b_bin = tl.minimum(tl.maximum(b_bin, 0), PH - 1)
+                        tl.atomic_add(HIST + row[:, None] * PH + b_bin, 1, mask=m_c, sem="relaxed")
                     while tl.sum(m_c.to(tl.int32)) > 0:
                         c_max = tl.max(tl.where(m_c, b_sc, float("-inf")), 1)
                         c_n = tl.min(tl.where(m_c & (b_sc == c_max[:, None]), o_n[None, :], N), 1)
@@ -517,9 +574,10 @@ def exact_topk(
         timer: None, or ``timer(name, fn)`` that runs ``fn()`` (profiling: each pass of the long-row path is one
             named call).
         stats: None, or a dict that receives (long-row path only) ``"cap"``, ``"counts"`` (``[BH * m]`` int32
-            device tensor: keys at or above each row's start threshold) and ``"overflow_rows"`` (device tensor: rows
-            with more than cap such keys, which took the refinement passes). No host synchronisation here;
-            scripts/bench/topk_overflow.py models the same threshold on the CPU.
+            device tensor: keys at or above each row's block-maximum start threshold), ``"overflow_rows"`` (device
+            tensor: rows with more than cap such keys) and, with the histogram start on, the rows that still
+            overflow after it (``"overflow_rows_after_histogram"``), which take the refinement passes. No host
+            synchronisation; scripts/bench/topk_overflow.py models the block-maximum threshold on the CPU.
 
     Returns:
         ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for.
@@ -582,11 +640,15 @@ def exact_topk(
     cand = torch.empty(rows, cap, device=dev, dtype=torch.int64)
     idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
 
+    ph = SCAN_CONFIG["hist_bins"]
+    hist = torch.empty(rows, ph, device=dev, dtype=torch.int32) if ph else off
+    mark = torch.empty(rows, device=dev, dtype=torch.int32) if ph else off
+
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
-            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB, cap, ksel, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, **common,
-            num_warps=SCAN_CONFIG["emit_warps" if mode == 4 else "num_warps"],
+            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, hist, mark, N, M, CH, G, NB, cap, ksel, rows, i_pass,
+            MODE=mode, SKIP=mode != 0 and mode != 4, PH=ph, **common,
+            num_warps=SCAN_CONFIG["emit_warps" if mode in (4, 5) else "num_warps"],
         )  # fmt: skip
 
     run("block maxima", lambda: scan(0))
@@ -596,20 +658,33 @@ def exact_topk(
     run(
         "start threshold",
         lambda: fast(_topk_start_kernel)[(rows,)](
-            cmax, kk, lo, hi, off, cnt, cand, M, NB, cap, ksel, rows,
-            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), num_warps=8 if gp * f >= 4096 else 4,
+            cmax, kk, lo, hi, off, cnt, cand, hist, M, NB, cap, ksel, rows,
+            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), PH=ph,
+            num_warps=8 if gp * f >= 4096 else 4,
         ),
     )  # fmt: skip
     # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
     run("count + emit (atomic slots)", lambda: scan(4))
+    if stats is not None:
+        stats["cap"] = cap
+        stats["counts"] = off.clone()
+        stats["overflow_rows"] = (off > cap).sum()
+    if ph:
+        # Rows that overflowed: a start threshold from the histogram of their keys, then one more emitting pass.
+        run(
+            "histogram start",
+            lambda: fast(_topk_rethreshold_kernel)[(rows,)](
+                kk, lo, hi, off, hist, mark, cand, M, cap, ksel,
+                HAS_KV=key_valid is not None, PH=ph, CB=min(cap, 1024), num_warps=4,
+            ),
+        )  # fmt: skip
+        run("re-emit (histogram rows)", lambda: scan(5))
+        if stats is not None:
+            stats["overflow_rows_after_histogram"] = (off > cap).sum()
     for i in range(_PASSES):
         run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
     run("recount (fallback rows)", lambda: scan(2))
     run("ordered emit (fallback rows)", lambda: scan(3))
-    if stats is not None:
-        stats["cap"] = cap
-        stats["counts"] = off
-        stats["overflow_rows"] = (off > cap).sum()
     kp = _next_pow2(ksel)
     run(
         "top-k of the candidate list",
@@ -1106,16 +1181,20 @@ def _compile_cases() -> list:
     """Kernels and constexpr settings (bf16, d 64) for scripts/bench/compile_check.py beyond its own list."""
     common = dict(D=64, PREC="tf32", UP=False)
     i32, i64 = "*i32", "*i64"
-    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", CNT=i32, OFF=i32, CAND=i64)
+    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", CNT=i32, OFF=i32, CAND=i64, HIST=i32, MARK=i32)
+    sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
-        ("topk_scan mode 4", _topk_scan_kernel,
-         dict(MODE=4, P=_P, SKIP=False, HAS_KV=True, BS=64, BN=64, EXACT=False, **common), 4, scan),
-        ("topk_scan mode 1 skip", _topk_scan_kernel,
-         dict(MODE=1, P=_P, SKIP=True, HAS_KV=False, BS=64, BN=64, EXACT=False, **common), 4, scan),
-        ("topk_scan mode 3 skip", _topk_scan_kernel,
-         dict(MODE=3, P=_P, SKIP=True, HAS_KV=False, BS=64, BN=64, EXACT=False, **common), 4, scan),
-        ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
+        ("topk_scan mode 4", _topk_scan_kernel, dict(MODE=4, SKIP=False, PH=0, **{**sc, "HAS_KV": True}), 4, scan),
+        ("topk_scan mode 4 hist", _topk_scan_kernel, dict(MODE=4, SKIP=False, PH=256, **sc), 4, scan),
+        ("topk_scan mode 5 skip", _topk_scan_kernel, dict(MODE=5, SKIP=True, PH=256, **sc), 4, scan),
+        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, PH=0, **sc), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, PH=0, **sc), 4, scan),
+        ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, PH=0), 8,
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64, HIST=i32)),
+        ("topk_start hist", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256, PH=256), 4,
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64, HIST=i32)),
+        ("topk_rethreshold", _topk_rethreshold_kernel, dict(HAS_KV=True, PH=256, CB=256), 4,
+         dict(KK=i32, LO=i64, HI=i64, OFF=i32, HIST=i32, MARK=i32, CAND=i64)),
         ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, **common), 8, None),
         ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, **common), 4, None),
