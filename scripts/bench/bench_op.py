@@ -173,11 +173,24 @@ def main() -> None:
         help="token correlation of q, k, v (AR(1) along N; 0: i.i.d.). Correlated tokens make the long-row top-k "
         "take its refinement passes (scripts/bench/topk_overflow.py); writes op_bench_rho<rho>.csv",
     )
+    ap.add_argument(
+        "--hist-bins",
+        type=int,
+        default=None,
+        help="long-row top-k histogram start (triton_routing.SCAN_CONFIG hist_bins; 0 off); default: the library's",
+    )
     args = ap.parse_args()
+    if args.hist_bins is not None:
+        from mita.ops.mita import triton_routing
+
+        triton_routing.SCAN_CONFIG["hist_bins"] = args.hist_bins
+        print(f"top-k histogram start: {args.hist_bins} bins", flush=True)
     timing = "cuda_graph" if args.graph else "eager"
     csv_name = "op_bench_cuda_graph.csv" if args.graph else "op_bench.csv"
     if args.rho:
         csv_name = csv_name.replace(".csv", f"_rho{args.rho:g}.csv")
+    if args.hist_bins:
+        csv_name = csv_name.replace(".csv", f"_hist{args.hist_bins}.csv")
     os.makedirs(args.out, exist_ok=True)
     env = environment()
     backends = [b for b in args.backends.split(",") if b in list_backends()]
