@@ -105,6 +105,14 @@ def test_failure_of_the_direct_path_turns_it_off_and_relaunches(on_gpu_path):
     assert [e[0] for e in fn.log] == ["jit", "jit"]  # the failed direct launch was redone the usual way
 
 
+def test_unhashable_argument_takes_triton_path(on_gpu_path):
+    fn = _FakeJit()
+    k = launch.FastKernel(fn)
+    for _ in range(2):
+        k[(1,)](torch.zeros(4), 4, BLOCK=[4])
+    assert [e[0] for e in fn.log] == ["jit", "jit"] and not k.cache
+
+
 def test_disabled_or_interpreting_always_takes_triton_path(monkeypatch):
     monkeypatch.setattr(launch, "ENABLED", True)
     monkeypatch.setattr(launch, "_interpreting", lambda: True)

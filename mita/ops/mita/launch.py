@@ -79,11 +79,11 @@ class FastKernel:
         global ENABLED
         if not ENABLED or _interpreting() or _hooks_installed():
             return self.fn[grid](*args, **kwargs)
+        key = (torch.cuda.current_device(), tuple(map(_arg_key, args)), tuple(sorted(kwargs.items())))
         try:
-            key = (torch.cuda.current_device(), tuple(map(_arg_key, args)), tuple(sorted(kwargs.items())))
-        except TypeError:  # an unhashable keyword value: take the usual path
+            hit = self.cache.get(key)
+        except TypeError:  # an unhashable value: take the usual path
             return self.fn[grid](*args, **kwargs)
-        hit = self.cache.get(key)
         if hit is None:
             compiled = self.fn[grid](*args, **kwargs)
             names = self.arg_names[len(args) :]

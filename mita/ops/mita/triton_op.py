@@ -117,14 +117,15 @@ def _(do, q, k, v, r, key_valid, o, aux, S, shared, scale, sscale, short):
 
 def _setup_context(ctx, inputs, output):
     q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short = inputs
-    ctx.save_for_backward(q, k, v, r, *output)
-    ctx.key_valid = key_valid
+    ctx.has_kv = key_valid is not None
+    ctx.save_for_backward(q, k, v, r, *output, *([key_valid] if ctx.has_kv else []))
     ctx.args = (S, shared, scale, sscale, short)
 
 
 def _backward(ctx, grads):
     q, k, v, r, o, *aux = ctx.saved_tensors
-    dq, dk, dv, dr = triton_bwd(grads[0], q, k, v, r, ctx.key_valid, o, aux, *ctx.args)
+    key_valid = aux.pop() if ctx.has_kv else None
+    dq, dk, dv, dr = triton_bwd(grads[0], q, k, v, r, key_valid, o, aux, *ctx.args)
     return dq, dk, dv, dr, None, None, None, None, None, None, None
 
 
