@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
+from bench_op import shapes  # noqa: E402
 from common import environment, write_csv  # noqa: E402
 
 from mita.registry import create_attention, list_attentions  # noqa: E402
@@ -38,23 +39,18 @@ DENSE_KERNELS = ("flash", "cudnn", "efficient")
 
 
 def points(max_n: int) -> list[dict]:
-    """Benchmark points; ``tiny`` is for CPU smoke runs."""
-    pts = [
-        dict(name="tiny", B=2, H=2, N=257, d=32, grid=(16, 16), prefix=1, m=16, k=16),
-        dict(name="deit_s", B=256, H=6, N=197, d=64, grid=(14, 14), prefix=1, m=25, k=25),
-    ]
-    n = 1024
-    while n <= max_n:
-        s = math.isqrt(n)
-        mk = int(math.sqrt(n / 4))
-        pts.append(dict(name=f"N{n}", B=1, H=2, N=n, d=64, grid=(s, s), prefix=0, m=mk, k=mk))
-        n *= 4
+    """bench_op.py's points, each with its token grid (a class token before it at the DeiT-S point), and ``tiny``
+    for CPU smoke runs."""
+    pts = [dict(name="tiny", B=2, H=2, N=257, d=32, m=16, k=16, layout="official")] + shapes(max_n)
+    for p in pts:
+        side = math.isqrt(p["N"] - (p["layout"] == "official"))
+        p["grid"] = (side, side)
     return pts
 
 
 def layer_options(name: str, p: dict) -> dict:
     """Keyword options of attention ``name`` at point ``p`` (budgets from the point's m and k)."""
-    layout = "official" if p["prefix"] else "1d"
+    layout = p["layout"]
     return {
         "mita": dict(m=p["m"], k=p["k"], landmark_layout=layout),
         "mita_routing": dict(m=p["m"], k=p["k"], landmark_layout=layout),

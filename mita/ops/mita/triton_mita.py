@@ -657,9 +657,11 @@ _PLAN_STEP = 64
 FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None)
 
 
-def _choose_bm(nrows: int, m: int) -> int:
-    avg = max(1, nrows // m)
-    return int(min(FWD_CONFIG["bm_max"], max(16, _next_pow2(avg))))
+def plan_shape(nrows: int, m: int) -> tuple[int, int]:
+    """``(bm, T)``: query rows per tile and the tile table's length (a static upper bound) for ``nrows = N * S``
+    routed rows over m experts."""
+    bm = int(min(FWD_CONFIG["bm_max"], max(16, _next_pow2(max(1, nrows // m)))))
+    return bm, triton.cdiv(nrows, bm) + min(m, nrows)
 
 
 def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
@@ -675,15 +677,14 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
     """
     BH, nrows = route.shape
     dev = route.device
-    bm = _choose_bm(nrows, m)
-    T = triton.cdiv(nrows, bm) + min(m, nrows)
+    bm, T = plan_shape(nrows, m)
     mp = max(16, _next_pow2(m))
+    i32 = torch.int32
+    rows = torch.empty(BH, nrows, device=dev, dtype=i32)
+    starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
+    tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
     if nrows * mp <= _PLAN_FUSED_MAX:
         # One program per (batch, head) builds the whole plan in one launch.
-        i32 = torch.int32
-        rows = torch.empty(BH, nrows, device=dev, dtype=i32)
-        starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
-        tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
         br = max(16, _PLAN_CHUNK // mp)
         fast(_plan_kernel)[(BH,)](
             route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br, num_warps=8
@@ -693,11 +694,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
     br = _PLAN_STEP
     cr = max(br, triton.cdiv(triton.cdiv(nrows, max(1, _PLAN_PROGRAMS // BH)), br) * br)
     nc = triton.cdiv(nrows, cr)
-    i32 = torch.int32
     cnts = torch.empty(BH, nc, mp, device=dev, dtype=i32)
-    rows = torch.empty(BH, nrows, device=dev, dtype=i32)
-    starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
-    tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
     fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
     fast(_plan_offsets_kernel)[(BH,)](cnts, starts, m, nc, MP=mp, BC=max(1, min(64, 4096 // mp)), num_warps=8)
     fast(_plan_scatter_kernel)[(nc, BH)](

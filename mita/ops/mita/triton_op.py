@@ -12,9 +12,8 @@ functions (no custom-op dispatch on the host path). The kernels, and so the numb
 from __future__ import annotations
 
 import torch
-import triton
 
-from mita.ops.mita.triton_mita import RoutingPlan, _choose_bm, _MiTAFn, build_plan, mita_bwd
+from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, build_plan, mita_bwd, plan_shape
 from mita.ops.mita.triton_routing import exact_topk, route_topk
 from mita.ops.mita.triton_small import _pads, small_bwd, small_fwd
 
@@ -23,11 +22,6 @@ from mita.ops.mita.triton_small import _pads, small_bwd, small_fwd
 #   general: lse [BH, N] f32, vt [BH, m, d], lv_lse [BH, m] f32, idx [BH, m, ksel] i32, rows [BH, N S] i32,
 #            starts [BH, m + 1] i32, tile_e / tile_rs / tile_re [BH, T] i32
 # Without the shared expert, vt and the landmark-value LSE are empty (0 elements): the kernels do not read them.
-
-
-def _general_tiles(N: int, S: int, m: int) -> tuple[int, int]:
-    bm = _choose_bm(N * S, m)
-    return bm, triton.cdiv(N * S, bm) + min(m, N * S)
 
 
 @torch.library.custom_op("mita::triton_fwd", mutates_args=())
@@ -70,7 +64,7 @@ def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short):
         vt = torch.empty_like(r) if shared else q.new_empty(0)
         lvlse = q.new_empty(BH, m, dtype=f32) if shared else q.new_empty(0, dtype=f32)
         return [o, lse, q.new_empty(BH, MP, NP, dtype=torch.int8), q.new_empty(BH, N, S, dtype=i32), vt, lvlse]
-    _, T = _general_tiles(N, S, m)
+    _, T = plan_shape(N * S, m)
     lv = q.new_empty(BH, m, dtype=f32) if shared else q.new_empty(0, dtype=f32)
     tiles = [q.new_empty(BH, T, dtype=i32) for _ in range(3)]
     return [
@@ -103,7 +97,7 @@ def triton_bwd(
             vt, lvlse = r, lse
         return list(small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale))
     lse, vt, lv_lse, idx, rows, starts, tile_e, tile_rs, tile_re = aux
-    bm, _ = _general_tiles(q.shape[1], S, r.shape[1])
+    bm, _ = plan_shape(q.shape[1] * S, r.shape[1])
     plan = RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     return list(
         mita_bwd(do, q, k, v, r, vt, o, lse, plan, S, shared, scale, sscale, key_valid, lv_lse if shared else None)

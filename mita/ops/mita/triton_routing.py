@@ -152,10 +152,7 @@ def _topk_small_kernel(
     # [BS, NP] order keys of the raw scores; invalid keys take no part.
     b_key = _order_key(_score(b_r, b_k, PREC, UP, EXACT))
     m_v = m_n[None, :] & m_j[:, None]
-    if HAS_KV:
-        kk = tl.load(KK + i_bh)
-    else:
-        kk = KSEL
+    kk = _head_kk(KK, i_bh, KSEL, HAS_KV)
     sel = _topk_select(b_key, m_v, m_j, kk)
     pos = tl.cumsum(sel.to(tl.int32), 1) - 1
     base = IDX + (i_bh * M + o_j) * KSEL
@@ -176,6 +173,32 @@ def _topk_small_kernel(
 _NPASS = tl.constexpr(_PASSES)
 _KEY_NEG_INF = tl.constexpr(-2139095041)
 _EMPTY = tl.constexpr(-(2**63))
+
+
+@triton.jit
+def _clear_list(CAND, row, CAP, CB: tl.constexpr):
+    # Empty the row's [CAP] candidate list.
+    for c0 in range(0, CAP, CB):
+        o_e = c0 + tl.arange(0, CB)
+        tl.store(CAND + row * CAP + o_e, tl.full([CB], _EMPTY, tl.int64), mask=o_e < CAP)
+
+
+@triton.jit
+def _head_kk(KK, i_bh, ksel, HAS_KV: tl.constexpr):
+    # Keys each landmark of head i_bh keeps: the head's valid-key count clamped to ksel (KK) with padding, else ksel.
+    if HAS_KV:
+        kk = tl.load(KK + i_bh)
+    else:
+        kk = ksel
+    return kk
+
+
+@triton.jit
+def _narrow(lo, hi, p, P: tl.constexpr):
+    # [t_p, t_{p+1}) of the P sub-ranges of [lo, hi), t_p = lo + (hi - lo) * p // P (the last one ends at hi).
+    t_lo = lo + ((hi - lo) * p) // P
+    t_hi = tl.where(p + 1 < P, lo + ((hi - lo) * (p + 1)) // P, hi)
+    return t_lo, t_hi
 
 
 @triton.jit
@@ -204,10 +227,7 @@ def _topk_start_kernel(
     # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
     # candidate list start empty.
     row = tl.program_id(0).to(tl.int64)
-    if HAS_KV:
-        kk = tl.load(KK + row // M)
-    else:
-        kk = ksel
+    kk = _head_kk(KK, row // M, ksel, HAS_KV)
     o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
     g = tl.max(tl.load(CMAX + row * NB + o_b, mask=o_b < NB, other=float("-inf")), 1)
     m_g = g > float("-inf")
@@ -225,9 +245,7 @@ def _topk_start_kernel(
     tl.store(OFF + row, 0)
     o_c = tl.arange(0, _NPASS * P)
     tl.store(CNT + ((o_c // P) * nrows + row) * P + o_c % P, tl.zeros([_NPASS * P], tl.int32))
-    for c0 in range(0, CAP, CB):
-        o_e = c0 + tl.arange(0, CB)
-        tl.store(CAND + row * CAP + o_e, tl.full([CB], _EMPTY, tl.int64), mask=o_e < CAP)
+    _clear_list(CAND, row, CAP, CB)
     if PH > 0:
         tl.store(HIST + row * PH + tl.arange(0, PH), tl.zeros([PH], tl.int32))
 
@@ -243,24 +261,18 @@ def _topk_rethreshold_kernel(KK, LO, HI, OFF, HIST, MARK, CAND, M, CAP, ksel, HA
     over = tl.load(OFF + row) > CAP
     tl.store(MARK + row, over.to(tl.int32))
     if over:
-        if HAS_KV:
-            kk = tl.load(KK + row // M)
-        else:
-            kk = ksel
+        kk = _head_kk(KK, row // M, ksel, HAS_KV)
         o_p = tl.arange(0, PH)
         # Keys >= t_p, from the bins at and above p (keys >= hi sit in the last bin).
         ge = tl.cumsum(tl.load(HIST + row * PH + o_p), 0, reverse=True)
         p_star = tl.max(tl.where(ge >= kk, o_p, 0), 0).to(tl.int64)
         lo = tl.load(LO + row)
         hi = tl.load(HI + row)
-        t_lo = lo + ((hi - lo) * p_star) // PH
-        t_hi = tl.where(p_star + 1 < PH, lo + ((hi - lo) * (p_star + 1)) // PH, hi)
+        t_lo, t_hi = _narrow(lo, hi, p_star, PH)
         tl.store(LO + row, t_lo)
         tl.store(HI + row, t_hi)
         tl.store(OFF + row, 0)
-        for c0 in range(0, CAP, CB):
-            o_e = c0 + tl.arange(0, CB)
-            tl.store(CAND + row * CAP + o_e, tl.full([CB], _EMPTY, tl.int64), mask=o_e < CAP)
+        _clear_list(CAND, row, CAP, CB)
 
 
 @triton.jit
@@ -283,8 +295,7 @@ def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, 
         # Counts fall with the threshold, so the thresholds kk keys reach are a prefix; p = 0 (lo) always is.
         n_ok = tl.sum((cnt >= kk).to(tl.int32), 1)
         p_star = tl.maximum(n_ok - 1, 0)
-        t_lo = lo + ((hi - lo) * p_star) // P
-        t_hi = tl.where(p_star + 1 < P, lo + ((hi - lo) * (p_star + 1)) // P, hi)
+        t_lo, t_hi = _narrow(lo, hi, p_star, P)
         c_lo = tl.sum(tl.where(o_p[None, :] == p_star[:, None], cnt, 0), 1)
         lo = tl.where(done_p, lo, t_lo)
         hi = tl.where(done_p, hi, t_hi)
@@ -365,10 +376,7 @@ def _topk_scan_kernel(
         n0 = i_g * CH
         n1 = tl.minimum(n0 + CH, N)
         if MODE != 0:
-            if HAS_KV:
-                kk = tl.load(KK + i_bh)
-            else:
-                kk = ksel
+            kk = _head_kk(KK, i_bh, ksel, HAS_KV)
             if MODE == 4 or MODE == 5:
                 b_lo64 = tl.load(LO + row, mask=m_j, other=0)
                 b_hi64 = b_lo64

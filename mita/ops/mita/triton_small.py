@@ -29,6 +29,7 @@ import triton.language as tl
 from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
     _dot,
+    _head_kk,
     _interpreting,
     _next_pow2,
     _order_key,
@@ -138,9 +139,7 @@ def _small_route_kernel(
     m_n = o_n < N
     if HAS_KV:
         m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-        kk = tl.load(KK + i_bh)
-    else:
-        kk = KSEL
+    kk = _head_kk(KK, i_bh, KSEL, HAS_KV)
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
     b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
     # [BS, NP] raw scores: the top-k ranks them, the landmark values softmax them.
