@@ -9,7 +9,13 @@ No speed-up is reported for MiTA when its correctness gate fails.
 instead of eager calls, removing the host launch overhead; the CSV (figf_cuda_graph.csv) says so in its ``timing``
 column, and a model that cannot be captured gets ``capture failed: <reason>`` as its tokens/s.
 
-    python scripts/bench/bench_figf.py --out results/bench [--max-n 1048576] [--heads 2] [--graph]
+``--compile`` wraps both models in ``torch.compile`` (the same call for each; MiTA's Triton operator enters the
+graph as its ``torch.library`` custom ops) and writes figf_compiled.csv. In eager mode the layer norms, GELU, residual
+adds and head split/merge copies of this dim-128 model run as separate, slow memory-bound kernels that take most of
+MiTA's forward (``kernel_profile.py --figf``); dense attention hides them. The batch search then starts at
+``--compile-start-tokens`` / N and tries at most three batch sizes (each one is a recompilation).
+
+    python scripts/bench/bench_figf.py --out results/bench [--max-n 1048576] [--heads 2] [--graph] [--compile]
 """
 
 from __future__ import annotations
@@ -73,11 +79,15 @@ def throughput(model: nn.Module, n: int, batch: int, timing: str = "eager") -> f
     return batch * n / (ms * 1e-3)
 
 
-def tune(model: nn.Module, n: int, max_tokens: int, timing: str = "eager") -> tuple[str | float, int, float]:
-    """Best tokens/s over batch sizes 1, 2, 4, ...; returns (tokens/s, or "OOM", or "capture failed: <reason>"
-    when not even batch 1 could be captured; batch; peak MiB)."""
-    best, best_b, best_mem, b = None, 0, 0.0, 1
-    while b * n <= max_tokens:
+def tune(
+    model: nn.Module, n: int, max_tokens: int, timing: str = "eager", start_b: int = 1, max_tries: int = 64
+) -> tuple[str | float, int, float]:
+    """Best tokens/s over batch sizes start_b, 2 start_b, 4 start_b, ... (at most max_tries of them); returns
+    (tokens/s, or "OOM", or "capture failed: <reason>" when not even the first batch could be captured; batch;
+    peak MiB)."""
+    best, best_b, best_mem, b, tries = None, 0, 0.0, start_b, 0
+    while b * n <= max(max_tokens, start_b * n) and tries < max_tries:
+        tries += 1
         try:
             torch.cuda.reset_peak_memory_stats()
             tps = throughput(model, n, b, timing)
@@ -110,6 +120,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=1 << 22)
     ap.add_argument("--time-budget-s", type=float, default=300.0)
     ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile both models (eager timing of the compiled forward); writes figf_compiled.csv",
+    )
+    ap.add_argument("--compile-start-tokens", type=int, default=1 << 19, help="first batch * N tried with --compile")
+    ap.add_argument("--dense", default="cudnn,flash,efficient", help="dense SDPA backends tried (fastest kept)")
+    ap.add_argument(
         "--graph",
         action="store_true",
         help="time CUDA-graph replays of the forward (no host launch overhead); writes figf_cuda_graph.csv",
@@ -117,6 +134,22 @@ def main() -> None:
     args = ap.parse_args()
     timing = "cuda_graph" if args.graph else "eager"
     csv_name = "figf_cuda_graph.csv" if args.graph else "figf.csv"
+    if args.compile:
+        csv_name = csv_name.replace(".csv", "_compiled.csv")
+        cfg = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, limit, max(getattr(cfg, limit), 64))
+    compiled = "compiled" if args.compile else "eager"
+
+    def model_of(method: str, n: int, sdpa: str = "auto") -> nn.Module:
+        m = build(method, n, args.heads, sdpa)
+        return torch.compile(m) if args.compile else m
+
+    def tune_of(model: nn.Module, n: int, first_tokens: int) -> tuple[str | float, int, float]:
+        if not args.compile:
+            return tune(model, n, args.max_tokens, timing)
+        return tune(model, n, args.max_tokens, timing, start_b=max(1, first_tokens // n), max_tries=3)
+
     os.makedirs(args.out, exist_ok=True)
     env = environment()
     ok, msg = mita_correct("triton")
@@ -126,16 +159,18 @@ def main() -> None:
     n = args.min_n
     while n <= args.max_n:
         if time.time() - t_start > args.time_budget_s:
-            rows.append(dict(N=n, method="all", tokens_per_s="not run (time budget)", timing=timing, **env))
+            rows.append(
+                dict(N=n, method="all", tokens_per_s="not run (time budget)", timing=timing, model=compiled, **env)
+            )
             n *= 2
             continue
         torch.manual_seed(0)
         full = {}
-        for sdpa in ("cudnn", "flash", "efficient"):
+        for sdpa in args.dense.split(","):
             if n >= 1 << 18 and sdpa == "efficient":
                 continue
             try:
-                full[sdpa] = tune(build("full", n, args.heads, sdpa), n, args.max_tokens, timing)
+                full[sdpa] = tune_of(model_of("full", n, sdpa), n, 1)
             except RuntimeError as e:
                 full[sdpa] = (f"error: {str(e).splitlines()[0][:60]}", 0, 0.0)
         numeric = {s: r for s, r in full.items() if isinstance(r[0], float)}
@@ -143,7 +178,12 @@ def main() -> None:
         failed = [r[0] for r in full.values() if str(r[0]).startswith("capture failed")]
         f_tps, f_b, f_mem = numeric[best_sdpa] if best_sdpa else (failed[0] if failed else "OOM", 0, 0.0)
         m, k = budget(n)
-        m_tps, m_b, m_mem = tune(build("mita", n, args.heads), n, args.max_tokens, timing)
+        try:
+            m_tps, m_b, m_mem = tune_of(model_of("mita", n), n, args.compile_start_tokens)
+        except RuntimeError as e:  # a compile failure (eager errors are bugs and are raised above in tune)
+            if not args.compile:
+                raise
+            m_tps, m_b, m_mem = f"error: {str(e).splitlines()[0][:60]}", 0, 0.0
         speedup = ""
         if isinstance(m_tps, float) and isinstance(f_tps, float):
             speedup = m_tps / f_tps if ok else "refused: correctness gate failed"
@@ -160,6 +200,7 @@ def main() -> None:
                 k="",
                 speedup="",
                 timing=timing,
+                model=compiled,
                 **env,
             )
         )
@@ -175,6 +216,7 @@ def main() -> None:
                 speedup=speedup,
                 correctness="PASS" if ok else "FAIL",
                 timing=timing,
+                model=compiled,
                 **env,
             )
         )

@@ -182,7 +182,7 @@ def correlated_tokens(
     h = math.sqrt(1 - rho * rho) * rho ** torch.arange(L, device=device, dtype=torch.float32)
     size = 1 << (n + L - 1).bit_length()
     x = torch.fft.irfft(torch.fft.rfft(e, size, dim=-2) * torch.fft.rfft(h, size)[:, None], size, dim=-2)[..., :n, :]
-    return x.to(dtype)
+    return x.to(dtype).contiguous()  # the slice above is strided; dense SDPA backends refuse that layout
 
 
 def write_csv(path: str, rows: list[dict]) -> None:

@@ -1,7 +1,7 @@
 """Per-kernel GPU time of MiTA and dense attention (torch.profiler), to see where an op-level call spends time.
 
     python scripts/bench/kernel_profile.py [--points deit_s,N65536] [--backend triton]
-    python scripts/bench/kernel_profile.py --figf 65536:16,1048576:2   # Figure F's MiTA model, N:batch
+    python scripts/bench/kernel_profile.py --figf 65536:16,1048576:2 [--compile]  # Figure F's MiTA model, N:batch
 
 For each point prints: wall time per call (CUDA events, eager), the sum of GPU kernel time per call, and the
 kernels sorted by GPU time. Wall time well above the GPU sum means the call is bound by the host (launches).
@@ -10,6 +10,7 @@ kernels sorted by GPU time. Wall time well above the GPU sum means the call is b
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -83,6 +84,7 @@ def main() -> None:
     ap.add_argument("--points", default="deit_s,N65536")
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--figf", default="", help="N:batch,... profile one forward of Figure F's MiTA model instead")
+    ap.add_argument("--compile", action="store_true", help="with --figf: torch.compile the model first")
     args = ap.parse_args()
     if args.figf:
         from bench_figf import DIM, build
@@ -90,11 +92,15 @@ def main() -> None:
         for item in args.figf.split(","):
             n, b = (int(s) for s in item.split(":"))
             model = build("mita", n, 2)
+            if args.compile:
+                model = torch.compile(model)
             x = torch.randn(b, n, DIM, device="cuda", dtype=torch.bfloat16)
+            fwd = functools.partial(model, x)
             with torch.inference_mode():
-                wall, spread = cuda_time(lambda: model(x), warmup=2, reps=5, max_s=5.0)
-                gpu, rows = kernel_table(lambda: model(x), reps=3, top=25)
-            print(f"== figf N={n} B={b}: wall {wall:.3f} ms (spread {spread:.3f}), GPU kernels {gpu:.3f} ms")
+                wall, spread = cuda_time(fwd, warmup=2, reps=5, max_s=5.0)
+                gpu, rows = kernel_table(fwd, reps=3, top=25)
+            tag = " compiled" if args.compile else ""
+            print(f"== figf N={n} B={b}{tag}: wall {wall:.3f} ms (spread {spread:.3f}), GPU kernels {gpu:.3f} ms")
             print(f"   {b * n / wall * 1e3:.3e} tokens/s wall, {b * n / gpu * 1e3:.3e} tokens/s GPU sum", flush=True)
             for key, ms, cnt in rows:
                 print(f"   {ms:8.4f} ms  x{cnt:<3d} {key}", flush=True)
