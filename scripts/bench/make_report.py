@@ -16,14 +16,14 @@ PAPER_FIGF_SPEEDUP = {65536: 19.0, 262144: 56.0, 1048576: 159.0}
 
 def read(paths: list[str]) -> list[dict]:
     """Rows of the CSVs, each with ``run`` (the folder: the kernel version it was measured with) and ``timing``
-    (``eager`` for CSVs written before the column existed, which all timed eager calls)."""
+    (``eager`` for CSVs written before the column existed, which all timed eager calls; ``+compile`` appended for
+    Figure F rows of models run through torch.compile)."""
     rows = []
     for p in paths:
         with open(p) as f:
-            rows += [
-                dict(r, run=os.path.basename(os.path.dirname(p)) or p, timing=r.get("timing") or "eager")
-                for r in csv.DictReader(f)
-            ]
+            for r in csv.DictReader(f):
+                timing = (r.get("timing") or "eager") + ("+compile" if r.get("model") == "compiled" else "")
+                rows.append(dict(r, run=os.path.basename(os.path.dirname(p)) or p, timing=timing))
     return rows
 
 
@@ -41,7 +41,8 @@ def cell(r: dict, key: str, digits: int = 3) -> str:
 
 TIMING_NOTE = (
     "timing: eager = each call launches its kernels from Python (host overhead included); "
-    "cuda_graph = replays of one captured call (GPU time without launch overhead)."
+    "cuda_graph = replays of one captured call (GPU time without launch overhead); +compile (Figure F) = both "
+    "models run through torch.compile (bench_figf.py --compile)."
 )
 
 
