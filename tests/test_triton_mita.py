@@ -275,14 +275,12 @@ def _reference_plan(route: torch.Tensor, m: int, bm: int, T: int):
 @pytest.mark.parametrize(
     "N,m,S,imbalanced,chunked",
     [(197, 25, 1, False, False), (70, 5, 2, True, False), (300, 40, 3, False, False), (197, 25, 1, False, True),
-     (70, 5, 2, True, True), (1100, 5, 1, True, True), (300, 40, 3, False, True), (300, 300, 3, False, True),
-     (1100, 5, 1, True, "small"), (700, 40, 2, False, "small"), (700, 40, 2, False, "capped")],
+     (70, 5, 2, True, True), (1100, 5, 1, True, True), (300, 40, 3, False, True), (300, 300, 3, False, True)],
 )  # fmt: skip
 def test_plan_matches_reference(monkeypatch, N, m, S, imbalanced, chunked):
     """Both plan builders (one program per head; the chunked three-kernel counting sort, here with several steps
     per chunk, a partial last chunk, and at m = 300 more chunks than one offsets block) against a stable sort and
-    a loop over experts. "small": chunks sized by _PLAN_MIN_ROWS (many heads' case; 48 rows, not a whole number of
-    steps); "capped": that size limited by the count table's _PLAN_MAX_CELLS."""
+    a loop over experts."""
     g = torch.Generator().manual_seed(N + m)
     BH = 3
     route = torch.randint(0, m, (BH, N * S), generator=g, dtype=torch.int32)
@@ -294,11 +292,6 @@ def test_plan_matches_reference(monkeypatch, N, m, S, imbalanced, chunked):
         monkeypatch.setattr(tm, "_PLAN_FUSED_MAX", 0)
         monkeypatch.setattr(tm, "_PLAN_STEP", 16)
         monkeypatch.setattr(tm, "_PLAN_PROGRAMS", 64)
-    if chunked in ("small", "capped"):
-        monkeypatch.setattr(tm, "_PLAN_PROGRAMS", 3)  # floor of one chunk per head: the sizes below decide
-        monkeypatch.setattr(tm, "_PLAN_MIN_ROWS", 48)
-        # 64 x 11 cells: 11 chunks of the 64-expert table instead of the 29 (N = 700, S = 2) that 48 rows give.
-        monkeypatch.setattr(tm, "_PLAN_MAX_CELLS", 64 * 11 if chunked == "capped" else 1 << 17)
     plan = tm.build_plan(idx, route, m)
     T = plan.tile_e.shape[1]
     rows, starts, tile_e, tile_rs, tile_re = _reference_plan(route, m, plan.bm, T)

@@ -642,15 +642,11 @@ class RoutingPlan:
 
 
 # The one-program plan kernel takes N * S * next_pow2(m) up to this (one program per (batch, head) loops over the
-# rows in steps of _PLAN_CHUNK one-hot entries); beyond it the chunked plan (at least _PLAN_PROGRAMS programs per
-# step) has more parallelism. Chunks shrink towards _PLAN_MIN_ROWS rows when there are many (batch, head) pairs,
-# as long as a head's [chunks, next_pow2(m)] count table (one program per head reads it twice) stays within
-# _PLAN_MAX_CELLS: 512 programs over 32 heads of 64K rows walked 64 sequential steps each.
+# rows in steps of _PLAN_CHUNK one-hot entries); beyond it the chunked plan (about _PLAN_PROGRAMS programs per
+# step) has more parallelism.
 _PLAN_FUSED_MAX = 1 << 18
 _PLAN_CHUNK = 8192
 _PLAN_PROGRAMS = 512
-_PLAN_MIN_ROWS = 1024
-_PLAN_MAX_CELLS = 1 << 17
 # Rows per step of the chunked plan (ranks among equal experts from a [step, step] comparison).
 _PLAN_STEP = 64
 
@@ -696,8 +692,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets, scatter + tile table.
     br = _PLAN_STEP
-    nc = max(_PLAN_PROGRAMS // BH, min(nrows // _PLAN_MIN_ROWS, _PLAN_MAX_CELLS // mp), 1)
-    cr = max(br, triton.cdiv(triton.cdiv(nrows, nc), br) * br)
+    cr = max(br, triton.cdiv(triton.cdiv(nrows, max(1, _PLAN_PROGRAMS // BH)), br) * br)
     nc = triton.cdiv(nrows, cr)
     cnts = torch.empty(BH, nc, mp, device=dev, dtype=i32)
     fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
