@@ -58,3 +58,18 @@ def test_failed_gate_refuses_the_speedup(bench, tmp_path, monkeypatch):
 def test_unknown_attention_is_a_clear_error(bench, tmp_path):
     with pytest.raises(SystemExit, match="unknown attention"):
         bench.main(["--device", "cpu", "--points", "tiny", "--attentions", "nope", "--out", str(tmp_path)])
+
+
+def test_long_point_uses_1d_layouts_on_cpu(bench, tmp_path):
+    """Long points have no patch grid: MiTA, Agent Attention and MoBA run their 1D layouts (no prefix token), and
+    the gate shrinks nothing there (N = 1024 is its own size)."""
+    rows = bench.main(
+        ["--device", "cpu", "--points", "N1024", "--dtype", "float32", "--out", str(tmp_path), "--attentions",
+         "full,agent,moba,mita"]
+    )  # fmt: skip
+    by_method = {r["method"]: r for r in rows}
+    assert set(by_method) == {"full[auto]", "agent", "moba", "mita"}
+    for method, r in by_method.items():
+        assert "error" not in r, (method, r)
+        assert r["correctness"] == "PASS", (method, r)
+    assert all(p["grid"] is None for p in bench.points(1 << 12) if p["layout"] == "1d")

@@ -5,9 +5,16 @@ Each attention is built with ``create_attention(name, C = H * d, H, ...)`` and t
 (its projections included): forward and forward+backward time, peak memory above the inputs, and the speed-up
 over the fastest ``full`` variant (SDPA pinned to flash / cuDNN / efficient) per stage. Points as in bench_op.py:
 the DeiT-S layer (B 256, N 197 with a class token on a 14 x 14 grid, H 6, d 64) and long sequences N = 1K, 4K,
-... (B 1, H 2, d 64, on a square grid, m = k = sqrt(N / 4)). Before timing, each attention passes a correctness
-gate: the same layer (same weights) in the benchmark dtype on the device against float32 on the CPU at a small
-shape, forward output and input gradient (relative error < 5e-2); one that fails gets no speed-up.
+... (B 1, H 2, d 64, 1D layout: no prefix token, m = k = sqrt(N / 4)). Before timing, each attention passes a
+correctness gate at a small shape (at most 1024 tokens), forward output and input gradient, relative error < 5e-2;
+one that fails gets no speed-up:
+- dense ``full``: the layer in the benchmark dtype on the device against the same weights in float32 on the CPU
+  (SDPA's own kernel choice there: the pinned kernels exist on CUDA only);
+- every other attention: the layer in float32 on the device against float32 on the CPU. Attentions that select
+  keys (top-k, routing, blocks) are discontinuous: in bf16 their selections differ from float32's on near ties,
+  which moves the output by several per cent without any bug, so the bench dtype is not compared with float32;
+- layers with a MiTA ``backend`` also run in the benchmark dtype on the device with their default backend (the
+  Triton kernels on CUDA) against ``backend="naive"`` on the same bf16 inputs and weights.
 
     python scripts/bench/bench_layers.py --out results/bench [--max-n 65536] [--attentions mita,agent,...]
     python scripts/bench/bench_layers.py --device cpu --points tiny --dtype float32   # a CPU smoke run
@@ -39,13 +46,22 @@ DENSE_KERNELS = ("flash", "cudnn", "efficient")
 
 
 def points(max_n: int) -> list[dict]:
-    """bench_op.py's points, each with its token grid (a class token before it at the DeiT-S point), and ``tiny``
-    for CPU smoke runs."""
+    """bench_op.py's points, each with its token grid (a class token before it at the DeiT-S point; None for the
+    1D layout of the long points), and ``tiny`` for CPU smoke runs."""
     pts = [dict(name="tiny", B=2, H=2, N=257, d=32, m=16, k=16, layout="official")] + shapes(max_n)
     for p in pts:
         side = math.isqrt(p["N"] - (p["layout"] == "official"))
-        p["grid"] = (side, side)
+        p["grid"] = None if p["layout"] == "1d" else (side, side)
     return pts
+
+
+def build(name: str, opts: dict, p: dict) -> torch.nn.Module:
+    """Attention ``name`` for point ``p``: at 1D points without prefix tokens (Agent Attention and MoBA then use
+    their 1D layouts: segment-mean agents, contiguous key blocks)."""
+    layer = create_attention(name, p["H"] * p["d"], p["H"], **opts)
+    if p["layout"] == "1d":
+        layer.num_prefix_tokens = 0
+    return layer
 
 
 def layer_options(name: str, p: dict) -> dict:
@@ -72,28 +88,52 @@ def methods(p: dict, wanted: list[str], device: str) -> dict[str, tuple[str, dic
     return out
 
 
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().float().cpu(), b.detach().float().cpu()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _out_and_grad(layer, x: torch.Tensor, g: torch.Tensor, grid) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.detach().clone().requires_grad_()
+    o = layer(x, grid=grid)
+    (gx,) = torch.autograd.grad(o, x, g.to(o.device, o.dtype))
+    return o, gx
+
+
 def gate(name: str, opts: dict, p: dict, device: str, dtype: torch.dtype) -> tuple[bool, str]:
-    """The layer in ``dtype`` on ``device`` against the same weights in float32 on the CPU (output, input grad)."""
+    """Correctness gate of one attention at point ``p`` (see the module docstring): (ok, message)."""
     torch.manual_seed(0)
-    H, d = p["H"], p["d"]
-    # Long points are checked on a 32 x 32 grid (the point's options; every budget here fits 1024 tokens).
-    N, grid = (1024, (32, 32)) if p["N"] > 1024 else (p["N"], p["grid"])
-    ref = create_attention(name, H * d, H, **opts).float()
-    dut = copy.deepcopy(ref).to(device, dtype)
-    kw = dict(grid=grid)
-    x = torch.randn(2, N, H * d)
-    x_ref = x.clone().requires_grad_()
-    x_dut = x.to(device, dtype).requires_grad_()
-    o_ref = ref(x_ref, **kw)
-    o_dut = dut(x_dut, **kw)
-    g = torch.randn_like(o_ref)
-    (gx_ref,) = torch.autograd.grad(o_ref, x_ref, g)
-    (gx_dut,) = torch.autograd.grad(o_dut, x_dut, g.to(device, dtype))
+    small = dict(p, N=min(p["N"], 1024))
+    if small["N"] != p["N"] and p["layout"] != "1d":
+        raise ValueError(f"point {p['name']}: a 2D grid cannot be shrunk to the gate's 1024 tokens")
+    ref_opts = dict(opts, sdpa_backend="auto") if name == "full" else opts
+    ref = build(name, ref_opts, small).float()
+    x = torch.randn(2, small["N"], p["H"] * p["d"])
+    g = torch.randn(2, small["N"], p["H"] * p["d"])
+    o_ref, gx_ref = _out_and_grad(ref, x, g, p["grid"])
+    dut = copy.deepcopy(ref)
+    if name == "full":
+        dut.sdpa_backend = opts.get("sdpa_backend", "auto")
+        checks = [("", dut.to(device, dtype), (o_ref, gx_ref))]
+    else:
+        checks = [("float32 ", dut.to(device), (o_ref, gx_ref))]
     errs = []
-    for what, a, b in (("out", o_dut, o_ref), ("dx", gx_dut, gx_ref)):
-        err = ((a.float().cpu() - b).norm() / b.norm().clamp_min(1e-30)).item()
-        if not err < 5e-2:
-            errs.append(f"{what} rel err {err:.2e}")
+    for tag, layer, (o_b, gx_b) in checks:
+        o_a, gx_a = _out_and_grad(layer, x.to(device, next(layer.parameters()).dtype), g, p["grid"])
+        for what, a, b in (("out", o_a, o_b), ("dx", gx_a, gx_b)):
+            err = _rel_err(a, b)
+            if not err < 5e-2:
+                errs.append(f"{tag}{what} rel err {err:.2e}")
+    if hasattr(ref, "backend") and device == "cuda":
+        fast, slow = copy.deepcopy(ref).to(device, dtype), copy.deepcopy(ref).to(device, dtype)
+        slow.backend = "naive"
+        xd = x.to(device, dtype)
+        for what, a, b in zip(
+            ("out", "dx"), _out_and_grad(fast, xd, g, p["grid"]), _out_and_grad(slow, xd, g, p["grid"])
+        ):
+            err = _rel_err(a, b)
+            if not err < 5e-2:
+                errs.append(f"{dtype} {what} vs naive rel err {err:.2e}")
     return not errs, "; ".join(errs) or "ok"
 
 
@@ -164,7 +204,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             try:
                 gates[label] = gate(name, opts, p, args.device, dtype)
                 torch.manual_seed(0)
-                layer = create_attention(name, p["H"] * p["d"], p["H"], **opts).to(args.device, dtype)
+                layer = build(name, opts, p).to(args.device, dtype)
                 x = torch.randn(p["B"], p["N"], p["H"] * p["d"], device=args.device, dtype=dtype, requires_grad=True)
                 res[label] = measure(layer, x, p["grid"], args.device, p["N"] >= 1 << 18)
                 del layer, x
