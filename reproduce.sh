@@ -119,7 +119,9 @@ run_table() {
     case "$table" in
         A) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only imagenet/ ;;
         C) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only ade20k/ ;;
-        F) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/bench/bench_figf.py --out results/bench ;;
+        # Figure F: eager models, then both models through torch.compile (fused layer norms, GELU and copies).
+        F) [ "$SMOKE" = 1 ] || { run "$PYTHON" scripts/bench/bench_figf.py --out results/bench &&
+            run "$PYTHON" scripts/bench/bench_figf.py --out results/bench --compile --min-n 65536; } ;;
         G) figure_g ;;
     esac
     if [ -z "$experiments" ] && [ "$table" != F ] && [ "$table" != G ]; then

@@ -106,7 +106,7 @@ def figf_plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 6))
     latest = max(r["run"] for r in rows)
     series = sorted({(r["run"], r["timing"]) for r in rows})
     for key, label in (("full", "full attention (fastest SDPA)"), ("mita", "MiTA (Triton)")):
@@ -135,7 +135,8 @@ def figf_plot(rows: list[dict], path: str) -> None:
         a.set_xlabel("N (tokens)")
         a.set_ylabel(t)
         a.grid(True, which="both", alpha=0.3)
-        a.legend()
+        # Below the axes: inside they hide the curves once several runs are shown.
+        a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
