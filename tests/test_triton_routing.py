@@ -44,6 +44,13 @@ def _ref_topk(r, k, valid, ksel):
     return idx
 
 
+@pytest.fixture(params=[1, 3], ids=["block_top1", "block_top3"])
+def block_top(request, monkeypatch):
+    """The long-row top-k's start from each key block's maximum (1) and from its 3 largest scores."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", request.param)
+    return request.param
+
+
 def _same_sets(a, b):
     a = torch.where(a < 0, 1 << 30, a.long()).sort(-1).values
     b = torch.where(b < 0, 1 << 30, b.long()).sort(-1).values
@@ -72,7 +79,7 @@ def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
     assert torch.equal(key, key.sort(-1).values)
 
 
-def test_exact_topk_long_rows_massive_ties_and_refinement():
+def test_exact_topk_long_rows_massive_ties_and_refinement(block_top):
     # Many keys tie with the k-th score and the candidate list is short: the refinement passes must narrow the
     # threshold to the k-th key itself and the emitting pass must keep the lowest-index ties.
     BH, N, M, d, ksel = 1, 200, 3, 32, 20
@@ -84,7 +91,7 @@ def test_exact_topk_long_rows_massive_ties_and_refinement():
     assert _same_sets(tr.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
 
 
-def test_exact_topk_long_rows_start_from_block_maxima():
+def test_exact_topk_long_rows_start_from_block_maxima(block_top):
     # Enough key blocks (N / 64 >= k) for the block-maximum start threshold; integer ties across blocks.
     r = _ints((1, 3, 32), -2, 3, 9, torch.bfloat16)
     k = _ints((1, 1300, 32), -2, 3, 10, torch.bfloat16)
@@ -94,7 +101,7 @@ def test_exact_topk_long_rows_start_from_block_maxima():
     assert _same_sets(got, _ref_topk(r, k, valid, 8))
 
 
-def test_exact_topk_long_rows_count_first_then_refine_some_rows():
+def test_exact_topk_long_rows_count_first_then_refine_some_rows(block_top):
     # One landmark tile mixes rows the count pass settles (random scores) with a row it cannot: its start (the
     # 4th largest block maximum) is a level 600 keys reach, above which only two keys lie, so it is refined.
     N, M, d, ksel = 1024, 5, 32, 4
@@ -134,7 +141,7 @@ def _mixed_rows_inputs(N, d):
 
 
 @pytest.mark.parametrize("pad", [False, True])
-def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad):
+def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad, block_top):
     N, d, ksel = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = None
@@ -149,7 +156,7 @@ def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad):
     assert torch.equal(key, key.sort(-1).values)
 
 
-def test_exact_topk_long_rows_fewer_valid_keys_than_k():
+def test_exact_topk_long_rows_fewer_valid_keys_than_k(block_top):
     # 70 keys in long-row mode, ksel 40, one head with 25 valid keys: all 25 (ascending) then -1.
     r = _ints((2, 3, 32), -1, 2, 11)
     k = _ints((2, 70, 32), -1, 2, 12)
@@ -188,7 +195,15 @@ def test_exact_topk_long_rows_launches(monkeypatch, ph):
     assert _same_sets(got, _ref_topk(r, k, None, 5))
 
 
-def test_exact_topk_fully_padded_row():
+@pytest.mark.parametrize("bad", [0, 65])
+def test_exact_topk_block_top_out_of_range(monkeypatch, bad):
+    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bad)
+    r, k = _ints((1, 3, 32), -2, 3, 1), _ints((1, 700, 32), -2, 3, 2)
+    with pytest.raises(ValueError, match="block_top"):
+        tr.exact_topk(r, k, None, 8, small_max_n=0)
+
+
+def test_exact_topk_fully_padded_row(block_top):
     r = _ints((2, 4, 32), -2, 3, 5)
     k = _ints((2, 90, 32), -2, 3, 6)
     valid = torch.ones(2, 90, dtype=torch.bool, device=DEV)
@@ -337,12 +352,15 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, ph):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("ph", [0, 256])
-def test_gpu_exact_topk_correlated_tokens(monkeypatch, ph):
+@pytest.mark.parametrize("ph,bt", [(0, 1), (256, 1), (0, 2)])
+def test_gpu_exact_topk_correlated_tokens(monkeypatch, ph, bt):
     """Correlated tokens (every row overflows the block-maximum start) at 64K, bf16: exact with and without the
-    histogram start; with it, fewer rows are left for the refinement passes. Integer tokens (a moving average of
-    noise, rounded to [-8, 8]) keep the scores exact in float32, with ties."""
+    histogram start and with two scores per key block; with the histogram, fewer rows are left for the refinement
+    passes; with two scores per block, the start admits fewer keys (CPU model: median 715 against 1439; the list
+    holds 256, so the rows still overflow). Integer tokens (a moving average of noise, rounded to [-8, 8]) keep the
+    scores exact in float32, with ties."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "hist_bins", ph)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(2, 65536 + 63, 64, generator=g).unfold(1, 64, 1).mean(-1) * 32).round().clamp(-8, 8)
     k = x.to(DEV, torch.bfloat16)
@@ -353,6 +371,8 @@ def test_gpu_exact_topk_correlated_tokens(monkeypatch, ph):
     assert int(st["overflow_rows"]) > 200
     if ph:
         assert int(st["overflow_rows_after_histogram"]) < int(st["overflow_rows"]) // 4
+    median = st["counts"].float().median().item()
+    assert (median < 1000) if bt == 2 else (median > 1300)
 
 
 @pytest.mark.gpu

@@ -179,7 +179,19 @@ def main() -> None:
         default=None,
         help="long-row top-k histogram start (triton_routing.SCAN_CONFIG hist_bins; 0 off); default: the library's",
     )
+    ap.add_argument(
+        "--block-top",
+        type=int,
+        default=None,
+        help="long-row top-k start from the t largest scores of each key block (SCAN_CONFIG block_top; 1: the "
+        "maximum); default: the library's; writes op_bench..._top<t>.csv when above 1",
+    )
     args = ap.parse_args()
+    if args.block_top is not None:
+        from mita.ops.mita import triton_routing
+
+        triton_routing.SCAN_CONFIG["block_top"] = args.block_top
+        print(f"top-k start: {args.block_top} scores per key block", flush=True)
     if args.hist_bins is not None:
         from mita.ops.mita import triton_routing
 
@@ -191,6 +203,8 @@ def main() -> None:
         csv_name = csv_name.replace(".csv", f"_rho{args.rho:g}.csv")
     if args.hist_bins:
         csv_name = csv_name.replace(".csv", f"_hist{args.hist_bins}.csv")
+    if args.block_top and args.block_top > 1:
+        csv_name = csv_name.replace(".csv", f"_top{args.block_top}.csv")
     os.makedirs(args.out, exist_ok=True)
     env = environment()
     backends = [b for b in args.backends.split(",") if b in list_backends()]

@@ -9,7 +9,7 @@ spread over many blocks (independent tokens) and loose when they cluster in a fe
 alike): this script measures the share of overflowing rows for synthetic sequences with AR(1) correlation along
 the tokens, or for q / k tensors saved from a real model.
 
-    python scripts/bench/topk_overflow.py [--n 65536] [--rho 0,0.9,0.99]
+    python scripts/bench/topk_overflow.py [--n 65536] [--rho 0,0.9,0.99] [--block-top 1,2,4]
     python scripts/bench/topk_overflow.py --qk saved.pt      # a dict with "q" and "k": [N, d] or [B, H, N, d]
 """
 
@@ -21,12 +21,16 @@ import math
 import torch
 
 
-def start_overflow(r: torch.Tensor, k: torch.Tensor, kk: int, bn: int = 64, max_groups: int = 8192) -> dict:
+def start_overflow(
+    r: torch.Tensor, k: torch.Tensor, kk: int, bn: int = 64, max_groups: int = 8192, block_top: int = 1
+) -> dict:
     """Share of rows of ``r @ k.T`` whose keys at or above the start threshold exceed the candidate list.
 
     Args:
         r: ``[m, d]`` landmarks; k: ``[N, d]`` keys (float32 scores as the kernels compute them).
         kk: keys per landmark.
+        block_top: scores kept per key block (``SCAN_CONFIG["block_top"]``): the start is the kk-th largest of
+            them (of their group maxima when a row has more than ``max_groups`` entries).
 
     Returns:
         ``{"overflow": share of rows, "median_count": median keys >= start, "cap": list length, "counts": [m]}``.
@@ -34,7 +38,9 @@ def start_overflow(r: torch.Tensor, k: torch.Tensor, kk: int, bn: int = 64, max_
     s = r.float() @ k.float().T
     m, N = s.shape
     nb = math.ceil(N / bn)
-    bmax = torch.nn.functional.pad(s, (0, nb * bn - N), value=float("-inf")).view(m, nb, bn).amax(-1)
+    blocks = torch.nn.functional.pad(s, (0, nb * bn - N), value=float("-inf")).view(m, nb, bn)
+    bmax = blocks.topk(block_top, dim=-1).values.reshape(m, nb * block_top)  # per block, descending
+    nb = nb * block_top
     f = 1 << max(0, math.ceil(nb / max_groups) - 1).bit_length()
     ng = math.ceil(nb / f)
     gmax = torch.nn.functional.pad(bmax, (0, ng * f - nb), value=float("-inf")).view(m, ng, f).amax(-1)
@@ -68,6 +74,7 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--rho", default="0,0.9,0.99,0.999")
     ap.add_argument("--qk", default="", help="a torch.save'd dict with q and k ([N, d] or [B, H, N, d])")
+    ap.add_argument("--block-top", default="1,2,4", help="scores kept per key block (SCAN_CONFIG block_top)")
     args = ap.parse_args()
     if args.qk:
         saved = torch.load(args.qk, map_location="cpu")
@@ -77,9 +84,10 @@ def main() -> None:
         mk = max(1, int(math.sqrt(n / 4)))
         for i in range(q.shape[0]):
             r = q[i][: n - n % mk].reshape(mk, -1, q.shape[-1]).mean(1)
-            res = start_overflow(r, k[i], mk)
-            res.pop("counts")
-            print(f"head {i}: N {n}, m = k = {mk}: {res}", flush=True)
+            for t in (int(x) for x in args.block_top.split(",")):
+                res = start_overflow(r, k[i], mk, block_top=t)
+                res.pop("counts")
+                print(f"head {i}: N {n}, m = k = {mk}, block_top {t}: {res}", flush=True)
         return
     gen = torch.Generator().manual_seed(0)
     n, d = args.n, args.d
@@ -89,9 +97,10 @@ def main() -> None:
         x = ar1_tokens(n, d, rho, gen)
         q, k = x @ w_q, x @ w_k
         r = q.view(mk, n // mk, d).mean(1)  # 1-D landmarks: means of consecutive query segments
-        res = start_overflow(r, k, mk)
-        res.pop("counts")
-        print(f"N {n}, m = k = {mk}, AR(1) rho {rho}: {res}", flush=True)
+        for t in (int(x) for x in args.block_top.split(",")):
+            res = start_overflow(r, k, mk, block_top=t)
+            res.pop("counts")
+            print(f"N {n}, m = k = {mk}, AR(1) rho {rho}, block_top {t}: {res}", flush=True)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,12 @@ _SCAN_PROGRAMS = 2048
 # hist_bins > 0: rows that overflow their candidate list take a start threshold from a histogram of their keys
 # (hist_bins bins, a power of 2) and one more emitting pass before the refinement passes; 0 keeps the block-maximum
 # start alone (measured on the H200; the histogram start is not yet, see notes/kernels-notes.md).
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, hist_bins=0)
+# block_top = t > 1: the block-maximum pass keeps the t largest scores of each key block instead of its maximum, and
+# the start threshold is the kk-th largest of all of them (still kk distinct keys reach it). When a landmark's top
+# keys cluster in few blocks (neighbouring tokens alike) this start is much tighter: on the CPU model
+# (scripts/bench/topk_overflow.py --block-top) at N = 64K, AR(1) correlation 0.9, every row overflows with t = 1
+# and none with t = 2. Off (1) until timed on the GPU.
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, hist_bins=0, block_top=1)
 
 
 def _interpreting() -> bool:
@@ -343,9 +348,11 @@ def _topk_scan_kernel(
     UP: tl.constexpr,
     EXACT: tl.constexpr,
     PH: tl.constexpr,
+    TOPT: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
-    # MODE 0: maximum of each key block per landmark -> CMAX [rows, NB].
+    # MODE 0: the TOPT largest scores of each key block per landmark (ties: distinct keys) -> CMAX [rows, NB]
+    #         (NB = key blocks x TOPT; TOPT = 1: each block's maximum).
     # MODE 4: every key >= lo (slot 0) takes a slot of its row's list from the row's atomic counter OFF and is
     #         written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The
     #         list's order does not matter: the final top-k orders by the packed value. With PH > 0 the keys
@@ -448,8 +455,14 @@ def _topk_scan_kernel(
                 )
                 b_sc = _score(b_r, b_k, PREC, UP, EXACT)
                 if MODE == 0:
-                    b_max = tl.max(tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf")), 1)
-                    tl.store(CMAX + row * NB + n_b // BN, b_max, mask=m_j)
+                    b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
+                    for t in tl.static_range(TOPT):
+                        b_max = tl.max(b_x, 1)
+                        tl.store(CMAX + row * NB + (n_b // BN) * TOPT + t, b_max, mask=m_j)
+                        if t + 1 < TOPT:
+                            # Drop one key holding the maximum (the first), so ties count as the keys they are.
+                            c_n = tl.min(tl.where(b_x == b_max[:, None], o_n[None, :], N), 1)
+                            b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
                 elif MODE == 4 or MODE == 5:
                     # Float compares only (no order key per score): each round takes every row's best remaining
                     # candidate of the tile (first index on ties) and gives it the row's next slot. A tile holds
@@ -625,6 +638,9 @@ def exact_topk(
     bs = SCAN_CONFIG["bs"] or (64 if D <= 64 else 32)
     n_s = triton.cdiv(M, bs)
     NB = triton.cdiv(N, bn)
+    topt = int(SCAN_CONFIG.get("block_top", 1))
+    if topt < 1 or topt > bn:
+        raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
     G = max(1, min(NB, triton.cdiv(_SCAN_PROGRAMS, n_s * BH)))
     CH = triton.cdiv(triton.cdiv(N, G), bn) * bn
     G = triton.cdiv(N, CH)
@@ -636,7 +652,7 @@ def exact_topk(
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
 
-    cmax = torch.empty(rows, NB, device=dev, dtype=torch.float32)
+    cmax = torch.empty(rows, NB * topt, device=dev, dtype=torch.float32)
     # State slot i = (lo, hi, done) of each row before refinement pass i; slot _PASSES: the final state.
     lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
     hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
@@ -654,19 +670,19 @@ def exact_topk(
 
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
-            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, hist, mark, N, M, CH, G, NB, cap, ksel, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, PH=ph, **common,
+            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, hist, mark, N, M, CH, G, NB * topt, cap, ksel, rows,
+            i_pass, MODE=mode, SKIP=mode != 0 and mode != 4, PH=ph, TOPT=topt if mode == 0 else 1, **common,
             num_warps=SCAN_CONFIG["emit_warps" if mode in (4, 5) else "num_warps"],
         )  # fmt: skip
 
     run("block maxima", lambda: scan(0))
-    # Groups of f key blocks keep the start kernel's maxima in registers (<= 8192 per row).
-    f = _next_pow2(triton.cdiv(NB, 8192))
-    gp = _next_pow2(triton.cdiv(NB, f))
+    # Groups of f block entries keep the start kernel's maxima in registers (<= 8192 per row).
+    f = _next_pow2(triton.cdiv(NB * topt, 8192))
+    gp = _next_pow2(triton.cdiv(NB * topt, f))
     run(
         "start threshold",
         lambda: fast(_topk_start_kernel)[(rows,)](
-            cmax, kk, lo, hi, off, cnt, cand, hist, M, NB, cap, ksel, rows,
+            cmax, kk, lo, hi, off, cnt, cand, hist, M, NB * topt, cap, ksel, rows,
             HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), PH=ph,
             num_warps=8 if gp * f >= 4096 else 4,
         ),
@@ -1192,11 +1208,13 @@ def _compile_cases() -> list:
     scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", CNT=i32, OFF=i32, CAND=i64, HIST=i32, MARK=i32)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
-        ("topk_scan mode 4", _topk_scan_kernel, dict(MODE=4, SKIP=False, PH=0, **{**sc, "HAS_KV": True}), 4, scan),
-        ("topk_scan mode 4 hist", _topk_scan_kernel, dict(MODE=4, SKIP=False, PH=256, **sc), 4, scan),
-        ("topk_scan mode 5 skip", _topk_scan_kernel, dict(MODE=5, SKIP=True, PH=256, **sc), 4, scan),
-        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, PH=0, **sc), 4, scan),
-        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, PH=0, **sc), 4, scan),
+        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, PH=0, TOPT=4, **sc), 4, scan),
+        ("topk_scan mode 4", _topk_scan_kernel, dict(MODE=4, SKIP=False, PH=0, TOPT=1, **{**sc, "HAS_KV": True}), 4,
+         scan),
+        ("topk_scan mode 4 hist", _topk_scan_kernel, dict(MODE=4, SKIP=False, PH=256, TOPT=1, **sc), 4, scan),
+        ("topk_scan mode 5 skip", _topk_scan_kernel, dict(MODE=5, SKIP=True, PH=256, TOPT=1, **sc), 4, scan),
+        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, PH=0, TOPT=1, **sc), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, PH=0, TOPT=1, **sc), 4, scan),
         ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, PH=0), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64, HIST=i32)),
         ("topk_start hist", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256, PH=256), 4,
