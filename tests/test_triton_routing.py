@@ -168,12 +168,9 @@ def test_exact_topk_long_rows_fewer_valid_keys_than_k(block_top):
     assert torch.all(got[1, :, 25:] == -1)
 
 
-@pytest.mark.parametrize("ph", [0, 64])
-def test_exact_topk_long_rows_launches(monkeypatch, ph):
-    # Without padding the long-row path is Triton launches only: block maxima, start, count + emit, (with the
-    # histogram start: the re-threshold kernel and a second emitting pass), 8 refinement passes, recount, ordered
-    # emission, final top-k (14 or 16), and no PyTorch kernel besides the allocations.
-    monkeypatch.setitem(tr.SCAN_CONFIG, "hist_bins", ph)
+def test_exact_topk_long_rows_launches(monkeypatch):
+    # Without padding the long-row path is Triton launches only: block maxima, start, count + emit, 8 refinement
+    # passes, recount, ordered emission, final top-k (14), and no PyTorch kernel besides the allocations.
     # Counted at Triton's own launch path, which direct launches of cached binaries (on a GPU) bypass.
     monkeypatch.setattr(launch, "ENABLED", False)
     launches = []
@@ -188,10 +185,9 @@ def test_exact_topk_long_rows_launches(monkeypatch, ph):
     r = _ints((1, 3, 32), -1, 2, 15)
     k = _ints((1, 70, 32), -1, 2, 16)
     got = tr.exact_topk(r, k, None, 5, small_max_n=0)
-    hist = ["_topk_rethreshold_kernel", "_topk_scan_kernel"] if ph else []
-    assert launches == ["_topk_scan_kernel", "_topk_start_kernel", "_topk_scan_kernel"] + hist + [
-        "_topk_scan_kernel"
-    ] * 10 + ["_topk_final_kernel"], launches
+    assert launches == ["_topk_scan_kernel", "_topk_start_kernel"] + ["_topk_scan_kernel"] * 11 + [
+        "_topk_final_kernel"
+    ], launches
     assert _same_sets(got, _ref_topk(r, k, None, 5))
 
 
@@ -214,13 +210,13 @@ def test_exact_topk_fully_padded_row(block_top):
         assert _same_sets(got[0:1], _ref_topk(r[0:1], k[0:1], valid[0:1], 8))
 
 
-@pytest.mark.parametrize("ph", [16, 256])
+@pytest.mark.parametrize("bt", [2, 4])
 @pytest.mark.parametrize("pad", [False, True])
-def test_exact_topk_histogram_start(monkeypatch, ph, pad):
-    """Histogram start on: exact on the mixed rows (list fits, all ties, refinement after the histogram, ties below
-    the top keys), on integer scores with many ties across blocks, and on correlated tokens, with and without
-    padding; 16 bins leave rows for the refinement passes (state handed over from the histogram), 256 fewer."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "hist_bins", ph)
+def test_exact_topk_block_top_start(monkeypatch, bt, pad):
+    """Start from the bt largest scores of each key block: exact on the mixed rows (list fits, all ties, refinement,
+    ties below the top keys), on integer scores with many ties across blocks, and on correlated tokens, with and
+    without padding; on the correlated tokens it leaves fewer rows for the refinement passes than block maxima."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
     N, d, ksel = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = None
@@ -241,11 +237,13 @@ def test_exact_topk_histogram_start(monkeypatch, ph, pad):
     x = torch.cumsum(torch.randn(1, 2048, 32, generator=g), dim=1) * 0.05 + torch.randn(1, 2048, 32, generator=g)
     kx = x.to(DEV)
     rx = x[:, :: 2048 // 16][:, :16].contiguous().to(DEV)
-    st = {}
+    st, st1 = {}, {}
     got = tr.exact_topk(rx, kx, None, 16, stats=st)
     assert _same_sets(got, _ref_topk(rx, kx, None, 16))
-    assert int(st["overflow_rows"]) > 8
-    assert int(st["overflow_rows_after_histogram"]) < int(st["overflow_rows"])
+    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", 1)
+    tr.exact_topk(rx, kx, None, 16, stats=st1)
+    assert int(st1["overflow_rows"]) > 8
+    assert int(st["overflow_rows"]) < int(st1["overflow_rows"])
 
 
 @pytest.mark.parametrize("S", [1, 2, 3])
@@ -333,8 +331,8 @@ def test_gpu_exact_topk_and_route(N, M, ksel):
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("N,M", [(65536, 128), (262144, 256)])
 @pytest.mark.parametrize("cap", [None, "k"])
-@pytest.mark.parametrize("ph", [0, 256])
-def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, ph):
+@pytest.mark.parametrize("bt", [1, 2])
+def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, bt):
     # Integer scores over a wider range (fewer ties): with the default list every row takes the atomic-slot
     # emission; with cap = k most rows take the refinement and ordered emission. Both equal a stable sort.
     r = _ints((2, M, 64), -8, 9, N + 2, torch.bfloat16)
@@ -342,7 +340,7 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, ph):
     valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
     valid[0, : N // 4] = False
     kw = dict(cap=M) if cap == "k" else {}
-    monkeypatch.setitem(tr.SCAN_CONFIG, "hist_bins", ph)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
     for kv in (None, valid):
         got = tr.exact_topk(r, k, kv, M, **kw)
         assert _same_sets(got, _ref_topk(r, k, kv, M))
@@ -352,14 +350,12 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, ph):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("ph,bt", [(0, 1), (256, 1), (0, 2)])
-def test_gpu_exact_topk_correlated_tokens(monkeypatch, ph, bt):
-    """Correlated tokens (every row overflows the block-maximum start) at 64K, bf16: exact with and without the
-    histogram start and with two scores per key block; with the histogram, fewer rows are left for the refinement
-    passes; with two scores per block, the start admits fewer keys (CPU model: median 715 against 1439; the list
-    holds 256, so the rows still overflow). Integer tokens (a moving average of noise, rounded to [-8, 8]) keep the
+@pytest.mark.parametrize("bt", [1, 2])
+def test_gpu_exact_topk_correlated_tokens(monkeypatch, bt):
+    """Correlated tokens (every row overflows the block-maximum start) at 64K, bf16: exact with block maxima and
+    with two scores per key block, which admits fewer keys (CPU model: median 715 against 1439; the list holds
+    256, so the rows still overflow). Integer tokens (a moving average of noise, rounded to [-8, 8]) keep the
     scores exact in float32, with ties."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "hist_bins", ph)
     monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(2, 65536 + 63, 64, generator=g).unfold(1, 64, 1).mean(-1) * 32).round().clamp(-8, 8)
@@ -369,8 +365,6 @@ def test_gpu_exact_topk_correlated_tokens(monkeypatch, ph, bt):
     got = tr.exact_topk(r, k, None, 128, stats=st)
     assert _same_sets(got, _ref_topk(r, k, None, 128))
     assert int(st["overflow_rows"]) > 200
-    if ph:
-        assert int(st["overflow_rows_after_histogram"]) < int(st["overflow_rows"]) // 4
     median = st["counts"].float().median().item()
     assert (median < 1000) if bt == 2 else (median > 1300)
 

@@ -174,12 +174,6 @@ def main() -> None:
         "take its refinement passes (scripts/bench/topk_overflow.py); writes op_bench_rho<rho>.csv",
     )
     ap.add_argument(
-        "--hist-bins",
-        type=int,
-        default=None,
-        help="long-row top-k histogram start (triton_routing.SCAN_CONFIG hist_bins; 0 off); default: the library's",
-    )
-    ap.add_argument(
         "--block-top",
         type=int,
         default=None,
@@ -192,17 +186,10 @@ def main() -> None:
 
         triton_routing.SCAN_CONFIG["block_top"] = args.block_top
         print(f"top-k start: {args.block_top} scores per key block", flush=True)
-    if args.hist_bins is not None:
-        from mita.ops.mita import triton_routing
-
-        triton_routing.SCAN_CONFIG["hist_bins"] = args.hist_bins
-        print(f"top-k histogram start: {args.hist_bins} bins", flush=True)
     timing = "cuda_graph" if args.graph else "eager"
     csv_name = "op_bench_cuda_graph.csv" if args.graph else "op_bench.csv"
     if args.rho:
         csv_name = csv_name.replace(".csv", f"_rho{args.rho:g}.csv")
-    if args.hist_bins:
-        csv_name = csv_name.replace(".csv", f"_hist{args.hist_bins}.csv")
     if args.block_top and args.block_top > 1:
         csv_name = csv_name.replace(".csv", f"_top{args.block_top}.csv")
     os.makedirs(args.out, exist_ok=True)

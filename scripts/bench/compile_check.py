@@ -81,9 +81,8 @@ def main() -> None:
     cases.append(("lv_bwd_dkdv", tr._lv_bwd_dkdv_kernel, dict(HAS_KV=True, BS=32, BN=64, **common), 4, None))
     for mode in range(4):
         cases.append((f"topk_scan mode {mode}", tr._topk_scan_kernel,
-                      dict(MODE=mode, P=16, SKIP=mode == 2, HAS_KV=False, BS=64, BN=64, EXACT=False, PH=0, TOPT=1,
-                           **common),
-                      4, {"CMAX": "*fp32", "CNT": "*i32", "HIST": "*i32", "MARK": "*i32"}))
+                      dict(MODE=mode, P=16, SKIP=mode == 2, HAS_KV=False, BS=64, BN=64, EXACT=False, TOPT=1, **common),
+                      4, {"CMAX": "*fp32", "CNT": "*i32"}))
     small = {"MEMB": "*i8", "DQ": "*bf16"}
     for S, kv, mp in ((1, False, 32), (2, True, 16)):
         sc = dict(SHARED=True, MP=mp, NP=256, **common)

@@ -40,15 +40,12 @@ _PASSES = 8
 _SCAN_PROGRAMS = 2048
 # Long-row scan passes: keys per step, landmarks per tile (None: 64 for d <= 64, else 32), warps of the passes and
 # of the count + emit pass (scripts/bench/tune_long.py sweeps them on the GPU).
-# hist_bins > 0: rows that overflow their candidate list take a start threshold from a histogram of their keys
-# (hist_bins bins, a power of 2) and one more emitting pass before the refinement passes; 0 keeps the block-maximum
-# start alone (measured on the H200; the histogram start is not yet, see notes/kernels-notes.md).
 # block_top = t > 1: the block-maximum pass keeps the t largest scores of each key block instead of its maximum, and
 # the start threshold is the kk-th largest of all of them (still kk distinct keys reach it). When a landmark's top
 # keys cluster in few blocks (neighbouring tokens alike) this start is much tighter: on the CPU model
 # (scripts/bench/topk_overflow.py --block-top) at N = 64K, AR(1) correlation 0.9, every row overflows with t = 1
 # and none with t = 2. Off (1) until timed on the GPU.
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, hist_bins=0, block_top=1)
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, block_top=1)
 
 
 def _interpreting() -> bool:
@@ -215,7 +212,6 @@ def _topk_start_kernel(
     OFF,
     CNT,
     CAND,
-    HIST,
     M,
     NB,
     CAP,
@@ -226,7 +222,6 @@ def _topk_start_kernel(
     GP: tl.constexpr,
     P: tl.constexpr,
     CB: tl.constexpr,
-    PH: tl.constexpr,
 ):
     # One row per program: lo = the largest order key t that kk maxima of groups of F key blocks reach (so kk
     # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
@@ -251,33 +246,6 @@ def _topk_start_kernel(
     o_c = tl.arange(0, _NPASS * P)
     tl.store(CNT + ((o_c // P) * nrows + row) * P + o_c % P, tl.zeros([_NPASS * P], tl.int32))
     _clear_list(CAND, row, CAP, CB)
-    if PH > 0:
-        tl.store(HIST + row * PH + tl.arange(0, PH), tl.zeros([PH], tl.int32))
-
-
-@triton.jit
-def _topk_rethreshold_kernel(KK, LO, HI, OFF, HIST, MARK, CAND, M, CAP, ksel, HAS_KV: tl.constexpr,
-                             PH: tl.constexpr, CB: tl.constexpr):  # fmt: skip
-    # Histogram start (one row per program): a row whose keys >= lo overflowed its list (OFF > CAP) takes the
-    # narrowest of the PH bins of [lo, hi) that keeps count(key >= t) >= kk: lo = t_p, hi = t_{p+1}, with t_p =
-    # lo + (hi - lo) * p // PH and the counts from the count + emit pass's histogram. Its counter and list are
-    # emptied and MARK set, so that a second emitting pass (MODE 5) fills them from the new lo; other rows: MARK 0.
-    row = tl.program_id(0).to(tl.int64)
-    over = tl.load(OFF + row) > CAP
-    tl.store(MARK + row, over.to(tl.int32))
-    if over:
-        kk = _head_kk(KK, row // M, ksel, HAS_KV)
-        o_p = tl.arange(0, PH)
-        # Keys >= t_p, from the bins at and above p (keys >= hi sit in the last bin).
-        ge = tl.cumsum(tl.load(HIST + row * PH + o_p), 0, reverse=True)
-        p_star = tl.max(tl.where(ge >= kk, o_p, 0), 0).to(tl.int64)
-        lo = tl.load(LO + row)
-        hi = tl.load(HI + row)
-        t_lo, t_hi = _narrow(lo, hi, p_star, PH)
-        tl.store(LO + row, t_lo)
-        tl.store(HI + row, t_hi)
-        tl.store(OFF + row, 0)
-        _clear_list(CAND, row, CAP, CB)
 
 
 @triton.jit
@@ -326,8 +294,6 @@ def _topk_scan_kernel(
     CNT,
     OFF,
     CAND,
-    HIST,
-    MARK,
     N,
     M,
     CH,
@@ -347,7 +313,6 @@ def _topk_scan_kernel(
     PREC: tl.constexpr,
     UP: tl.constexpr,
     EXACT: tl.constexpr,
-    PH: tl.constexpr,
     TOPT: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
@@ -355,9 +320,7 @@ def _topk_scan_kernel(
     #         (NB = key blocks x TOPT; TOPT = 1: each block's maximum).
     # MODE 4: every key >= lo (slot 0) takes a slot of its row's list from the row's atomic counter OFF and is
     #         written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The
-    #         list's order does not matter: the final top-k orders by the packed value. With PH > 0 the keys
-    #         in [lo, hi) are also counted into PH bins (HIST) for the histogram start (_topk_rethreshold_kernel).
-    # MODE 5: MODE 4 again for the rows MARK flags (their lo raised by the histogram start), without the bins.
+    #         list's order does not matter: the final top-k orders by the packed value.
     # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
     # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P].
     # MODE 2: final state (slot _NPASS), empty candidate lists, per key chunk the count of keys >= hi and of keys
@@ -373,10 +336,7 @@ def _topk_scan_kernel(
     row = i_bh * M + o_j
     active = tl.sum(m_j.to(tl.int32), 0) > 0
     if MODE != 0 and MODE != 4:
-        if MODE == 5:
-            fb = m_j & (tl.load(MARK + row, mask=m_j, other=0) != 0)
-        else:
-            fb = m_j & (tl.load(OFF + row, mask=m_j, other=0) > CAP)
+        fb = m_j & (tl.load(OFF + row, mask=m_j, other=0) > CAP)
         if SKIP:
             active = tl.sum(fb.to(tl.int32), 0) > 0
     if active:
@@ -384,15 +344,10 @@ def _topk_scan_kernel(
         n1 = tl.minimum(n0 + CH, N)
         if MODE != 0:
             kk = _head_kk(KK, i_bh, ksel, HAS_KV)
-            if MODE == 4 or MODE == 5:
+            if MODE == 4:
                 b_lo64 = tl.load(LO + row, mask=m_j, other=0)
                 b_hi64 = b_lo64
-                if MODE == 4 and PH > 0:
-                    b_hi64 = tl.load(HI + row, mask=m_j, other=1)
-                if MODE == 4:
-                    need = m_j
-                else:
-                    need = fb
+                need = m_j
                 # The float t with key(s) >= lo <=> s >= t: lo is the key of a block maximum (-inf below every
                 # score's key; NaN, which no score reaches, above +inf's key: a row without valid keys).
                 b_tf = tl.where(b_lo64 >= 0, b_lo64, b_lo64 ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
@@ -463,17 +418,11 @@ def _topk_scan_kernel(
                             # Drop one key holding the maximum (the first), so ties count as the keys they are.
                             c_n = tl.min(tl.where(b_x == b_max[:, None], o_n[None, :], N), 1)
                             b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
-                elif MODE == 4 or MODE == 5:
+                elif MODE == 4:
                     # Float compares only (no order key per score): each round takes every row's best remaining
                     # candidate of the tile (first index on ties) and gives it the row's next slot. A tile holds
                     # one or two candidates on average for independent tokens, so there is usually one round.
                     m_c = need[:, None] & m_n[None, :] & (b_sc >= b_tf[:, None])
-                    if MODE == 4 and PH > 0:
-                        # Bin p of [lo, hi) holds keys with t_p <= key < t_{p+1}; keys >= hi go to the last bin.
-                        b_x = _order_key(b_sc).to(tl.int64) - b_lo64[:, None]
-                        b_bin = ((b_x + 1) * PH - 1) // tl.maximum(b_hi64 - b_lo64, 1)[:, None]
-                        b_bin = tl.minimum(tl.maximum(b_bin, 0), PH - 1)
-                        tl.atomic_add(HIST + row[:, None] * PH + b_bin, 1, mask=m_c, sem="relaxed")
                     while tl.sum(m_c.to(tl.int32)) > 0:
                         c_max = tl.max(tl.where(m_c, b_sc, float("-inf")), 1)
                         c_n = tl.min(tl.where(m_c & (b_sc == c_max[:, None]), o_n[None, :], N), 1)
@@ -595,10 +544,9 @@ def exact_topk(
         timer: None, or ``timer(name, fn)`` that runs ``fn()`` (profiling: each pass of the long-row path is one
             named call).
         stats: None, or a dict that receives (long-row path only) ``"cap"``, ``"counts"`` (``[BH * m]`` int32
-            device tensor: keys at or above each row's block-maximum start threshold), ``"overflow_rows"`` (device
-            tensor: rows with more than cap such keys) and, with the histogram start on, the rows that still
-            overflow after it (``"overflow_rows_after_histogram"``), which take the refinement passes. No host
-            synchronisation; scripts/bench/topk_overflow.py models the block-maximum threshold on the CPU.
+            device tensor: keys at or above each row's start threshold), ``"overflow_rows"`` (device
+            tensor: rows with more than cap such keys, which take the refinement passes). No host
+            synchronisation; scripts/bench/topk_overflow.py models the start threshold on the CPU.
 
     Returns:
         ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for.
@@ -664,15 +612,11 @@ def exact_topk(
     cand = torch.empty(rows, cap, device=dev, dtype=torch.int64)
     idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
 
-    ph = SCAN_CONFIG["hist_bins"]
-    hist = torch.empty(rows, ph, device=dev, dtype=torch.int32) if ph else off
-    mark = torch.empty(rows, device=dev, dtype=torch.int32) if ph else off
-
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
-            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, hist, mark, N, M, CH, G, NB * topt, cap, ksel, rows,
-            i_pass, MODE=mode, SKIP=mode != 0 and mode != 4, PH=ph, TOPT=topt if mode == 0 else 1, **common,
-            num_warps=SCAN_CONFIG["emit_warps" if mode in (4, 5) else "num_warps"],
+            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB * topt, cap, ksel, rows, i_pass,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=topt if mode == 0 else 1, **common,
+            num_warps=SCAN_CONFIG["emit_warps" if mode == 4 else "num_warps"],
         )  # fmt: skip
 
     run("block maxima", lambda: scan(0))
@@ -682,8 +626,8 @@ def exact_topk(
     run(
         "start threshold",
         lambda: fast(_topk_start_kernel)[(rows,)](
-            cmax, kk, lo, hi, off, cnt, cand, hist, M, NB * topt, cap, ksel, rows,
-            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), PH=ph,
+            cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, cap, ksel, rows,
+            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024),
             num_warps=8 if gp * f >= 4096 else 4,
         ),
     )  # fmt: skip
@@ -693,18 +637,6 @@ def exact_topk(
         stats["cap"] = cap
         stats["counts"] = off.clone()
         stats["overflow_rows"] = (off > cap).sum()
-    if ph:
-        # Rows that overflowed: a start threshold from the histogram of their keys, then one more emitting pass.
-        run(
-            "histogram start",
-            lambda: fast(_topk_rethreshold_kernel)[(rows,)](
-                kk, lo, hi, off, hist, mark, cand, M, cap, ksel,
-                HAS_KV=key_valid is not None, PH=ph, CB=min(cap, 1024), num_warps=4,
-            ),
-        )  # fmt: skip
-        run("re-emit (histogram rows)", lambda: scan(5))
-        if stats is not None:
-            stats["overflow_rows_after_histogram"] = (off > cap).sum()
     for i in range(_PASSES):
         run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
     run("recount (fallback rows)", lambda: scan(2))
@@ -1205,22 +1137,17 @@ def _compile_cases() -> list:
     """Kernels and constexpr settings (bf16, d 64) for scripts/bench/compile_check.py beyond its own list."""
     common = dict(D=64, PREC="tf32", UP=False)
     i32, i64 = "*i32", "*i64"
-    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", CNT=i32, OFF=i32, CAND=i64, HIST=i32, MARK=i32)
+    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", CNT=i32, OFF=i32, CAND=i64)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
-        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, PH=0, TOPT=4, **sc), 4, scan),
-        ("topk_scan mode 4", _topk_scan_kernel, dict(MODE=4, SKIP=False, PH=0, TOPT=1, **{**sc, "HAS_KV": True}), 4,
-         scan),
-        ("topk_scan mode 4 hist", _topk_scan_kernel, dict(MODE=4, SKIP=False, PH=256, TOPT=1, **sc), 4, scan),
-        ("topk_scan mode 5 skip", _topk_scan_kernel, dict(MODE=5, SKIP=True, PH=256, TOPT=1, **sc), 4, scan),
-        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, PH=0, TOPT=1, **sc), 4, scan),
-        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, PH=0, TOPT=1, **sc), 4, scan),
-        ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, PH=0), 8,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64, HIST=i32)),
-        ("topk_start hist", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256, PH=256), 4,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64, HIST=i32)),
-        ("topk_rethreshold", _topk_rethreshold_kernel, dict(HAS_KV=True, PH=256, CB=256), 4,
-         dict(KK=i32, LO=i64, HI=i64, OFF=i32, HIST=i32, MARK=i32, CAND=i64)),
+        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, **sc), 4, scan),
+        ("topk_scan mode 4", _topk_scan_kernel, dict(MODE=4, SKIP=False, TOPT=1, **{**sc, "HAS_KV": True}), 4, scan),
+        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, **sc), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, **sc), 4, scan),
+        ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
+        ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, **common), 8, None),
         ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, **common), 4, None),
