@@ -246,6 +246,30 @@ def test_exact_topk_block_top_start(monkeypatch, bt, pad):
     assert int(st["overflow_rows"]) < int(st1["overflow_rows"])
 
 
+@pytest.mark.parametrize("N,M,d,pad", [(1300, 6, 32, False), (700, 40, 64, True)])
+def test_exact_topk_fused_landmark_values(monkeypatch, N, M, d, pad):
+    """lv=(v, scale): with SCAN_CONFIG["fuse_lv"] the long-row block-maximum pass also computes the landmark
+    values (partials per key chunk, then the merge kernel); the same top-k, and vt / lse as landmark_values_fwd's
+    own kernels (with padding, several key chunks). Without fuse_lv, lv= returns those kernels' results."""
+    g = torch.Generator().manual_seed(N + M)
+    r, k, v = (torch.randn(2, n, d, generator=g).to(DEV) for n in (M, N, N))
+    valid = None
+    if pad:
+        valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
+        valid[0, N // 2 :] = False
+        valid[1, :7] = False
+    scale = d**-0.5
+    idx_ref = tr.exact_topk(r, k, valid, 16)
+    vt_ref, lse_ref = tr.landmark_values_fwd(r, k, v, valid, scale)
+    idx0, vt0, lse0 = tr.exact_topk(r, k, valid, 16, lv=(v, scale))
+    assert torch.equal(idx0, idx_ref) and torch.equal(vt0, vt_ref) and torch.equal(lse0, lse_ref)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fuse_lv", True)
+    idx, vt, lse = tr.exact_topk(r, k, valid, 16, lv=(v, scale))
+    assert torch.equal(idx, idx_ref)
+    torch.testing.assert_close(vt, vt_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("S", [1, 2, 3])
 def test_route_topk_matches_stable_sort(S):
     q = _ints((2, 77, 32), -2, 3, 7, torch.bfloat16)

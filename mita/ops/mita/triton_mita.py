@@ -29,6 +29,7 @@ import triton.language as tl
 from mita.ops.mita.checks import check_mita_args
 from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
+    SCAN_CONFIG,
     _dot,
     _lv_bwd_dr_kernel,
     _lv_dkdv_block,
@@ -1019,10 +1020,13 @@ class _MiTAFn(torch.autograd.Function):
     """Landmark values and the fused attention as one autograd node: one backward writes dq, dk, dv, dR once."""
 
     @staticmethod
-    def fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale):
+    def fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv=None):
         """``(o, vt, lse, lv_lse)``: output, landmark values (zeros without the shared expert), the attention's
-        LSE and the landmark values' LSE (None without the shared expert)."""
-        if shared:
+        LSE and the landmark values' LSE (None without the shared expert). ``lv``: ``(vt, lv_lse)`` already
+        computed (by the top-k's fused pass), else None."""
+        if shared and lv is not None:
+            vt, lv_lse = lv
+        elif shared:
             # softmax(R k^T s) v: split-key kernels; zeros for a row with no valid key, as the reference gives.
             vt, lv_lse = landmark_values_fwd(r, k, v, key_valid, scale)
         else:
@@ -1032,8 +1036,8 @@ class _MiTAFn(torch.autograd.Function):
         return o, vt, lse, lv_lse
 
     @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale):
-        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale)
+    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv=None):
+        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv)
         ctx.save_for_backward(q, k, v, r, vt, o, lse, lv_lse)
         ctx.key_valid, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, plan, S, shared, scale, sscale
         return o
@@ -1044,7 +1048,24 @@ class _MiTAFn(torch.autograd.Function):
         dq, dk, dv, dr = mita_bwd(
             do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.key_valid, lv_lse
         )
-        return dq, dk, dv, dr, None, None, None, None, None, None
+        return dq, dk, dv, dr, None, None, None, None, None, None, None
+
+
+def route_and_plan(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float):
+    """Top-k per landmark, top-S routing per query and the routing plan (no autograd, no host synchronisation).
+
+    Returns:
+        ``(plan, lv)``: the :class:`RoutingPlan` and, when the top-k's block-maximum pass computed the landmark
+        values too (``triton_routing.SCAN_CONFIG["fuse_lv"]`` with the shared expert), ``(vt, lv_lse)``; else None.
+    """
+    with torch.no_grad():
+        lv = None
+        if shared and SCAN_CONFIG.get("fuse_lv", False):
+            idx, vt, lv_lse = exact_topk(r, k, key_valid, ksel, lv=(v, scale))
+            lv = (vt, lv_lse)
+        else:
+            idx = exact_topk(r, k, key_valid, ksel)
+        return build_plan(idx, route_topk(q, r, S), r.shape[1]), lv
 
 
 def triton_mita(
@@ -1099,12 +1120,9 @@ def triton_mita(
         # Image sizes: routing, landmark values and attention in one launch per (batch, head), see triton_small.py.
         o = SmallMiTAFn.apply(qf, kf, vf, rf, key_valid, ksel, S, shared, scale, sscale)
         return o.view(B, H, N, D)
-    with torch.no_grad():
-        # Exact top-k per landmark and top-S routing per query, scores computed tile by tile, never stored.
-        idx = exact_topk(rf, kf, key_valid, ksel)
-        route = route_topk(qf, rf, S)
-        plan = build_plan(idx, route, m)
-    o = _MiTAFn.apply(qf, kf, vf, rf, key_valid, plan, S, shared, scale, sscale)
+    # Exact top-k per landmark and top-S routing per query, scores computed tile by tile, never stored.
+    plan, lv = route_and_plan(qf, kf, vf, rf, key_valid, ksel, S, shared, scale)
+    o = _MiTAFn.apply(qf, kf, vf, rf, key_valid, plan, S, shared, scale, sscale, lv)
     return o.view(B, H, N, D)
 
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, build_plan, mita_bwd, plan_shape
-from mita.ops.mita.triton_routing import exact_topk, route_topk
+from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, mita_bwd, plan_shape, route_and_plan
 from mita.ops.mita.triton_small import _pads, small_bwd, small_fwd
 
 # Aux outputs of the forward, per path (the backward reads them back in this order).
@@ -45,9 +44,8 @@ def triton_fwd(
             vt, lvlse = q.new_empty(0), q.new_empty(0, dtype=torch.float32)
         return [o, lse, memb, route, vt, lvlse]
     with torch.no_grad():
-        m = r.shape[1]
-        plan = build_plan(exact_topk(r, k, key_valid, ksel), route_topk(q, r, S), m)
-        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale)
+        plan, lv = route_and_plan(q, k, v, r, key_valid, ksel, S, shared, scale)
+        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv)
     lv = lv_lse if lv_lse is not None else q.new_empty(0, dtype=torch.float32)
     return [o, lse, vt, lv, plan.idx, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re]
 
