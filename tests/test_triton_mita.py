@@ -217,7 +217,7 @@ def test_fused_landmark_values_match_naive(poison, monkeypatch, S, pad_from, dty
     def not_called(*args, **kwargs):
         raise AssertionError("landmark_values_fwd ran although the top-k pass computed the landmark values")
 
-    monkeypatch.setattr(tm, "landmark_values_fwd", not_called)
+    monkeypatch.setattr(tr, "landmark_values_fwd", not_called)
     _check(2, 1, 600, 32, 6, 20, dtype, S, True, pad_from)
 
 

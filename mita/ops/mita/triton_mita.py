@@ -29,16 +29,15 @@ import triton.language as tl
 from mita.ops.mita.checks import check_mita_args
 from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
-    SCAN_CONFIG,
     _dot,
     _lv_bwd_dr_kernel,
     _lv_dkdv_block,
     _n_chunks,
     _next_pow2,
     _prec,
+    _softmax_step,
     _upcast,
     exact_topk,
-    landmark_values_fwd,
     route_topk,
 )
 from mita.ops.mita.triton_small import SmallMiTAFn, small_supported
@@ -113,13 +112,7 @@ def _mita_fwd_kernel(
                 # [BM, BS]
                 b_s = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
                 b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
-                b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-                b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-                b_p = tl.exp2(b_s - b_ms[:, None])
-                b_alpha = tl.exp2(b_m - b_ms)
-                b_l = b_l * b_alpha + tl.sum(b_p, 1)
-                b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_vt.dtype), b_vt, PREC, UP)
-                b_m = b_mn
+                b_m, b_l, b_acc = _softmax_step(b_s, b_vt, b_m, b_l, b_acc, PREC, UP)
         for j0 in range(0, KSEL, BN):
             o_j = j0 + tl.arange(0, BN)
             b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
@@ -131,13 +124,7 @@ def _mita_fwd_kernel(
             # [BM, BN]
             b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
             b_s = tl.where(m_j[None, :], b_s, float("-inf"))
-            b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-            b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-            b_p = tl.exp2(b_s - b_ms[:, None])
-            b_alpha = tl.exp2(b_m - b_ms)
-            b_l = b_l * b_alpha + tl.sum(b_p, 1)
-            b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_v.dtype), b_v, PREC, UP)
-            b_m = b_mn
+            b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
         m_nz = b_l > 0
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
         b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
@@ -477,10 +464,7 @@ def _plan_kernel(
         o_r = r0 + tl.arange(0, BR)
         b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=o_r < NR, other=-1)
         cnt += tl.sum((b_e[:, None] == o_m[None, :]).to(tl.int32), 0)
-    incl = tl.cumsum(cnt, 0)
-    start = incl - cnt
-    tl.store(STARTS + i_bh * (M + 1) + o_m, start, mask=o_m < M)
-    tl.store(STARTS + i_bh * (M + 1) + o_m + 1, incl, mask=o_m == M - 1)
+    start, incl = _plan_starts(STARTS, cnt, i_bh, M, MP)
     base = start
     for r0 in range(0, NR, BR):
         o_r = r0 + tl.arange(0, BR)
@@ -492,6 +476,18 @@ def _plan_kernel(
         tl.store(ROWS + i_bh * NR + pos, o_r, mask=m_r)
         base += tl.sum(oh, 0)
     _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, 0, T, BMQ, MP, BT)
+
+
+@triton.jit
+def _plan_starts(STARTS, cnt, i_bh, M, MP: tl.constexpr):
+    # Each expert's first row (exclusive prefix of the [MP] counts) and end row; STARTS[bh] = first rows, then the
+    # total after the last expert.
+    o_m = tl.arange(0, MP)
+    incl = tl.cumsum(cnt, 0)
+    start = incl - cnt
+    tl.store(STARTS + i_bh * (M + 1) + o_m, start, mask=o_m < M)
+    tl.store(STARTS + i_bh * (M + 1) + o_m + 1, incl, mask=o_m == M - 1)
+    return start, incl
 
 
 @triton.jit
@@ -560,10 +556,7 @@ def _plan_offsets_kernel(CNTS, STARTS, M, NC, MP: tl.constexpr, BC: tl.constexpr
     for c0 in range(0, NC, BC):
         o_c = c0 + tl.arange(0, BC)
         cnt += tl.sum(tl.load(base + o_c[:, None] * MP + o_m[None, :], mask=(o_c < NC)[:, None], other=0), 0)
-    incl = tl.cumsum(cnt, 0)
-    start = incl - cnt
-    tl.store(STARTS + i_bh * (M + 1) + o_m, start, mask=o_m < M)
-    tl.store(STARTS + i_bh * (M + 1) + o_m + 1, incl, mask=o_m == M - 1)
+    start, incl = _plan_starts(STARTS, cnt, i_bh, M, MP)
     run = start
     for c0 in range(0, NC, BC):
         o_c = c0 + tl.arange(0, BC)
@@ -1020,15 +1013,12 @@ class _MiTAFn(torch.autograd.Function):
     """Landmark values and the fused attention as one autograd node: one backward writes dq, dk, dv, dR once."""
 
     @staticmethod
-    def fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv=None):
+    def fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv):
         """``(o, vt, lse, lv_lse)``: output, landmark values (zeros without the shared expert), the attention's
-        LSE and the landmark values' LSE (None without the shared expert). ``lv``: ``(vt, lv_lse)`` already
-        computed (by the top-k's fused pass), else None."""
-        if shared and lv is not None:
+        LSE and the landmark values' LSE (None without the shared expert). ``lv``: ``(vt, lv_lse)`` from
+        :func:`route_and_plan` (None without the shared expert)."""
+        if shared:
             vt, lv_lse = lv
-        elif shared:
-            # softmax(R k^T s) v: split-key kernels; zeros for a row with no valid key, as the reference gives.
-            vt, lv_lse = landmark_values_fwd(r, k, v, key_valid, scale)
         else:
             vt = torch.zeros_like(r)
             lv_lse = None
@@ -1036,7 +1026,7 @@ class _MiTAFn(torch.autograd.Function):
         return o, vt, lse, lv_lse
 
     @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv=None):
+    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv):
         o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv)
         ctx.save_for_backward(q, k, v, r, vt, o, lse, lv_lse)
         ctx.key_valid, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, plan, S, shared, scale, sscale
@@ -1052,20 +1042,19 @@ class _MiTAFn(torch.autograd.Function):
 
 
 def route_and_plan(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float):
-    """Top-k per landmark, top-S routing per query and the routing plan (no autograd, no host synchronisation).
+    """Top-k per landmark, top-S routing per query, the routing plan and (with the shared expert) the landmark
+    values ``softmax(R k^T s) v`` (no autograd, no host synchronisation).
 
     Returns:
-        ``(plan, lv)``: the :class:`RoutingPlan` and, when the top-k's block-maximum pass computed the landmark
-        values too (``triton_routing.SCAN_CONFIG["fuse_lv"]`` with the shared expert), ``(vt, lv_lse)``; else None.
+        ``(plan, lv)``: the :class:`RoutingPlan` and ``(vt, lv_lse)`` (zeros for a row with no valid key, as the
+        reference gives), or None without the shared expert. :func:`exact_topk` computes them in its block-maximum
+        pass with ``triton_routing.SCAN_CONFIG["fuse_lv"]``, else with the split-key kernels.
     """
     with torch.no_grad():
-        lv = None
-        if shared and SCAN_CONFIG.get("fuse_lv", False):
-            idx, vt, lv_lse = exact_topk(r, k, key_valid, ksel, lv=(v, scale))
-            lv = (vt, lv_lse)
-        else:
-            idx = exact_topk(r, k, key_valid, ksel)
-        return build_plan(idx, route_topk(q, r, S), r.shape[1]), lv
+        if not shared:
+            return build_plan(exact_topk(r, k, key_valid, ksel), route_topk(q, r, S), r.shape[1]), None
+        idx, vt, lv_lse = exact_topk(r, k, key_valid, ksel, lv=(v, scale))
+        return build_plan(idx, route_topk(q, r, S), r.shape[1]), (vt, lv_lse)
 
 
 def triton_mita(

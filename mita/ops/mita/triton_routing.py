@@ -77,6 +77,19 @@ def _dot(a, b, PREC: tl.constexpr, UP: tl.constexpr):
 
 
 @triton.jit
+def _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC: tl.constexpr, UP: tl.constexpr):
+    # One key block of an online softmax in log2 units: logits b_s [X, Y] (-inf where masked), values b_v [Y, D],
+    # running maximum b_m and sum b_l [X] and accumulator b_acc [X, D] -> (b_m, b_l, b_acc) after the block.
+    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+    b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_p = tl.exp2(b_s - b_ms[:, None])
+    b_alpha = tl.exp2(b_m - b_ms)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_v.dtype), b_v, PREC, UP)
+    return b_mn, b_l, b_acc
+
+
+@triton.jit
 def _score(a, b, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr):
     # a [X, D] . b [Y, D] -> [X, Y] float32. EXACT (CPU interpreter): an elementwise product and sum, so equal
     # columns give bitwise-equal scores (a BLAS matmul need not); exact ties decide the top-k.
@@ -439,13 +452,7 @@ def _topk_scan_kernel(
                             other=0.0,
                         )
                         b_s = tl.where(m_n[None, :], b_sc * lv_scale_log2, float("-inf"))
-                        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-                        b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-                        b_p = tl.exp2(b_s - b_ms[:, None])
-                        b_alpha = tl.exp2(b_m - b_ms)
-                        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-                        b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_v.dtype), b_v, PREC, UP)
-                        b_m = b_mn
+                        b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
                 elif MODE == 4:
                     # Float compares only (no order key per score): each round takes every row's best remaining
                     # candidate of the tile (first index on ties) and gives it the row's next slot. A tile holds
@@ -866,13 +873,7 @@ def _lv_fwd_kernel(
         b_v = tl.load(V + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
         b_s = _dot(b_r, tl.trans(b_k), PREC, UP) * scale_log2
         b_s = tl.where(m_n[None, :], b_s, float("-inf"))
-        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-        b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-        b_p = tl.exp2(b_s - b_ms[:, None])
-        b_alpha = tl.exp2(b_m - b_ms)
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_v.dtype), b_v, PREC, UP)
-        b_m = b_mn
+        b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
     if DIRECT:
         m_nz = b_l > 0
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]

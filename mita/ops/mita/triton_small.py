@@ -35,6 +35,7 @@ from mita.ops.mita.triton_routing import (
     _order_key,
     _prec,
     _score,
+    _softmax_step,
     _topk_select,
     _upcast,
     _valid_counts,
@@ -225,13 +226,7 @@ def _small_attn_kernel(
         # [BM, BN] how many of the query's experts hold each key (0 for padding: it is in no list).
         b_c = tl.dot(b_oh, b_mb)
         b_s = _routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP)
-        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-        b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
-        b_p = tl.exp2(b_s - b_ms[:, None])
-        b_alpha = tl.exp2(b_m - b_ms)
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_v.dtype), b_v, PREC, UP)
-        b_m = b_mn
+        b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
     m_nz = b_l > 0
     b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
     tl.store(O + i_bh * N * D + o_i[:, None] * D + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_i[:, None])
