@@ -140,15 +140,19 @@ def _mixed_rows_inputs(N, d):
     return r.to(DEV), k.to(DEV)
 
 
+def _mixed_rows_padding(N):
+    # Padding at the start and around key 300, one of the three top keys of row 4.
+    valid = torch.ones(1, N, dtype=torch.bool, device=DEV)
+    valid[0, :20] = False
+    valid[0, 290:310] = False
+    return valid
+
+
 @pytest.mark.parametrize("pad", [False, True])
 def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad, block_top):
     N, d, ksel = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
-    valid = None
-    if pad:
-        valid = torch.ones(1, N, dtype=torch.bool, device=DEV)
-        valid[0, :20] = False
-        valid[0, 290:310] = False
+    valid = _mixed_rows_padding(N) if pad else None
     got = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
     ref = _ref_topk(r, k, valid, ksel)
     assert _same_sets(got, ref)
@@ -219,11 +223,7 @@ def test_exact_topk_block_top_start(monkeypatch, bt, pad):
     monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
     N, d, ksel = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
-    valid = None
-    if pad:
-        valid = torch.ones(1, N, dtype=torch.bool, device=DEV)
-        valid[0, :20] = False
-        valid[0, 290:310] = False
+    valid = _mixed_rows_padding(N) if pad else None
     got = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
     assert _same_sets(got, _ref_topk(r, k, valid, ksel))
     key = torch.where(got < 0, 1 << 30, got.long())

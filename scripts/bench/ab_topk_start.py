@@ -12,32 +12,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from common import correlated_tokens, cuda_time, environment  # noqa: E402
+from common import correlated_tokens, cuda_time, environment, wall_time  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
 from mita.ops.mita import triton_routing  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
-
-
-def wall_time(fn, warmup: int, reps: int, max_s: float) -> tuple[float, float]:
-    """Median and spread in ms of wall-clock runs (CPU smoke runs)."""
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts), max(ts) - min(ts)
 
 
 def main() -> None:

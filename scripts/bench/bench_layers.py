@@ -28,9 +28,7 @@ import argparse
 import copy
 import math
 import os
-import statistics
 import sys
-import time
 
 import torch
 
@@ -38,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from bench_op import shapes  # noqa: E402
-from common import environment, write_csv  # noqa: E402
+from common import environment, wall_time, write_csv  # noqa: E402
 
 from mita.registry import create_attention, list_attentions  # noqa: E402
 
@@ -143,14 +141,7 @@ def time_call(fn, device: str, warmup: int, reps: int) -> tuple[float, float]:
         from common import time_ms
 
         return time_ms(fn, "eager", warmup=warmup, reps=reps)
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts), max(ts) - min(ts)
+    return wall_time(fn, warmup=warmup, reps=reps)
 
 
 def measure(layer, x, grid, device: str, long_run: bool) -> dict:

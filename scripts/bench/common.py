@@ -8,6 +8,7 @@ import math
 import platform
 import statistics
 import subprocess
+import time
 from collections.abc import Callable
 
 import torch
@@ -35,6 +36,19 @@ def environment() -> dict[str, str]:
     except (OSError, IndexError):
         env["driver"] = "unknown"
     return env
+
+
+def wall_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: float = 20.0) -> tuple[float, float]:
+    """Median and spread (max - min) in ms of ``fn`` over ``reps`` wall-clock runs (CPU smoke runs; ``max_s`` is
+    accepted for the same signature as :func:`cuda_time` and not used)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), max(times) - min(times)
 
 
 def cuda_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: float = 20.0) -> tuple[float, float]:
