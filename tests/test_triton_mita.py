@@ -207,20 +207,6 @@ def test_supports_and_dispatch():
         assert _rel(out, naive_mita(q, k, v, r, 8)) < 1e-4
 
 
-@pytest.mark.parametrize("S,pad_from,dtype", [(1, None, torch.float32), (2, (600, 450), torch.bfloat16)])
-def test_fused_landmark_values_match_naive(poison, monkeypatch, S, pad_from, dtype):
-    """SCAN_CONFIG["fuse_lv"]: the landmark values come from the top-k's block-maximum pass (rows of 600 keys take
-    the long-row top-k; the separate landmark-value kernels must not run). Forward and backward match naive_mita."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fuse_lv", True)
-
-    def not_called(*args, **kwargs):
-        raise AssertionError("landmark_values_fwd ran although the top-k pass computed the landmark values")
-
-    monkeypatch.setattr(tr, "landmark_values_fwd", not_called)
-    _check(2, 1, 600, 32, 6, 20, dtype, S, True, pad_from)
-
-
 GPU_SHAPES = [(63, 4, 8), (197, 25, 25), (1025, 49, 49), (4097, 32, 32), (65536, 64, 64)]
 
 

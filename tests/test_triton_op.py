@@ -92,24 +92,6 @@ def test_fake_shapes_match_real_outputs():
             assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real], (short, N)
 
 
-def test_custom_op_with_fused_landmark_values(monkeypatch):
-    """SCAN_CONFIG["fuse_lv"] through the custom op (rows of 600 keys: the long-row top-k computes the landmark
-    values): its output and landmark values are bitwise the eager operator's with the same setting."""
-    from mita.ops.mita import triton_routing as tr
-
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fuse_lv", True)
-    N, m, k = 600, 6, 20
-    (q, kk, v, r), mask = _inputs(N, m, B=2, pad=True, seed=9)
-    B, H, _, d = q.shape
-    flat = [t.reshape(B * H, -1, d) for t in (q, kk, v, r)]
-    kv = (~mask)[:, None, :].expand(B, H, N).reshape(B * H, N)
-    o, _, vt, *_ = triton_op.triton_fwd(*flat, kv, k, 1, True, d**-0.5, 1.0 / d, False)
-    with torch.no_grad():
-        ref = tm.triton_mita(q, kk, v, r, k, key_padding_mask=mask, shared_scale=1.0 / d)
-    assert torch.equal(o.view(B, H, N, d), ref)
-    assert torch.equal(vt, tr.exact_topk(flat[3], flat[1], kv, k, lv=(flat[2], d**-0.5))[1])
-
-
 def test_compiled_mita_layer_matches_eager():
     """A whole MiTA layer (pooling, projections, the Triton op) compiled, against the same layer eager."""
     from mita.registry import create_attention

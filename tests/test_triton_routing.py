@@ -246,28 +246,26 @@ def test_exact_topk_block_top_start(monkeypatch, bt, pad):
     assert int(st["overflow_rows"]) < int(st1["overflow_rows"])
 
 
-@pytest.mark.parametrize("N,M,d,pad", [(1300, 6, 32, False), (700, 40, 64, True)])
-def test_exact_topk_fused_landmark_values(monkeypatch, N, M, d, pad):
-    """lv=(v, scale): with SCAN_CONFIG["fuse_lv"] the long-row block-maximum pass also computes the landmark
-    values (partials per key chunk, then the merge kernel); the same top-k, and vt / lse as landmark_values_fwd's
-    own kernels (with padding, several key chunks). Without fuse_lv, lv= returns those kernels' results."""
-    g = torch.Generator().manual_seed(N + M)
-    r, k, v = (torch.randn(2, n, d, generator=g).to(DEV) for n in (M, N, N))
-    valid = None
-    if pad:
-        valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
-        valid[0, N // 2 :] = False
-        valid[1, :7] = False
-    scale = d**-0.5
-    idx_ref = tr.exact_topk(r, k, valid, 16)
-    vt_ref, lse_ref = tr.landmark_values_fwd(r, k, v, valid, scale)
-    idx0, vt0, lse0 = tr.exact_topk(r, k, valid, 16, lv=(v, scale))
-    assert torch.equal(idx0, idx_ref) and torch.equal(vt0, vt_ref) and torch.equal(lse0, lse_ref)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fuse_lv", True)
-    idx, vt, lse = tr.exact_topk(r, k, valid, 16, lv=(v, scale))
-    assert torch.equal(idx, idx_ref)
-    torch.testing.assert_close(vt, vt_ref, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
+def test_exact_topk_block_top_default(monkeypatch):
+    """block_top None (the default): the start takes 2 scores per key block while the start kernel holds every entry
+    itself (N / bn * 2 <= _START_ENTRIES), else block maxima. Same per-row counts as the explicit settings."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.cumsum(torch.randn(1, 2048, 32, generator=g), dim=1) * 0.05 + torch.randn(1, 2048, 32, generator=g)
+    kx = x.to(DEV)
+    rx = x[:, :: 2048 // 16][:, :16].contiguous().to(DEV)
+    counts = {}
+    for bt in (1, 2, None):
+        monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
+        st: dict = {}
+        tr.exact_topk(rx, kx, None, 16, stats=st)
+        counts[bt] = st["counts"].cpu()
+    assert not torch.equal(counts[1], counts[2])
+    assert torch.equal(counts[None], counts[2])
+    # 2048 keys = 32 blocks of 64: with room for fewer than 64 entries the default falls back to block maxima.
+    monkeypatch.setattr(tr, "_START_ENTRIES", 63)
+    st = {}
+    tr.exact_topk(rx, kx, None, 16, stats=st)
+    assert torch.equal(st["counts"].cpu(), counts[1])
 
 
 @pytest.mark.parametrize("S", [1, 2, 3])

@@ -178,22 +178,9 @@ def main() -> None:
         type=int,
         default=None,
         help="long-row top-k start from the t largest scores of each key block (SCAN_CONFIG block_top; 1: the "
-        "maximum); default: the library's; writes op_bench..._top<t>.csv when above 1",
-    )
-    ap.add_argument(
-        "--fuse-lv",
-        type=int,
-        choices=[0, 1],
-        default=None,
-        help="landmark values computed in the top-k's block-maximum pass (SCAN_CONFIG fuse_lv); default: the "
-        "library's; writes op_bench..._fuselv.csv when 1",
+        "maximum); default: the library's (2 up to 256K keys, else 1); writes op_bench..._top<t>.csv when above 1",
     )
     args = ap.parse_args()
-    if args.fuse_lv is not None:
-        from mita.ops.mita import triton_routing
-
-        triton_routing.SCAN_CONFIG["fuse_lv"] = bool(args.fuse_lv)
-        print(f"landmark values fused into the top-k pass: {bool(args.fuse_lv)}", flush=True)
     if args.block_top is not None:
         from mita.ops.mita import triton_routing
 
@@ -205,8 +192,6 @@ def main() -> None:
         csv_name = csv_name.replace(".csv", f"_rho{args.rho:g}.csv")
     if args.block_top and args.block_top > 1:
         csv_name = csv_name.replace(".csv", f"_top{args.block_top}.csv")
-    if args.fuse_lv:
-        csv_name = csv_name.replace(".csv", "_fuselv.csv")
     os.makedirs(args.out, exist_ok=True)
     env = environment()
     backends = [b for b in args.backends.split(",") if b in list_backends()]

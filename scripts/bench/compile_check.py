@@ -27,7 +27,7 @@ _BF16 = {"Q", "K", "V", "R", "VT", "O", "DO", "DVT", "DK", "DV"}
 _I32 = {"IDX", "ROWS", "STARTS", "TILE_E", "TILE_RS", "TILE_RE", "ROUTE", "PERM", "PTR", "KK", "DONE", "OFF"}
 _I64 = {"LO", "HI", "CAND"}
 _I8 = {"KV"}
-_FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2", "lv_scale_log2"}
+_FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}
 _INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "CAP", "NC"}
 
 
@@ -81,7 +81,7 @@ def main() -> None:
     cases.append(("lv_bwd_dkdv", tr._lv_bwd_dkdv_kernel, dict(HAS_KV=True, BS=32, BN=64, **common), 4, None))
     for mode in range(4):
         cases.append((f"topk_scan mode {mode}", tr._topk_scan_kernel,
-                      dict(MODE=mode, P=16, SKIP=mode == 2, HAS_KV=False, BS=64, BN=64, EXACT=False, TOPT=1, LVF=False,
+                      dict(MODE=mode, P=16, SKIP=mode == 2, HAS_KV=False, BS=64, BN=64, EXACT=False, TOPT=1,
                            **common),
                       4, {"CMAX": "*fp32", "CNT": "*i32"}))
     small = {"MEMB": "*i8", "DQ": "*bf16"}

@@ -26,7 +26,7 @@ step() { local t=$1; shift; [ "$t" = 0 ] && return 0; timeout "$t" "$@"; }
 step "${PROF_S:-45}" python3 scripts/bench/profile_stages.py 2>&1 | tee "$OUT/profile.log" | tail -30
 step "${OP_S:-90}" python3 scripts/bench/bench_op.py --out "$OUT" --points "${OP_POINTS:-deit_s,N65536,N262144,N1048576}" \
   --backends triton --dense-long "${DENSE_LONG:-cudnn}" --dense-reps-long 2 2>&1 | tee "$OUT/op_bench.log" | tail -14
-step "${RHO_S:-0}" python3 scripts/bench/bench_op.py --out "$OUT" --rho "${RHO:-0.9}" --block-top "${BLOCK_TOP:-1}" --points "${OP_POINTS:-deit_s,N65536,N262144,N1048576}" \
+step "${RHO_S:-0}" python3 scripts/bench/bench_op.py --out "$OUT" --rho "${RHO:-0.9}" ${BLOCK_TOP:+--block-top "$BLOCK_TOP"} --points "${OP_POINTS:-deit_s,N65536,N262144,N1048576}" \
   --backends triton --dense-long "${DENSE_LONG:-cudnn}" --dense-reps-long 2 2>&1 | tee "$OUT/op_bench_rho.log" | tail -14
 step "${OPG_S:-0}" python3 scripts/bench/bench_op.py --out "$OUT" --graph --points "${OPG_POINTS:-deit_s,N4096,N65536}" \
   --backends triton 2>&1 | tee "$OUT/op_bench_graph.log" | tail -14

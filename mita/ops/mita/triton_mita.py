@@ -38,6 +38,7 @@ from mita.ops.mita.triton_routing import (
     _softmax_step,
     _upcast,
     exact_topk,
+    landmark_values_fwd,
     route_topk,
 )
 from mita.ops.mita.triton_small import SmallMiTAFn, small_supported
@@ -1047,14 +1048,11 @@ def route_and_plan(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale
 
     Returns:
         ``(plan, lv)``: the :class:`RoutingPlan` and ``(vt, lv_lse)`` (zeros for a row with no valid key, as the
-        reference gives), or None without the shared expert. :func:`exact_topk` computes them in its block-maximum
-        pass with ``triton_routing.SCAN_CONFIG["fuse_lv"]``, else with the split-key kernels.
+        reference gives), or None without the shared expert.
     """
     with torch.no_grad():
-        if not shared:
-            return build_plan(exact_topk(r, k, key_valid, ksel), route_topk(q, r, S), r.shape[1]), None
-        idx, vt, lv_lse = exact_topk(r, k, key_valid, ksel, lv=(v, scale))
-        return build_plan(idx, route_topk(q, r, S), r.shape[1]), (vt, lv_lse)
+        plan = build_plan(exact_topk(r, k, key_valid, ksel), route_topk(q, r, S), r.shape[1])
+        return plan, (landmark_values_fwd(r, k, v, key_valid, scale) if shared else None)
 
 
 def triton_mita(

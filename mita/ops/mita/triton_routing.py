@@ -42,13 +42,14 @@ _SCAN_PROGRAMS = 2048
 # of the count + emit pass (scripts/bench/tune_long.py sweeps them on the GPU).
 # block_top = t > 1: the block-maximum pass keeps the t largest scores of each key block instead of its maximum, and
 # the start threshold is the kk-th largest of all of them (still kk distinct keys reach it). When a landmark's top
-# keys cluster in few blocks (neighbouring tokens alike) this start is much tighter: on the CPU model
-# (scripts/bench/topk_overflow.py --block-top) at N = 64K, AR(1) correlation 0.9, every row overflows with t = 1
-# and none with t = 2. Off (1) until timed on the GPU.
-# fuse_lv: the block-maximum pass also computes the landmark values' split-key softmax partials (it already
-# reads every key and computes every R k^T score), so landmark_values_fwd's own pass over the keys goes; exact_topk
-# then returns them when asked (``lv=``). Off until timed on the GPU.
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, block_top=1, fuse_lv=False)
+# keys cluster in few blocks (neighbouring tokens alike) this start is much tighter. None (default): 2 when the
+# start kernel takes every entry itself (N / bn * 2 <= _START_ENTRIES), else 1: beyond that it groups entries, which
+# undoes the gain. Measured on the H200 (run 9, forward of B 1, H 2, d 64): AR(1)-correlated tokens (0.9) at 64K
+# 1.49 -> 0.89 ms and at 256K 3.90 -> 1.87 ms (t = 2: no row overflows); i.i.d. tokens 0.91 -> 0.90 ms and
+# 1.30 -> 1.36 ms; at 1M t = 2 and 4 were slower on both (the grouped start still overflows correlated rows).
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, block_top=None)
+# Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
+_START_ENTRIES = 8192
 
 
 def _interpreting() -> bool:
@@ -310,10 +311,6 @@ def _topk_scan_kernel(
     CNT,
     OFF,
     CAND,
-    V,
-    PM,
-    PL,
-    PACC,
     N,
     M,
     CH,
@@ -323,7 +320,6 @@ def _topk_scan_kernel(
     ksel,
     nrows,
     i_pass,
-    lv_scale_log2,
     MODE: tl.constexpr,
     P: tl.constexpr,
     SKIP: tl.constexpr,
@@ -335,12 +331,10 @@ def _topk_scan_kernel(
     UP: tl.constexpr,
     EXACT: tl.constexpr,
     TOPT: tl.constexpr,
-    LVF: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: the TOPT largest scores of each key block per landmark (ties: distinct keys) -> CMAX [rows, NB]
-    #         (NB = key blocks x TOPT; TOPT = 1: each block's maximum). LVF: also the landmark values' softmax
-    #         partials of this key chunk (max, sum, accumulator -> PM, PL, PACC [BH, G, M(, D)]), as _lv_fwd_kernel.
+    #         (NB = key blocks x TOPT; TOPT = 1: each block's maximum).
     # MODE 4: every key >= lo (slot 0) takes a slot of its row's list from the row's atomic counter OFF and is
     #         written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The
     #         list's order does not matter: the final top-k orders by the packed value.
@@ -423,10 +417,6 @@ def _topk_scan_kernel(
             w_band += n_hi
         if active:
             b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-            if LVF:
-                b_m = tl.full([BS], float("-inf"), tl.float32)
-                b_l = tl.zeros([BS], tl.float32)
-                b_acc = tl.zeros([BS, D], tl.float32)
             for n_b in range(n0, n1, BN):
                 o_n = n_b + tl.arange(0, BN)
                 m_n = o_n < n1
@@ -445,14 +435,6 @@ def _topk_scan_kernel(
                             # Drop one key holding the maximum (the first), so ties count as the keys they are.
                             c_n = tl.min(tl.where(b_x == b_max[:, None], o_n[None, :], N), 1)
                             b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
-                    if LVF:
-                        b_v = tl.load(
-                            V + i_bh * N * D + o_n.to(tl.int64)[:, None] * D + o_d[None, :],
-                            mask=m_n[:, None],
-                            other=0.0,
-                        )
-                        b_s = tl.where(m_n[None, :], b_sc * lv_scale_log2, float("-inf"))
-                        b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
                 elif MODE == 4:
                     # Float compares only (no order key per score): each round takes every row's best remaining
                     # candidate of the tile (first index on ties) and gives it the row's next slot. A tile holds
@@ -490,11 +472,6 @@ def _topk_scan_kernel(
                                 tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_lo & (pos < CAP))
                             c_hi += tl.sum(m_hi.to(tl.int32), 1)
                             c_band += tl.sum(m_band.to(tl.int32), 1)
-            if MODE == 0 and LVF:
-                o_w = (i_bh * G + i_g) * M + o_j
-                tl.store(PM + o_w, b_m, mask=m_j)
-                tl.store(PL + o_w, b_l, mask=m_j)
-                tl.store(PACC + o_w[:, None] * D + o_d[None, :], b_acc, mask=m_j[:, None])
             if MODE == 1:
                 o_p2 = tl.arange(0, P)
                 tl.atomic_add(
@@ -570,8 +547,7 @@ def exact_topk(
     cap: int | None = None,
     timer=None,
     stats: dict | None = None,
-    lv: tuple[torch.Tensor, float] | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Per landmark, the indices of the ``ksel`` valid keys with the largest raw score, ties to the lower index.
 
     Args:
@@ -588,9 +564,6 @@ def exact_topk(
             device tensor: keys at or above each row's start threshold), ``"overflow_rows"`` (device
             tensor: rows with more than cap such keys, which take the refinement passes). No host
             synchronisation; scripts/bench/topk_overflow.py models the start threshold on the CPU.
-        lv: None, or ``(v, scale)`` (v ``[BH, N, d]``): also return the landmark values of
-            :func:`landmark_values_fwd` as ``(idx, vt, lse)``. With ``SCAN_CONFIG["fuse_lv"]`` the long-row path
-            computes them in its block-maximum pass; otherwise (and for short rows) by their own kernels.
 
     Returns:
         ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for.
@@ -625,12 +598,13 @@ def exact_topk(
             EXACT=_interpreting(),
             num_warps=4 if NP <= 256 else 8,
         )
-        return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
+        return idx
     bn = SCAN_CONFIG["bn"]
     bs = SCAN_CONFIG["bs"] or (64 if D <= 64 else 32)
     n_s = triton.cdiv(M, bs)
     NB = triton.cdiv(N, bn)
-    topt = int(SCAN_CONFIG.get("block_top", 1))
+    topt = SCAN_CONFIG.get("block_top")
+    topt = int(topt) if topt is not None else (2 if NB * 2 <= _START_ENTRIES else 1)
     if topt < 1 or topt > bn:
         raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
     G = max(1, min(NB, triton.cdiv(_SCAN_PROGRAMS, n_s * BH)))
@@ -645,15 +619,6 @@ def exact_topk(
         return fn() if timer is None else timer(name, fn)
 
     cmax = torch.empty(rows, NB * topt, device=dev, dtype=torch.float32)
-    fuse = lv is not None and bool(SCAN_CONFIG.get("fuse_lv", False))
-    if fuse:
-        # Landmark values' split-key partials of each (landmark, key chunk), merged by _lv_merge_kernel below.
-        v_lv = lv[0]
-        pm = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
-        pl = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
-        pacc = torch.empty(BH, G, M, D, device=dev, dtype=torch.float32)
-    else:
-        v_lv = pm = pl = pacc = cmax
     # State slot i = (lo, hi, done) of each row before refinement pass i; slot _PASSES: the final state.
     lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
     hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
@@ -667,15 +632,14 @@ def exact_topk(
 
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
-            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, v_lv, pm, pl, pacc, N, M, CH, G, NB * topt, cap, ksel,
-            rows, i_pass, lv[1] * LOG2E if fuse else 1.0,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=topt if mode == 0 else 1, LVF=fuse and mode == 0, **common,
+            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB * topt, cap, ksel, rows, i_pass,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=topt if mode == 0 else 1, **common,
             num_warps=SCAN_CONFIG["emit_warps" if mode == 4 else "num_warps"],
         )  # fmt: skip
 
     run("block maxima", lambda: scan(0))
-    # Groups of f block entries keep the start kernel's maxima in registers (<= 8192 per row).
-    f = _next_pow2(triton.cdiv(NB * topt, 8192))
+    # Groups of f block entries keep the start kernel's maxima in registers (<= _START_ENTRIES per row).
+    f = _next_pow2(triton.cdiv(NB * topt, _START_ENTRIES))
     gp = _next_pow2(triton.cdiv(NB * topt, f))
     run(
         "start threshold",
@@ -702,19 +666,7 @@ def exact_topk(
             cand, idx, ksel, cap, CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), num_warps=4 if cap <= 512 else 8
         ),
     )
-    if lv is None:
-        return idx
-    if not fuse:
-        return (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
-    vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
-    lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
-    run(
-        "landmark values (merge of the fused partials)",
-        lambda: fast(_lv_merge_kernel)[(M, BH)](
-            pm, pl, pacc, vt, lse, M, G, D=D, BC=min(64, _next_pow2(G)), num_warps=4
-        ),
-    )
-    return idx, vt, lse
+    return idx
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1200,12 +1152,11 @@ def _compile_cases() -> list:
     scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", CNT=i32, OFF=i32, CAND=i64)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
-        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, LVF=False, **sc), 4, scan),
-        ("topk_scan mode 0 fused lv", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=1, LVF=True, **sc), 4, scan),
-        ("topk_scan mode 4", _topk_scan_kernel, dict(MODE=4, SKIP=False, TOPT=1, LVF=False, **{**sc, "HAS_KV": True}),
+        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, **sc), 4, scan),
+        ("topk_scan mode 4", _topk_scan_kernel, dict(MODE=4, SKIP=False, TOPT=1, **{**sc, "HAS_KV": True}),
          4, scan),
-        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, LVF=False, **sc), 4, scan),
-        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, LVF=False, **sc), 4, scan),
+        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, **sc), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, **sc), 4, scan),
         ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
