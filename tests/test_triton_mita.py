@@ -59,7 +59,7 @@ def poison(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", empty_like)
 
 
-def _inputs(B, H, N, d, m, dtype, pad_from=None, imbalanced=False, seed=0):
+def _inputs(B, H, N, d, m, dtype, pad_from=None, imbalanced=False, seed=0, strided=False):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, H, N, d, generator=g) for _ in range(3))
     r = torch.randn(B, H, m, d, generator=g)
@@ -74,11 +74,15 @@ def _inputs(B, H, N, d, m, dtype, pad_from=None, imbalanced=False, seed=0):
         for b, start in enumerate(pad_from):
             mask[b, start:] = True
     ts = [t.to(DEV, dtype).requires_grad_(True) for t in (q, k, v, r)]
+    if strided:
+        # q, k, v as the head split of one fused projection: views of a [B, N, 3, H, d] tensor.
+        qkv = torch.stack([t.detach().transpose(1, 2) for t in ts[:3]], dim=2).requires_grad_(True)
+        ts[:3] = [qkv[:, :, i].transpose(1, 2) for i in range(3)]
     return ts, (None if mask is None else mask.to(DEV))
 
 
-def _check(B, H, N, d, m, topk, dtype, S=1, shared=True, pad_from=None, imbalanced=False, seed=0):
-    (q, k, v, r), mask = _inputs(B, H, N, d, m, dtype, pad_from, imbalanced, seed)
+def _check(B, H, N, d, m, topk, dtype, S=1, shared=True, pad_from=None, imbalanced=False, seed=0, strided=False):
+    (q, k, v, r), mask = _inputs(B, H, N, d, m, dtype, pad_from, imbalanced, seed, strided)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
     g = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(B, H, N, d, generator=g).to(DEV, dtype)
@@ -205,6 +209,44 @@ def test_supports_and_dispatch():
     with torch.no_grad():
         out = mita_attention(q, k, v, r, 8, backend="triton")
         assert _rel(out, naive_mita(q, k, v, r, 8)) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "N,S,pad_from,dtype",
+    [(600, 1, None, torch.float32), (600, 2, (600, 450), torch.bfloat16), (520, 1, (300, 520), torch.float16),
+     (100, 1, (60, 100), torch.float32)],
+)  # fmt: skip
+def test_strided_qkv_match_naive(poison, monkeypatch, N, S, pad_from, dtype):
+    """q, k, v as views of one [B, N, 3, H, d] projection: the long path's forward kernels read them in place (no
+    copy reaches mita_fwd) and write the output in [B, N, H, d] order; forward and backward match naive_mita. N =
+    100 takes the short path, which makes them contiguous itself."""
+    seen = []
+    real_fwd = tm.mita_fwd
+
+    def spy(q, *a, **kw):
+        seen.append(q.stride())
+        return real_fwd(q, *a, **kw)
+
+    monkeypatch.setattr(tm, "mita_fwd", spy)
+    B, H, d = 2, 3, 32
+    out, _ = _check(B, H, N, d, 6, 20, dtype, S, True, pad_from, strided=True)
+    if N > 256:
+        assert seen == [(N * 3 * H * d, d, 3 * H * d, 1)]
+        assert out.transpose(1, 2).is_contiguous()
+    else:
+        assert seen == [] and out.is_contiguous()
+
+
+def test_kernel_layout_copies_only_mixed_layouts():
+    x = torch.randn(2, 50, 3, 4, 16)
+    q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+    assert all(a is b for a, b in zip(tm.kernel_layout(q, k, v), (q, k, v)))
+    assert tr.heads_layout(q, k) == (4, 50 * 3 * 4 * 16, 16, 3 * 4 * 16)
+    assert tr.heads_layout(q.reshape(8, 50, 16)) == (1, 50 * 16, 0, 16)
+    with pytest.raises(ValueError, match="share shape and strides"):
+        tr.heads_layout(q.contiguous(), k)
+    mixed = tm.kernel_layout(q.contiguous(), k, v)
+    assert all(t.is_contiguous() for t in mixed) and all(torch.equal(a, b) for a, b in zip(mixed, (q, k, v)))
 
 
 GPU_SHAPES = [(63, 4, 8), (197, 25, 25), (1025, 49, 49), (4097, 32, 32), (65536, 64, 64)]

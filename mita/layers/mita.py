@@ -152,9 +152,8 @@ class MiTAAttention(AttentionBase):
         q, k, v = self.split_qkv(x)
         # qk-norm and RoPE may promote q, k to float32 under autocast; the operator wants one dtype.
         q, k = q.to(v.dtype), k.to(v.dtype)
-        # The kernels read [B, H, N, d] rows; making them contiguous here (a no-op when they are) lets torch.compile
-        # fuse the head split into one copy kernel instead of the operator copying each input on its own.
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        # No copies here: the Triton backend reads the head split of the qkv projection in place (one layout for q,
+        # k, v; qk-norm or RoPE output is copied once by the operator) and returns [B, N, H, d]-ordered output.
         if self.landmark_layout == "1d":
             landmarks = pool_landmarks(q, self.m, layout="1d", key_padding_mask=key_padding_mask)
         else:

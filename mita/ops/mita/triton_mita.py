@@ -30,6 +30,7 @@ from mita.ops.mita.checks import check_mita_args
 from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
     _dot,
+    _head_ptr,
     _lv_bwd_dr_kernel,
     _lv_dkdv_block,
     _n_chunks,
@@ -38,6 +39,7 @@ from mita.ops.mita.triton_routing import (
     _softmax_step,
     _upcast,
     exact_topk,
+    heads_layout,
     landmark_values_fwd,
     route_topk,
 )
@@ -74,6 +76,10 @@ def _mita_fwd_kernel(
     KSEL,
     NROWS,
     T,
+    H,
+    SB,
+    SH,
+    SN,
     scale_log2,
     sscale_log2,
     S: tl.constexpr,
@@ -99,7 +105,9 @@ def _mita_fwd_kernel(
         slot = rows % S
         o_d = tl.arange(0, D)
         # [BM, D]
-        b_q = tl.load(Q + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
+        K_h = _head_ptr(K, i_bh, H, SB, SH)
+        V_h = _head_ptr(V, i_bh, H, SB, SH)
         b_m = tl.full([BM], float("-inf"), tl.float32)
         b_l = tl.zeros([BM], tl.float32)
         b_acc = tl.zeros([BM, D], tl.float32)
@@ -120,8 +128,8 @@ def _mita_fwd_kernel(
             m_j = b_idx >= 0
             o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
             # [BN, D]
-            b_k = tl.load(K + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-            b_v = tl.load(V + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+            b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+            b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
             # [BM, BN]
             b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
             b_s = tl.where(m_j[None, :], b_s, float("-inf"))
@@ -130,7 +138,9 @@ def _mita_fwd_kernel(
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
         b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
         if DIRECT:
-            tl.store(O + i_bh * N * D + o_n[:, None] * D + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_r[:, None])
+            # Output rows of head i_bh in [B, N, H, d] order (flattened heads: H = 1, [BH, N, d]).
+            O_h = O + (i_bh // H) * N * H * D + (i_bh % H) * D
+            tl.store(O_h + o_n[:, None] * (H * D) + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_r[:, None])
             tl.store(LSE + i_bh * N + o_n, b_lse, mask=m_r)
         else:
             o_w = rows.to(tl.int64)
@@ -716,20 +726,25 @@ def _num_warps(bm: int, d: int) -> int:
 
 
 def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float):
-    """Fused forward on flattened heads. q, k, v: ``[BH, N, d]``; r, vt: ``[BH, m, d]``.
+    """Fused forward. q, k, v: ``[BH, N, d]`` or ``[B, H, N, d]``, one layout (:func:`heads_layout`: any batch, head
+    and row strides); r, vt: ``[BH, m, d]``.
 
     Returns:
-        ``(o [BH, N, d] in q's dtype, lse [BH, N] float32 in log2 units)``.
+        ``(o, lse [BH, N] float32 in log2 units)``; o in q's dtype: ``[BH, N, d]`` for flattened heads, else
+        ``[B, H, N, d]`` stored in ``[B, N, H, d]`` order (its ``transpose(1, 2)`` is contiguous, as the output
+        projection wants).
     """
-    BH, N, D = q.shape
-    m = r.shape[1]
+    lay = heads_layout(q, k, v)
+    BH, m, D = r.shape
+    N = q.shape[-2]
     ksel = plan.idx.shape[-1]
     nrows = N * S
     T = plan.tile_e.shape[1]
     bn, bs = _blocks(m, ksel, D)
     direct = S == 1
     if direct:
-        o = torch.empty_like(q)
+        H = lay[0]
+        o = q.new_empty(BH // H, N, H, D)
         lse = torch.empty(BH, N, device=q.device, dtype=torch.float32)
     else:
         o = torch.empty(BH, nrows, D, device=q.device, dtype=torch.float32)
@@ -752,6 +767,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         ksel,
         nrows,
         T,
+        *lay,
         scale * LOG2E,
         sscale * LOG2E,
         S=S,
@@ -767,15 +783,20 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         **({"num_stages": FWD_CONFIG["num_stages"]} if FWD_CONFIG["num_stages"] else {}),
     )
     if direct:
-        return o, lse
+        return (o.view(BH, N, D) if q.dim() == 3 else o.transpose(1, 2)), lse
     # Merge the S partial softmaxes of each query (only slot 0 holds the shared entries).
     o = o.view(BH, N, S, D)
     lse = lse.view(BH, N, S)
     tot = torch.logsumexp(lse * math.log(2.0), dim=-1) / math.log(2.0)
     tot_safe = torch.where(torch.isinf(tot), torch.zeros_like(tot), tot)
     w = torch.exp2(lse - tot_safe[..., None])
-    out = (w[..., None] * o).sum(dim=2)
-    return out.to(q.dtype), tot
+    out = (w[..., None] * o).sum(dim=2).to(q.dtype)
+    if q.dim() == 3:
+        return out, tot
+    B, H = q.shape[:2]
+    o4 = q.new_empty(B, N, H, D).transpose(1, 2)
+    o4.copy_(out.view(B, H, N, D))
+    return o4, tot
 
 
 # Routed dk, dv rows are matched to their keys by comparing each key block with every expert's index list when
@@ -1036,10 +1057,28 @@ class _MiTAFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, r, vt, o, lse, lv_lse = ctx.saved_tensors
+        BH = r.shape[0]
+        # The backward kernels take flattened, contiguous heads (a copy when the forward read strided inputs).
+        do, q4, k, v, o = (flat_heads(x, BH) for x in (do, q, k, v, o))
         dq, dk, dv, dr = mita_bwd(
-            do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.key_valid, lv_lse
+            do, q4, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.key_valid, lv_lse
         )
-        return dq, dk, dv, dr, None, None, None, None, None, None, None
+        return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr, None, None, None, None, None, None, None
+
+
+def flat_heads(x: torch.Tensor, BH: int) -> torch.Tensor:
+    """``[BH, N, d]`` contiguous from ``[BH, N, d]`` or ``[B, H, N, d]`` (a copy only when x is strided)."""
+    return x.reshape(BH, x.shape[-2], x.shape[-1]).contiguous()
+
+
+def kernel_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q, k, v as the long-path forward kernels read them: unchanged when they share one layout with a contiguous
+    feature dim (contiguous, or the slices of one ``[B, N, 3, H, d]`` projection), else contiguous copies."""
+    try:
+        heads_layout(q, k, v)
+        return q, k, v
+    except ValueError:
+        return q.contiguous(), k.contiguous(), v.contiguous()
 
 
 def route_and_plan(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float):
@@ -1081,7 +1120,10 @@ def triton_mita(
         key_padding_mask: ``[B, N]`` bool, True marks padding.
 
     Returns:
-        ``[B, H, N, d]`` in q's dtype. Differentiable in q, k, v and landmarks (routing carries no gradient).
+        ``[B, H, N, d]`` in q's dtype. Differentiable in q, k, v and landmarks (routing carries no gradient). Above
+        the short path's sizes the output is stored in ``[B, N, H, d]`` order (``o.transpose(1, 2)`` is
+        contiguous), and q, k, v are read in place when they share one layout (e.g. the head split of one qkv
+        projection); the short path (N <= 256) makes them contiguous and returns a contiguous output.
     """
     scale, sscale = check_mita_args(
         q, k, v, landmarks, topk, experts_per_query, shared, shared_scale, scale, key_padding_mask
@@ -1091,26 +1133,25 @@ def triton_mita(
     S = experts_per_query
     BH = B * H
     ksel = min(topk, N)
-    qf = q.reshape(BH, N, D).contiguous()
-    kf = k.reshape(BH, N, D).contiguous()
-    vf = v.reshape(BH, N, D).contiguous()
     rf = landmarks.reshape(BH, m, D).contiguous()
     key_valid = None
     if key_padding_mask is not None:
         key_valid = (~key_padding_mask)[:, None, :].expand(B, H, N).reshape(BH, N)
     short = SHORT_PATH and small_supported(N, m, D)
+    # The long path reads q, k, v in place (any batch / head / row strides, e.g. the head split of a fused qkv
+    # projection) and writes the output in [B, N, H, d] order; the short path takes flattened heads.
+    q, k, v = (flat_heads(x, BH) for x in (q, k, v)) if short else kernel_layout(q, k, v)
     if torch.compiler.is_compiling():
         # Inside torch.compile: the same kernels behind two opaque custom ops (triton_op.py), no graph break.
-        o = torch.ops.mita.triton_fwd(qf, kf, vf, rf, key_valid, ksel, S, shared, scale, sscale, short)[0]
-        return o.view(B, H, N, D)
+        o = torch.ops.mita.triton_fwd(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, short)[0]
+        return o.view(B, H, N, D) if short else o
     if short:
         # Image sizes: routing, landmark values and attention in one launch per (batch, head), see triton_small.py.
-        o = SmallMiTAFn.apply(qf, kf, vf, rf, key_valid, ksel, S, shared, scale, sscale)
+        o = SmallMiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
         return o.view(B, H, N, D)
     # Exact top-k per landmark and top-S routing per query, scores computed tile by tile, never stored.
-    plan, lv = route_and_plan(qf, kf, vf, rf, key_valid, ksel, S, shared, scale)
-    o = _MiTAFn.apply(qf, kf, vf, rf, key_valid, plan, S, shared, scale, sscale, lv)
-    return o.view(B, H, N, D)
+    plan, lv = route_and_plan(q, k, v, rf, key_valid, ksel, S, shared, scale)
+    return _MiTAFn.apply(q, k, v, rf, key_valid, plan, S, shared, scale, sscale, lv)
 
 
 # Registers the custom ops torch.compile uses (imports this module's names, hence at the end).

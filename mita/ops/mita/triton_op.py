@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, mita_bwd, plan_shape, route_and_plan
+from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, flat_heads, mita_bwd, plan_shape, route_and_plan
 from mita.ops.mita.triton_small import _pads, small_bwd, small_fwd
 
 # Aux outputs of the forward, per path (the backward reads them back in this order).
@@ -37,7 +37,8 @@ def triton_fwd(
     sscale: float,
     short: bool,
 ) -> list[torch.Tensor]:
-    """``[o, *aux]`` on flattened heads (q, k, v ``[BH, N, d]``, r ``[BH, m, d]``); ``short``: the N <= 256 path."""
+    """``[o, *aux]``; r ``[BH, m, d]``. ``short`` (the N <= 256 path): q, k, v ``[BH, N, d]`` contiguous, o likewise.
+    Else q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``), o as ``mita_fwd`` gives it."""
     if short:
         o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
         if not shared:  # small_fwd hands back r and lse there: outputs may not alias inputs or each other
@@ -52,10 +53,13 @@ def triton_fwd(
 
 @triton_fwd.register_fake
 def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short):
-    BH, N, D = q.shape
-    m = r.shape[1]
+    BH, m, D = r.shape
+    N = q.shape[-2]
     f32, i32 = torch.float32, torch.int32
-    o = torch.empty_like(q)
+    if short or q.dim() == 3:
+        o = q.new_empty(q.shape)
+    else:  # mita_fwd's [B, N, H, d] storage
+        o = q.new_empty(q.shape[0], N, q.shape[1], D).transpose(1, 2)
     lse = q.new_empty(BH, N, dtype=f32)
     if short:
         NP, MP = _pads(N, m)
@@ -87,24 +91,25 @@ def triton_bwd(
     sscale: float,
     short: bool,
 ) -> list[torch.Tensor]:
-    """``[dq, dk, dv, dr]`` from the forward's output and aux tensors."""
-    do = do.contiguous()
+    """``[dq, dk, dv, dr]`` (shapes of q, k, v, r) from the forward's output and aux tensors."""
+    shape, BH = q.shape, r.shape[0]
+    do, q, k, v, o = (flat_heads(x, BH) for x in (do, q, k, v, o))
     if short:
         lse, memb, route, vt, lvlse = aux
         if not shared:
             vt, lvlse = r, lse
-        return list(small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale))
+        grads = small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale)
+        return [g.view(shape) for g in grads[:3]] + [grads[3]]
     lse, vt, lv_lse, idx, rows, starts, tile_e, tile_rs, tile_re = aux
-    bm, _ = plan_shape(q.shape[1] * S, r.shape[1])
+    bm, _ = plan_shape(q.shape[-2] * S, r.shape[1])
     plan = RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
-    return list(
-        mita_bwd(do, q, k, v, r, vt, o, lse, plan, S, shared, scale, sscale, key_valid, lv_lse if shared else None)
-    )
+    grads = mita_bwd(do, q, k, v, r, vt, o, lse, plan, S, shared, scale, sscale, key_valid, lv_lse if shared else None)
+    return [g.view(shape) for g in grads[:3]] + [grads[3]]
 
 
 @triton_bwd.register_fake
 def _(do, q, k, v, r, key_valid, o, aux, S, shared, scale, sscale, short):
-    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(r)]
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), r.new_empty(r.shape)]
 
 
 def _setup_context(ctx, inputs, output):

@@ -60,6 +60,25 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+def heads_layout(*xs: torch.Tensor) -> tuple[int, int, int, int]:
+    """``(H, sb, sh, sn)``: how the kernels find row n of head ``bh`` in tensors of one layout: at
+    ``(bh // H) * sb + (bh % H) * sh + n * sn`` (elements; the feature dim is contiguous). Takes flattened heads
+    ``[BH, N, d]`` (H = 1) or ``[B, H, N, d]`` with any batch, head and row strides, e.g. the q, k, v slices of a
+    ``[B, N, 3, H, d]`` projection; every tensor given must have the same shape and strides."""
+    x = xs[0]
+    if any(y.shape != x.shape or y.stride() != x.stride() for y in xs[1:]) or x.stride(-1) != 1:
+        raise ValueError("tensors of one layout must share shape and strides, with a contiguous last dim")
+    if x.dim() == 3:
+        return 1, x.stride(0), 0, x.stride(1)
+    return x.shape[1], x.stride(0), x.stride(1), x.stride(2)
+
+
+@triton.jit
+def _head_ptr(X, i_bh, H, SB, SH):
+    # First row of head i_bh (int64) in a tensor laid out as heads_layout describes.
+    return X + (i_bh // H) * SB + (i_bh % H) * SH
+
+
 def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
@@ -148,6 +167,10 @@ def _topk_small_kernel(
     N,
     M,
     KSEL,
+    H,
+    SB,
+    SH,
+    SN,
     HAS_KV: tl.constexpr,
     D: tl.constexpr,
     BS: tl.constexpr,
@@ -167,7 +190,9 @@ def _topk_small_kernel(
     if HAS_KV:
         m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+    b_k = tl.load(
+        _head_ptr(K, i_bh, H, SB, SH) + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0
+    )
     # [BS, NP] order keys of the raw scores; invalid keys take no part.
     b_key = _order_key(_score(b_r, b_k, PREC, UP, EXACT))
     m_v = m_n[None, :] & m_j[:, None]
@@ -318,6 +343,10 @@ def _topk_scan_kernel(
     NB,
     CAP,
     ksel,
+    H,
+    SB,
+    SH,
+    SN,
     nrows,
     i_pass,
     MODE: tl.constexpr,
@@ -417,14 +446,13 @@ def _topk_scan_kernel(
             w_band += n_hi
         if active:
             b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+            K_h = _head_ptr(K, i_bh, H, SB, SH)
             for n_b in range(n0, n1, BN):
                 o_n = n_b + tl.arange(0, BN)
                 m_n = o_n < n1
                 if HAS_KV:
                     m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-                b_k = tl.load(
-                    K + i_bh * N * D + o_n.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0
-                )
+                b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
                 b_sc = _score(b_r, b_k, PREC, UP, EXACT)
                 if MODE == 0:
                     b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
@@ -552,7 +580,7 @@ def exact_topk(
 
     Args:
         r: ``[BH, m, d]`` landmarks.
-        k: ``[BH, N, d]`` keys (same dtype as r).
+        k: ``[BH, N, d]`` or ``[B, H, N, d]`` keys (same dtype as r; any layout :func:`heads_layout` takes).
         key_valid: ``[BH, N]`` bool, or None when every key is valid.
         ksel: keys per landmark, ``1 <= ksel <= N``.
         small_max_n: rows up to this length take the on-chip kernel (when the key tile fits in 64 KiB).
@@ -569,7 +597,8 @@ def exact_topk(
         ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for.
     """
     BH, M, D = r.shape
-    N = k.shape[1]
+    N = k.shape[-2]
+    lay = heads_layout(k)
     dev = r.device
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     prec, up = _prec(r.dtype), _upcast(r.dtype)
@@ -588,6 +617,7 @@ def exact_topk(
             N,
             M,
             ksel,
+            *lay,
             HAS_KV=key_valid is not None,
             D=D,
             BS=bs,
@@ -632,7 +662,7 @@ def exact_topk(
 
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
-            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB * topt, cap, ksel, rows, i_pass,
+            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB * topt, cap, ksel, *lay, rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=topt if mode == 0 else 1, **common,
             num_warps=SCAN_CONFIG["emit_warps" if mode == 4 else "num_warps"],
         )  # fmt: skip
@@ -681,6 +711,10 @@ def _route_kernel(
     ROUTE,
     N,
     M,
+    H,
+    SB,
+    SH,
+    SN,
     S: tl.constexpr,
     D: tl.constexpr,
     BM: tl.constexpr,
@@ -694,7 +728,9 @@ def _route_kernel(
     o_d = tl.arange(0, D)
     o_n = i_n * BM + tl.arange(0, BM)
     m_n = o_n < N
-    b_q = tl.load(Q + i_bh * N * D + o_n.to(tl.int64)[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+    b_q = tl.load(
+        _head_ptr(Q, i_bh, H, SB, SH) + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0
+    )
     if S == 1:
         # First maximum: within a tile the lowest index among equal scores (-0.0 == +0.0 as compares see them),
         # across tiles a later tile only on a strictly larger score. Landmark 0 if every score is NaN.
@@ -742,15 +778,15 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
     """Per query, the S landmarks with the largest raw score ``q_n . R_i`` (ties to the lower index), best first.
 
     Args:
-        q: ``[BH, N, d]`` queries.
+        q: ``[BH, N, d]`` or ``[B, H, N, d]`` queries (any layout :func:`heads_layout` takes).
         r: ``[BH, m, d]`` landmarks.
         S: experts per query, ``1 <= S <= m``.
 
     Returns:
         ``[BH, N * S]`` int32: entry ``n * S + s`` is query n's s-th landmark.
     """
-    BH, N, D = q.shape
-    M = r.shape[1]
+    BH, M, D = r.shape
+    N = q.shape[-2]
     route = torch.empty(BH, N * S, device=q.device, dtype=torch.int32)
     # S = 1: 128 queries x up to 128 landmarks per step (fewer reloads of R; a max and a first-index min per
     # score). S > 1: 64 x 64 (the ordered passes keep more state per score).
@@ -762,6 +798,7 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
         route,
         N,
         M,
+        *heads_layout(q),
         S=S,
         D=D,
         BM=bm,
@@ -793,6 +830,10 @@ def _lv_fwd_kernel(
     N,
     M,
     CH,
+    H,
+    SB,
+    SH,
+    SN,
     scale_log2,
     HAS_KV: tl.constexpr,
     DIRECT: tl.constexpr,
@@ -815,14 +856,16 @@ def _lv_fwd_kernel(
     b_acc = tl.zeros([BS, D], tl.float32)
     n0 = i_c * CH
     n1 = tl.minimum(n0 + CH, N)
+    K_h = _head_ptr(K, i_bh, H, SB, SH)
+    V_h = _head_ptr(V, i_bh, H, SB, SH)
     for n_b in range(n0, n1, BN):
         o_n = n_b + tl.arange(0, BN)
         m_n = o_n < n1
         if HAS_KV:
             m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-        o_n64 = o_n.to(tl.int64)
-        b_k = tl.load(K + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_v = tl.load(V + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        o_kv = o_n.to(tl.int64)[:, None] * SN + o_d[None, :]
+        b_k = tl.load(K_h + o_kv, mask=m_n[:, None], other=0.0)
+        b_v = tl.load(V_h + o_kv, mask=m_n[:, None], other=0.0)
         b_s = _dot(b_r, tl.trans(b_k), PREC, UP) * scale_log2
         b_s = tl.where(m_n[None, :], b_s, float("-inf"))
         b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
@@ -1014,13 +1057,14 @@ def _n_chunks(N: int, n_s: int, BH: int, bn: int, target: int = 1024) -> tuple[i
 
 
 def landmark_values_fwd(r, k, v, key_valid, scale: float):
-    """Forward of ``softmax(R k^T scale) v`` over valid keys. r ``[BH, m, d]``, k, v ``[BH, N, d]``.
+    """Forward of ``softmax(R k^T scale) v`` over valid keys. r ``[BH, m, d]``; k, v ``[BH, N, d]`` or
+    ``[B, H, N, d]``, one layout (:func:`heads_layout`).
 
     Returns:
         ``(vt [BH, m, d] in r's dtype, lse [BH, m] float32 in log2 units; -inf for a row with no valid key)``.
     """
     BH, M, D = r.shape
-    N = k.shape[1]
+    N = k.shape[-2]
     dev = r.device
     bs, bn = _lv_blocks(M, D)
     # 128 landmarks per program when there are that many (d <= 64): half the key/value reloads of 64.
@@ -1050,6 +1094,7 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
         N,
         M,
         ch,
+        *heads_layout(k, v),
         scale * LOG2E,
         HAS_KV=key_valid is not None,
         DIRECT=direct,
