@@ -28,7 +28,8 @@ _I32 = {"IDX", "ROWS", "STARTS", "TILE_E", "TILE_RS", "TILE_RE", "ROUTE", "PERM"
 _I64 = {"LO", "HI", "CAND"}
 _I8 = {"KV"}
 _FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}
-_INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "CAP", "NC", "H", "SB", "SH", "SN"}
+_INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "CAP", "NC"}
+_INT_SCALARS |= {"H", "SB", "SH", "SN"}  # heads_layout
 
 
 def _sig(fn, consts: dict, overrides: dict | None = None) -> dict:
