@@ -217,24 +217,26 @@ def test_supports_and_dispatch():
      (100, 1, (60, 100), torch.float32)],
 )  # fmt: skip
 def test_strided_qkv_match_naive(poison, monkeypatch, N, S, pad_from, dtype):
-    """q, k, v as views of one [B, N, 3, H, d] projection: the long path's forward kernels read them in place (no
-    copy reaches mita_fwd) and write the output in [B, N, H, d] order; forward and backward match naive_mita. N =
-    100 takes the short path, which makes them contiguous itself."""
+    """q, k, v as views of one [B, N, 3, H, d] projection: the forward kernels read them in place (no copy reaches
+    mita_fwd, or small_fwd at N = 100, the short path) and write the output in [B, N, H, d] order; forward and
+    backward match naive_mita."""
     seen = []
-    real_fwd = tm.mita_fwd
 
-    def spy(q, *a, **kw):
-        seen.append(q.stride())
-        return real_fwd(q, *a, **kw)
+    def spy(module, name):
+        real = getattr(module, name)
 
-    monkeypatch.setattr(tm, "mita_fwd", spy)
+        def fn(q, *a, **kw):
+            seen.append((name, q.stride()))
+            return real(q, *a, **kw)
+
+        monkeypatch.setattr(module, name, fn)
+
+    spy(tm, "mita_fwd")
+    spy(ts, "small_fwd")
     B, H, d = 2, 3, 32
     out, _ = _check(B, H, N, d, 6, 20, dtype, S, True, pad_from, strided=True)
-    if N > 256:
-        assert seen == [(N * 3 * H * d, d, 3 * H * d, 1)]
-        assert out.transpose(1, 2).is_contiguous()
-    else:
-        assert seen == [] and out.is_contiguous()
+    assert seen == [("mita_fwd" if N > 256 else "small_fwd", (N * 3 * H * d, d, 3 * H * d, 1))]
+    assert out.transpose(1, 2).is_contiguous()
 
 
 def test_kernel_layout_copies_only_mixed_layouts():

@@ -35,12 +35,14 @@ from mita.ops.mita.triton_routing import (
     _lv_dkdv_block,
     _n_chunks,
     _next_pow2,
+    _out_ptr,
     _prec,
     _softmax_step,
     _upcast,
     exact_topk,
     heads_layout,
     landmark_values_fwd,
+    out_layout,
     route_topk,
 )
 from mita.ops.mita.triton_small import SmallMiTAFn, small_supported
@@ -138,8 +140,7 @@ def _mita_fwd_kernel(
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
         b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
         if DIRECT:
-            # Output rows of head i_bh in [B, N, H, d] order (flattened heads: H = 1, [BH, N, d]).
-            O_h = O + (i_bh // H) * N * H * D + (i_bh % H) * D
+            O_h = _out_ptr(O, i_bh, H, N, D)
             tl.store(O_h + o_n[:, None] * (H * D) + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_r[:, None])
             tl.store(LSE + i_bh * N + o_n, b_lse, mask=m_r)
         else:
@@ -743,8 +744,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
     bn, bs = _blocks(m, ksel, D)
     direct = S == 1
     if direct:
-        H = lay[0]
-        o = q.new_empty(BH // H, N, H, D)
+        o = out_layout(q)
         lse = torch.empty(BH, N, device=q.device, dtype=torch.float32)
     else:
         o = torch.empty(BH, nrows, D, device=q.device, dtype=torch.float32)
@@ -783,7 +783,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         **({"num_stages": FWD_CONFIG["num_stages"]} if FWD_CONFIG["num_stages"] else {}),
     )
     if direct:
-        return (o.view(BH, N, D) if q.dim() == 3 else o.transpose(1, 2)), lse
+        return o, lse
     # Merge the S partial softmaxes of each query (only slot 0 holds the shared entries).
     o = o.view(BH, N, S, D)
     lse = lse.view(BH, N, S)
@@ -793,10 +793,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
     out = (w[..., None] * o).sum(dim=2).to(q.dtype)
     if q.dim() == 3:
         return out, tot
-    B, H = q.shape[:2]
-    o4 = q.new_empty(B, N, H, D).transpose(1, 2)
-    o4.copy_(out.view(B, H, N, D))
-    return o4, tot
+    return out_layout(q).copy_(out.view(q.shape)), tot
 
 
 # Routed dk, dv rows are matched to their keys by comparing each key block with every expert's index list when
@@ -1120,10 +1117,9 @@ def triton_mita(
         key_padding_mask: ``[B, N]`` bool, True marks padding.
 
     Returns:
-        ``[B, H, N, d]`` in q's dtype. Differentiable in q, k, v and landmarks (routing carries no gradient). Above
-        the short path's sizes the output is stored in ``[B, N, H, d]`` order (``o.transpose(1, 2)`` is
-        contiguous), and q, k, v are read in place when they share one layout (e.g. the head split of one qkv
-        projection); the short path (N <= 256) makes them contiguous and returns a contiguous output.
+        ``[B, H, N, d]`` in q's dtype, stored in ``[B, N, H, d]`` order (``o.transpose(1, 2)`` is contiguous).
+        Differentiable in q, k, v and landmarks (routing carries no gradient). q, k, v are read in place when
+        they share one layout (e.g. the head split of one qkv projection), else copied to contiguous first.
     """
     scale, sscale = check_mita_args(
         q, k, v, landmarks, topk, experts_per_query, shared, shared_scale, scale, key_padding_mask
@@ -1138,17 +1134,15 @@ def triton_mita(
     if key_padding_mask is not None:
         key_valid = (~key_padding_mask)[:, None, :].expand(B, H, N).reshape(BH, N)
     short = SHORT_PATH and small_supported(N, m, D)
-    # The long path reads q, k, v in place (any batch / head / row strides, e.g. the head split of a fused qkv
-    # projection) and writes the output in [B, N, H, d] order; the short path takes flattened heads.
-    q, k, v = (flat_heads(x, BH) for x in (q, k, v)) if short else kernel_layout(q, k, v)
+    # The forward kernels read q, k, v in place (any batch / head / row strides, e.g. the head split of a fused
+    # qkv projection) and write the output in [B, N, H, d] order.
+    q, k, v = kernel_layout(q, k, v)
     if torch.compiler.is_compiling():
         # Inside torch.compile: the same kernels behind two opaque custom ops (triton_op.py), no graph break.
-        o = torch.ops.mita.triton_fwd(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, short)[0]
-        return o.view(B, H, N, D) if short else o
+        return torch.ops.mita.triton_fwd(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, short)[0]
     if short:
         # Image sizes: routing, landmark values and attention in one launch per (batch, head), see triton_small.py.
-        o = SmallMiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
-        return o.view(B, H, N, D)
+        return SmallMiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
     # Exact top-k per landmark and top-S routing per query, scores computed tile by tile, never stored.
     plan, lv = route_and_plan(q, k, v, rf, key_valid, ksel, S, shared, scale)
     return _MiTAFn.apply(q, k, v, rf, key_valid, plan, S, shared, scale, sscale, lv)

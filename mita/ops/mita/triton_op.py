@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, flat_heads, mita_bwd, plan_shape, route_and_plan
+from mita.ops.mita.triton_routing import out_layout
 from mita.ops.mita.triton_small import _pads, small_bwd, small_fwd
 
 # Aux outputs of the forward, per path (the backward reads them back in this order).
@@ -37,8 +38,8 @@ def triton_fwd(
     sscale: float,
     short: bool,
 ) -> list[torch.Tensor]:
-    """``[o, *aux]``; r ``[BH, m, d]``. ``short`` (the N <= 256 path): q, k, v ``[BH, N, d]`` contiguous, o likewise.
-    Else q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``), o as ``mita_fwd`` gives it."""
+    """``[o, *aux]``; q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``), r ``[BH, m, d]``;
+    o shaped as q, stored in ``[B, N, H, d]`` order (``out_layout``). ``short``: the N <= 256 path."""
     if short:
         o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
         if not shared:  # small_fwd hands back r and lse there: outputs may not alias inputs or each other
@@ -56,10 +57,7 @@ def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short):
     BH, m, D = r.shape
     N = q.shape[-2]
     f32, i32 = torch.float32, torch.int32
-    if short or q.dim() == 3:
-        o = q.new_empty(q.shape)
-    else:  # mita_fwd's [B, N, H, d] storage
-        o = q.new_empty(q.shape[0], N, q.shape[1], D).transpose(1, 2)
+    o = out_layout(q)
     lse = q.new_empty(BH, N, dtype=f32)
     if short:
         NP, MP = _pads(N, m)
@@ -92,14 +90,13 @@ def triton_bwd(
     short: bool,
 ) -> list[torch.Tensor]:
     """``[dq, dk, dv, dr]`` (shapes of q, k, v, r) from the forward's output and aux tensors."""
-    shape, BH = q.shape, r.shape[0]
-    do, q, k, v, o = (flat_heads(x, BH) for x in (do, q, k, v, o))
     if short:
         lse, memb, route, vt, lvlse = aux
         if not shared:
             vt, lvlse = r, lse
-        grads = small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale)
-        return [g.view(shape) for g in grads[:3]] + [grads[3]]
+        return list(small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale))
+    shape, BH = q.shape, r.shape[0]
+    do, q, k, v, o = (flat_heads(x, BH) for x in (do, q, k, v, o))
     lse, vt, lv_lse, idx, rows, starts, tile_e, tile_rs, tile_re = aux
     bm, _ = plan_shape(q.shape[-2] * S, r.shape[1])
     plan = RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)

@@ -79,6 +79,30 @@ def _head_ptr(X, i_bh, H, SB, SH):
     return X + (i_bh // H) * SB + (i_bh % H) * SH
 
 
+@triton.jit
+def _out_ptr(X, i_bh, H, N, D: tl.constexpr):
+    # First row of head i_bh (int64) in an output stored in [B, N, H, D] order (rows H * D apart; flattened heads,
+    # H = 1: [BH, N, D]).
+    return X + (i_bh // H) * N * H * D + (i_bh % H) * D
+
+
+def out_strides(q: torch.Tensor) -> tuple[int, ...]:
+    """Strides of :func:`out_layout` for q's shape."""
+    if q.dim() == 3:
+        return (q.shape[1] * q.shape[2], q.shape[2], 1)
+    B, H, N, D = q.shape
+    return (N * H * D, D, H * D, 1)
+
+
+def out_layout(q: torch.Tensor) -> torch.Tensor:
+    """An empty output for queries q (``[BH, N, d]`` or ``[B, H, N, d]``) stored in ``[B, N, H, d]`` order, shaped
+    as q: what _out_ptr addresses."""
+    if q.dim() == 3:
+        return q.new_empty(q.shape)
+    B, H, N, D = q.shape
+    return q.new_empty(B, N, H, D).transpose(1, 2)
+
+
 def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 

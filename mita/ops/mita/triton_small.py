@@ -30,15 +30,20 @@ from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
     _dot,
     _head_kk,
+    _head_ptr,
     _interpreting,
     _next_pow2,
     _order_key,
+    _out_ptr,
     _prec,
     _score,
     _softmax_step,
     _topk_select,
     _upcast,
     _valid_counts,
+    heads_layout,
+    out_layout,
+    out_strides,
 )
 
 LOG2E = 1.4426950408889634
@@ -119,6 +124,10 @@ def _small_route_kernel(
     N,
     M,
     KSEL,
+    H,
+    SB,
+    SH,
+    SN,
     scale_log2,
     SHARED: tl.constexpr,
     HAS_KV: tl.constexpr,
@@ -142,7 +151,8 @@ def _small_route_kernel(
         m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
     kk = _head_kk(KK, i_bh, KSEL, HAS_KV)
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+    p_kv = (i_bh // H) * SB + (i_bh % H) * SH + o_n[:, None] * SN + o_d[None, :]
+    b_k = tl.load(K + p_kv, mask=m_n[:, None], other=0.0)
     # [BS, NP] raw scores: the top-k ranks them, the landmark values softmax them.
     b_sc = _score(b_r, b_k, PREC, UP, EXACT)
 
@@ -152,7 +162,7 @@ def _small_route_kernel(
 
     if SHARED:
         # Landmark values softmax(R k^T scale) v over the valid keys; zeros for a row with no valid key.
-        b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_v = tl.load(V + p_kv, mask=m_n[:, None], other=0.0)
         b_s = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
         b_mx = tl.max(b_s, 1)
         b_mxs = tl.where(b_mx == float("-inf"), 0.0, b_mx)
@@ -178,6 +188,10 @@ def _small_attn_kernel(
     ROUTE,
     N,
     M,
+    H,
+    SB,
+    SH,
+    SN,
     scale_log2,
     sscale_log2,
     S: tl.constexpr,
@@ -200,7 +214,9 @@ def _small_attn_kernel(
     m_j = o_j < M
     o_i = i_m * BM + tl.arange(0, BM)
     m_i = o_i < N
-    b_q = tl.load(Q + i_bh * N * D + o_i[:, None] * D + o_d[None, :], mask=m_i[:, None], other=0.0)
+    K_h = _head_ptr(K, i_bh, H, SB, SH)
+    V_h = _head_ptr(V, i_bh, H, SB, SH)
+    b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
     # [BM, MP] raw q . R: routing, and (scaled) the shared logits.
     b_qr = _score(b_q, b_r, PREC, UP, EXACT)
@@ -220,8 +236,8 @@ def _small_attn_kernel(
     for n0 in range(0, N, BN):
         o_n = n0 + tl.arange(0, BN)
         m_n = o_n < N
-        b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_k = tl.load(K_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_v = tl.load(V_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
         b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
         # [BM, BN] how many of the query's experts hold each key (0 for padding: it is in no list).
         b_c = tl.dot(b_oh, b_mb)
@@ -229,7 +245,8 @@ def _small_attn_kernel(
         b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
     m_nz = b_l > 0
     b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
-    tl.store(O + i_bh * N * D + o_i[:, None] * D + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_i[:, None])
+    O_h = _out_ptr(O, i_bh, H, N, D)
+    tl.store(O_h + o_i[:, None] * (H * D) + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_i[:, None])
     b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
     tl.store(LSE + i_bh * N + o_i, b_lse, mask=m_i)
 
@@ -261,6 +278,10 @@ def _small_bwd_q_kernel(
     PDVT,
     N,
     M,
+    H,
+    SB,
+    SH,
+    SN,
     scale,
     sscale,
     scale_log2,
@@ -284,10 +305,13 @@ def _small_bwd_q_kernel(
     m_j = o_j < M
     o_i = i_m * BM + tl.arange(0, BM)
     m_i = o_i < N
-    p_row = i_bh * N * D + o_i[:, None] * D + o_d[None, :]
-    b_q = tl.load(Q + p_row, mask=m_i[:, None], other=0.0)
-    b_do = tl.load(DO + p_row, mask=m_i[:, None], other=0.0)
-    b_o = tl.load(O + p_row, mask=m_i[:, None], other=0.0)
+    # q, k, v in their layout (heads_layout), o and do in the output's [B, N, H, D] order, dq flattened.
+    K_h = _head_ptr(K, i_bh, H, SB, SH)
+    V_h = _head_ptr(V, i_bh, H, SB, SH)
+    b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
+    p_out = o_i[:, None] * (H * D) + o_d[None, :]
+    b_do = tl.load(_out_ptr(DO, i_bh, H, N, D) + p_out, mask=m_i[:, None], other=0.0)
+    b_o = tl.load(_out_ptr(O, i_bh, H, N, D) + p_out, mask=m_i[:, None], other=0.0)
     b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
     b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
     b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
@@ -297,8 +321,8 @@ def _small_bwd_q_kernel(
     for n0 in range(0, N, BN):
         o_n = n0 + tl.arange(0, BN)
         m_n = o_n < N
-        b_k = tl.load(K + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_v = tl.load(V + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_k = tl.load(K_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_v = tl.load(V_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
         b_c = tl.dot(b_oh, tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16))
         b_pb, b_dsb = _routed_p_ds(b_q, b_k, b_v, b_do, b_c, b_lse, b_delta, scale_log2, PREC, UP)
         b_dq += _dot(b_dsb.to(b_k.dtype), b_k, PREC, UP)
@@ -313,7 +337,7 @@ def _small_bwd_q_kernel(
         p_part = ((i_bh * n_m + i_m) * MP + o_j[:, None]) * D + o_d[None, :]
         tl.store(PDR + p_part, _dot(tl.trans(b_dsa).to(b_q.dtype), b_q, PREC, UP) * sscale)
         tl.store(PDVT + p_part, _dot(tl.trans(b_pa).to(b_do.dtype), b_do, PREC, UP))
-    tl.store(DQ + p_row, b_dq.to(DQ.dtype.element_ty), mask=m_i[:, None])
+    tl.store(DQ + i_bh * N * D + o_i[:, None] * D + o_d[None, :], b_dq.to(DQ.dtype.element_ty), mask=m_i[:, None])
 
 
 @triton.jit
@@ -337,6 +361,10 @@ def _small_bwd_k_kernel(
     N,
     M,
     NQB,
+    H,
+    SB,
+    SH,
+    SN,
     scale,
     scale_log2,
     S: tl.constexpr,
@@ -362,18 +390,20 @@ def _small_bwd_k_kernel(
     m_kn = o_kn < N
     if HAS_KV:
         m_kn = m_kn & (tl.load(KV + i_bh * N + o_kn, mask=m_kn, other=0) != 0)
-    p_key = i_bh * N * D + o_kn[:, None] * D + o_d[None, :]
+    # q, k, v in their layout (heads_layout), do in the output's [B, N, H, D] order, dk and dv flattened.
+    p_key = (i_bh // H) * SB + (i_bh % H) * SH + o_kn[:, None] * SN + o_d[None, :]
     b_kb = tl.load(K + p_key, mask=m_kn[:, None], other=0.0)
     b_vb = tl.load(V + p_key, mask=m_kn[:, None], other=0.0)
+    Q_h = _head_ptr(Q, i_bh, H, SB, SH)
+    DO_h = _out_ptr(DO, i_bh, H, N, D)
     b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_kn[None, :]).to(tl.float16)
     b_dk = tl.zeros([BN, D], tl.float32)
     b_dv = tl.zeros([BN, D], tl.float32)
     for i0 in range(0, N, BM):
         o_i = i0 + tl.arange(0, BM)
         m_i = o_i < N
-        p_row = i_bh * N * D + o_i[:, None] * D + o_d[None, :]
-        b_q = tl.load(Q + p_row, mask=m_i[:, None], other=0.0)
-        b_do = tl.load(DO + p_row, mask=m_i[:, None], other=0.0)
+        b_q = tl.load(Q_h + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
+        b_do = tl.load(DO_h + o_i[:, None] * (H * D) + o_d[None, :], mask=m_i[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
@@ -401,23 +431,26 @@ def _small_bwd_k_kernel(
         b_dk += _dot(tl.trans(b_dls).to(b_r.dtype), b_r, PREC, UP) * scale
         p_part = ((i_bh * n_n + i_n) * MP + o_j[:, None]) * D + o_d[None, :]
         tl.store(PDRL + p_part, _dot(b_dls.to(b_kb.dtype), b_kb, PREC, UP) * scale)
-    tl.store(DK + p_key, b_dk.to(DK.dtype.element_ty), mask=(o_kn < N)[:, None])
-    tl.store(DV + p_key, b_dv.to(DV.dtype.element_ty), mask=(o_kn < N)[:, None])
+    p_dkv = i_bh * N * D + o_kn[:, None] * D + o_d[None, :]
+    tl.store(DK + p_dkv, b_dk.to(DK.dtype.element_ty), mask=(o_kn < N)[:, None])
+    tl.store(DV + p_dkv, b_dv.to(DV.dtype.element_ty), mask=(o_kn < N)[:, None])
 
 
 def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float, sscale: float):
-    """Forward on flattened heads: q, k, v ``[BH, N, d]``, r ``[BH, m, d]``, key_valid ``[BH, N]`` bool or None.
+    """Forward. q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``: read in place), r
+    ``[BH, m, d]``, key_valid ``[BH, N]`` bool or None.
 
     Returns:
-        ``(o, lse, memb, route, vt, lvlse)``: output in q's dtype, float32 LSE (log2 units), the [BH, MP, NP]
-        int8 membership of keys in each landmark's top-k, the [BH, N, S] int32 routes, the landmark values (r's
-        dtype) and their float32 LSE.
+        ``(o, lse, memb, route, vt, lvlse)``: output shaped as q in q's dtype, stored in ``[B, N, H, d]`` order
+        (``out_layout``), float32 LSE (log2 units), the [BH, MP, NP] int8 membership of keys in each landmark's
+        top-k, the [BH, N, S] int32 routes, the landmark values (r's dtype) and their float32 LSE.
     """
-    BH, N, D = q.shape
-    M = r.shape[1]
+    lay = heads_layout(q, k, v)
+    BH, M, D = r.shape
+    N = q.shape[-2]
     dev = q.device
     NP, MP = _pads(N, M)
-    o = torch.empty_like(q)
+    o = out_layout(q)
     lse = torch.empty(BH, N, device=dev, dtype=torch.float32)
     memb = torch.empty(BH, MP, NP, device=dev, dtype=torch.int8)
     route = torch.empty(BH, N, S, device=dev, dtype=torch.int32)
@@ -437,23 +470,25 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     )
     cr, ca = _cfg("route", min(NP, MP)), _cfg("attn", NP)
     fast(_small_route_kernel)[(MP // cr["BS"], BH)](
-        r, k, v, kv, kk, memb, vt, lvlse, N, M, ksel, scale * LOG2E, HAS_KV=has_kv, **common, **cr
+        r, k, v, kv, kk, memb, vt, lvlse, N, M, ksel, *lay, scale * LOG2E, HAS_KV=has_kv, **common, **cr
     )
     fast(_small_attn_kernel)[(triton.cdiv(N, ca["BM"]), BH)](
-        q, k, v, r, vt, memb, o, lse, route, N, M, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca
+        q, k, v, r, vt, memb, o, lse, route, N, M, *lay, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca
     )
     return o, lse, memb, route, vt, lvlse
 
 
 def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale):
-    """Backward of :func:`small_fwd`. Returns ``(dq, dk, dv, dr)`` in the inputs' dtypes."""
-    BH, N, D = q.shape
-    M = r.shape[1]
+    """Backward of :func:`small_fwd` (q, k, v, o as it took and gave them; do any layout of o's shape). Returns
+    ``(dq, dk, dv, dr)`` in the inputs' dtypes, dq, dk, dv contiguous, shaped as q."""
+    lay = heads_layout(q, k, v)
+    BH, M, D = r.shape
+    N = q.shape[-2]
     dev = q.device
     NP, MP = _pads(N, M)
     cq, ck = _cfg("bwd_q", NP), _cfg("bwd_k", NP)
     nqb, nkb = triton.cdiv(N, cq["BM"]), triton.cdiv(N, ck["BN"])
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = (q.new_empty(BH, N, D) for _ in range(3))
     delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
     if shared:
         pdr = torch.empty(BH, nqb, MP, D, device=dev, dtype=torch.float32)
@@ -471,7 +506,8 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
     )
-    do = do.contiguous()
+    # o and do as small_fwd stores o (a copy only if a caller changed the layout).
+    o, do = (x if x.stride() == out_strides(x) else out_layout(x).copy_(x) for x in (o, do))
     fast(_small_bwd_q_kernel)[(nqb, BH)](
         q,
         k,
@@ -489,6 +525,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         pdvt,
         N,
         M,
+        *lay,
         scale,
         sscale,
         scale * LOG2E,
@@ -516,6 +553,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         N,
         M,
         nqb,
+        *lay,
         scale,
         scale * LOG2E,
         HAS_KV=key_valid is not None,
@@ -527,7 +565,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         dr = (pdr.sum(1) + pdrl.sum(1))[:, :M].to(r.dtype)
     else:
         dr = torch.zeros_like(r)
-    return dq, dk, dv, dr
+    return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr
 
 
 class SmallMiTAFn(torch.autograd.Function):
