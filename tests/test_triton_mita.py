@@ -332,6 +332,26 @@ def test_plan_matches_reference(monkeypatch, N, m, S, dist, chunked):
     assert torch.equal(plan.tile_re.cpu()[live], tile_re[live])
 
 
+def test_plan_bench_script_runs_on_cpu():
+    """scripts/bench/plan_bench.py (the GPU timing of build_plan) end to end on the CPU at its smoke points (one
+    per plan path), with this module as its own baseline: every plan sorted and equal to the baseline's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "bench" / "plan_bench.py"), "--device", "cpu", "--reps", "1",
+         "--dists", "uniform,one", "--baseline", tm.__file__],
+        capture_output=True, text=True, env=env, timeout=600, check=True,
+    ).stdout  # fmt: skip
+    lines = [ln for ln in out.splitlines() if ln.startswith("BH ")]
+    assert len(lines) == 4, out
+    assert all(ln.endswith("sorted: True, equal to baseline: True") for ln in lines), out
+    assert out.rstrip().endswith("all plans correct")
+
+
 @pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])
 def test_backward_match_and_csr_reductions_agree(monkeypatch, S, shared, pad):
     monkeypatch.setattr(tm, "SHORT_PATH", False)
