@@ -316,26 +316,41 @@ def _reference_plan(route: torch.Tensor, m: int, bm: int, T: int):
     return rows, starts, tile_e, tile_rs, tile_re
 
 
+# Chunked-plan settings of the plan tests (module constants): steps of 16 rows; about 64 programs over the (batch,
+# head) pairs (1 .. 4 steps per chunk here); "rows": chunks capped at 3 steps (21 .. 63 chunks), offsets in steps
+# of 2 chunks over blocks of 16 experts; "few": two chunks of 7 or 8 steps per (batch, head).
+_CHUNKED = {"FUSED_MAX": 0, "STEP": 16, "PROGRAMS": 64}
+_PLAN_SETTINGS = {
+    None: {},
+    "chunked": _CHUNKED,
+    "rows": dict(_CHUNKED, PROGRAMS=3, ROWS=48, EXPERTS=16, OFFSETS_BLOCK=32),
+    "few": dict(_CHUNKED, PROGRAMS=6),
+}
+
+
 @pytest.mark.parametrize(
-    "N,m,S,imbalanced,chunked",
-    [(197, 25, 1, False, False), (70, 5, 2, True, False), (300, 40, 3, False, False), (197, 25, 1, False, True),
-     (70, 5, 2, True, True), (1100, 5, 1, True, True), (300, 40, 3, False, True), (300, 300, 3, False, True)],
+    "N,m,S,dist,chunked",
+    [(197, 25, 1, "uniform", None), (70, 5, 2, "imbalanced", None), (300, 40, 3, "uniform", None),
+     (197, 25, 1, "uniform", "chunked"), (70, 5, 2, "imbalanced", "chunked"), (1100, 5, 1, "imbalanced", "chunked"),
+     (300, 40, 3, "uniform", "chunked"), (300, 300, 3, "uniform", "chunked"), (1001, 70, 1, "imbalanced", "rows"),
+     (999, 40, 1, "one", "rows"), (733, 1, 1, "uniform", "rows"), (230, 33, 1, "uniform", "few"),
+     (200, 3, 1, "one", "few")],
 )  # fmt: skip
-def test_plan_matches_reference(monkeypatch, N, m, S, imbalanced, chunked):
-    """Both plan builders (one program per head; the chunked three-kernel counting sort, here with several steps
-    per chunk, a partial last chunk, and at m = 300 more chunks than one offsets block) against a stable sort and
-    a loop over experts."""
+def test_plan_matches_reference(monkeypatch, N, m, S, dist, chunked):
+    """Both plan builders (one program per head; the chunked three-kernel counting sort with several steps per
+    chunk, partial last steps and chunks, many chunks, offsets over several blocks of chunks and of experts, an
+    expert spanning many chunks, every row on one expert) against a stable sort and a loop over experts."""
     g = torch.Generator().manual_seed(N + m)
     BH = 3
     route = torch.randint(0, m, (BH, N * S), generator=g, dtype=torch.int32)
-    if imbalanced:
+    if dist == "imbalanced":
         route[:, : N * S * 3 // 4] = 1
+    elif dist == "one":
+        route[:] = m - 1
     route = route.to(DEV)
     idx = torch.zeros(BH, m, 4, dtype=torch.int32, device=DEV)
-    if chunked:
-        monkeypatch.setattr(tm, "_PLAN_FUSED_MAX", 0)
-        monkeypatch.setattr(tm, "_PLAN_STEP", 16)
-        monkeypatch.setattr(tm, "_PLAN_PROGRAMS", 64)
+    for name, value in _PLAN_SETTINGS[chunked].items():
+        monkeypatch.setattr(tm, f"_PLAN_{name}", value)
     plan = tm.build_plan(idx, route, m)
     T = plan.tile_e.shape[1]
     rows, starts, tile_e, tile_rs, tile_re = _reference_plan(route, m, plan.bm, T)
@@ -345,6 +360,26 @@ def test_plan_matches_reference(monkeypatch, N, m, S, imbalanced, chunked):
     live = tile_e >= 0
     assert torch.equal(plan.tile_rs.cpu()[live], tile_rs[live])
     assert torch.equal(plan.tile_re.cpu()[live], tile_re[live])
+
+
+def test_plan_bench_script_runs_on_cpu():
+    """scripts/bench/plan_bench.py (the GPU timing of build_plan) end to end on the CPU at its smoke points (one
+    per plan path), with this module as its own baseline: every plan sorted and equal to the baseline's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "bench" / "plan_bench.py"), "--device", "cpu", "--reps", "1",
+         "--dists", "uniform,one", "--baseline", tm.__file__],
+        capture_output=True, text=True, env=env, timeout=600, check=True,
+    ).stdout  # fmt: skip
+    lines = [ln for ln in out.splitlines() if ln.startswith("BH ")]
+    assert len(lines) == 4, out
+    assert all(ln.endswith("sorted: True, equal to baseline: True") for ln in lines), out
+    assert out.rstrip().endswith("all plans correct")
 
 
 @pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])

@@ -528,55 +528,40 @@ def _plan_tiles(
 
 
 @triton.jit
-def _plan_subchunk(ROUTE, i_bh, NR, r0, r_end, BR: tl.constexpr):
-    # Rows r0 .. r0 + BR of the chunk: their experts, validity, rank among the earlier rows of the same expert in
-    # this step, count of the expert in this step and whether a row is its expert's last one here ([BR] each).
-    o_r = r0 + tl.arange(0, BR)
-    m_r = o_r < r_end
-    b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=m_r, other=-1)
-    same = (b_e[:, None] == b_e[None, :]) & m_r[None, :]
-    o_b = tl.arange(0, BR)
-    rank = tl.sum((same & (o_b[None, :] < o_b[:, None])).to(tl.int32), 1)
-    cnt = tl.sum(same.to(tl.int32), 1)
-    last = m_r & (rank == cnt - 1)
-    return o_r, m_r, b_e, rank, cnt, last
-
-
-@triton.jit
 def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr):
-    # Chunked plan, step 1 of 3: per chunk of CR rows, the number of rows routed to each expert -> CNTS[bh, c]
-    # (per step of BR rows one integer atomic per expert present: the counts do not depend on their order).
+    # Chunked plan, step 1 of 3: per chunk of CR rows, the number of rows routed to each expert, summed in registers
+    # (a histogram per BR rows) and stored once -> CNTS[bh, c].
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    base = CNTS + (i_bh * NC + i_c) * MP
-    tl.store(base + tl.arange(0, MP), tl.zeros([MP], tl.int32))
-    tl.debug_barrier()
-    r_end = tl.minimum((i_c + 1) * CR, NR)
-    for r0 in range(i_c * CR, r_end, BR):
-        o_r, m_r, b_e, rank, cnt, last = _plan_subchunk(ROUTE, i_bh, NR, r0, r_end, BR)
-        tl.atomic_add(base + b_e, cnt, mask=last, sem="relaxed")
+    r_lo = i_c * CR
+    r_end = tl.minimum(r_lo + CR, NR)
+    cnt = tl.zeros([MP], tl.int32)
+    for r0 in range(r_lo, r_end, BR):
+        o_r = r0 + tl.arange(0, BR)
+        cnt += tl.histogram(tl.load(ROUTE + i_bh * NR + o_r, mask=o_r < r_end, other=0), MP)
+    # The rows past the chunk's end were counted as expert 0.
+    pad = (r_end - r_lo + BR - 1) // BR * BR - (r_end - r_lo)
+    o_m = tl.arange(0, MP)
+    tl.store(CNTS + (i_bh * (NC + 1) + i_c) * MP + o_m, cnt - tl.where(o_m == 0, pad, 0))
 
 
 @triton.jit
-def _plan_offsets_kernel(CNTS, STARTS, M, NC, MP: tl.constexpr, BC: tl.constexpr):
-    # Step 2 of 3, one program per (batch, head): expert totals and first rows, and each chunk's first output
-    # position per expert (first row of the expert + the rows of earlier chunks), over CNTS in place.
-    i_bh = tl.program_id(0).to(tl.int64)
-    o_m = tl.arange(0, MP)
-    base = CNTS + i_bh * NC * MP
-    cnt = tl.zeros([MP], tl.int32)
+def _plan_offsets_kernel(CNTS, NC, MP: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr):
+    # Step 2 of 3, one program per (block of BE experts, batch-head): each chunk's count of an expert becomes the
+    # expert's rows in the earlier chunks (exclusive prefix over the chunks, in place), and the expert totals go
+    # to the row after the last chunk, CNTS[bh, NC].
+    i_e = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_e = i_e * BE + tl.arange(0, BE)
+    base = CNTS + i_bh * (NC + 1) * MP
+    run = tl.zeros([BE], tl.int32)
     for c0 in range(0, NC, BC):
         o_c = c0 + tl.arange(0, BC)
-        cnt += tl.sum(tl.load(base + o_c[:, None] * MP + o_m[None, :], mask=(o_c < NC)[:, None], other=0), 0)
-    start, incl = _plan_starts(STARTS, cnt, i_bh, M, MP)
-    run = start
-    for c0 in range(0, NC, BC):
-        o_c = c0 + tl.arange(0, BC)
-        ptr = base + o_c[:, None] * MP + o_m[None, :]
+        ptr = base + o_c[:, None] * MP + o_e[None, :]
         b_c = tl.load(ptr, mask=(o_c < NC)[:, None], other=0)
-        # Exclusive prefix over the chunks of this block, on top of the running offset.
         tl.store(ptr, run[None, :] + tl.cumsum(b_c, 0) - b_c, mask=(o_c < NC)[:, None])
         run += tl.sum(b_c, 0)
+    tl.store(base + NC * MP + o_e, run)
 
 
 @triton.jit
@@ -585,24 +570,44 @@ def _plan_scatter_kernel(
     MP: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr,
 ):  # fmt: skip
     # Step 3 of 3: each chunk writes its rows at their expert's next position, in row order (a stable counting
-    # sort); the chunk's [MP] next positions live in its CNTS row (written by step 2), advanced after each step.
-    # Program c also writes tiles c * TT .. (c + 1) * TT of the tile table (from the first rows of step 2).
+    # sort). The expert totals (step 2) give the experts' first rows; program 0 stores them (STARTS) and program c
+    # writes tiles c * TT .. (c + 1) * TT of the tile table. The chunk's [MP] next positions live in its CNTS row
+    # (its rows before this chunk from step 2, plus the expert's first row), advanced after each step of BR rows.
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_m = tl.arange(0, MP)
-    start = tl.load(STARTS + i_bh * (M + 1) + tl.minimum(o_m, M))
-    incl = tl.load(STARTS + i_bh * (M + 1) + tl.minimum(o_m + 1, M))
+    head = CNTS + i_bh * (NC + 1) * MP
+    cnt = tl.load(head + NC * MP + o_m)
+    incl = tl.cumsum(cnt, 0)
+    start = incl - cnt
+    if i_c == 0:
+        _plan_starts(STARTS, cnt, i_bh, M, MP)
     t_lo = i_c * TT
-    _plan_tiles(TILE_E, TILE_RS, TILE_RE, incl - start, start, incl, i_bh, M, T, t_lo, tl.minimum(t_lo + TT, T), BMQ,
-                MP, BT)  # fmt: skip
-    base = CNTS + (i_bh * NC + i_c) * MP
+    _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, t_lo, tl.minimum(t_lo + TT, T), BMQ, MP, BT)
+    nxt = head + i_c * MP
+    tl.store(nxt + o_m, tl.load(nxt + o_m) + start)
+    tl.debug_barrier()
+    # Pairwise weights of a step: an earlier row of the same expert counts 1, a later one 1 << 16, so one sum gives
+    # a row's rank among its expert's rows of the step (low half) and whether it is their last (high half 0). Row
+    # j's sum runs over axis 0 (within a thread's registers in the default layout, not across the lanes).
+    o_b = tl.arange(0, BR)
+    w = tl.where(o_b[:, None] < o_b[None, :], 1, tl.where(o_b[:, None] > o_b[None, :], 1 << 16, 0))
     r_end = tl.minimum((i_c + 1) * CR, NR)
+    route = ROUTE + i_bh * NR
+    # Each step's experts are loaded one step ahead. Rows past the chunk's end (last step only) read the expert of
+    # its last row: they are later than every row of the chunk, so they change no rank, only the "last" flags of
+    # the final step, whose next positions are not used again.
+    b_next = tl.load(route + tl.minimum(i_c * CR + o_b, r_end - 1))
     for r0 in range(i_c * CR, r_end, BR):
-        o_r, m_r, b_e, rank, cnt, last = _plan_subchunk(ROUTE, i_bh, NR, r0, r_end, BR)
-        pos = tl.load(base + b_e, mask=m_r, other=0) + rank
+        o_r = r0 + o_b
+        m_r = o_r < r_end
+        b_e = b_next
+        b_next = tl.load(route + tl.minimum(o_r + BR, r_end - 1))
+        s = tl.sum(tl.where(b_e[:, None] == b_e[None, :], w, 0), 0)
+        pos = tl.load(nxt + b_e, mask=m_r, other=0) + (s & 0xFFFF)
         tl.store(ROWS + i_bh * NR + pos, o_r, mask=m_r)
         tl.debug_barrier()
-        tl.store(base + b_e, pos + 1, mask=last)
+        tl.store(nxt + b_e, pos + 1, mask=m_r & (s < (1 << 16)))
         tl.debug_barrier()
 
 
@@ -648,13 +653,23 @@ class RoutingPlan:
 
 
 # The one-program plan kernel takes N * S * next_pow2(m) up to this (one program per (batch, head) loops over the
-# rows in steps of _PLAN_CHUNK one-hot entries); beyond it the chunked plan (about _PLAN_PROGRAMS programs per
-# step) has more parallelism.
+# rows in steps of _PLAN_CHUNK one-hot entries); beyond it the chunked plan has more parallelism.
 _PLAN_FUSED_MAX = 1 << 18
 _PLAN_CHUNK = 8192
-_PLAN_PROGRAMS = 512
-# Rows per step of the chunked plan (ranks among equal experts from a [step, step] comparison).
+# Chunked plan (timed on the H200, scripts/bench/plan_bench.py): chunks of at most _PLAN_ROWS rows, fewer where
+# that gives about _PLAN_PROGRAMS programs over all (batch, head) pairs (latency is hidden by many short programs);
+# scatter programs of _PLAN_WARPS warps in steps of _PLAN_STEP rows (at most 2^15; ranks among equal experts from
+# a [step, step] comparison), writing the tile table in blocks of about _PLAN_TILE_ENTRIES (tile, expert) pairs
+# (fewer registers, more programs resident); expert counts by histograms of up to _PLAN_COUNT_STEP rows; offsets
+# over blocks of _PLAN_EXPERTS experts, _PLAN_OFFSETS_BLOCK counts per step.
+_PLAN_ROWS = 1024
+_PLAN_PROGRAMS = 2048
 _PLAN_STEP = 64
+_PLAN_WARPS = 1
+_PLAN_TILE_ENTRIES = 1024
+_PLAN_COUNT_STEP = 1024
+_PLAN_EXPERTS = 32
+_PLAN_OFFSETS_BLOCK = 4096
 
 
 # Launch settings of the general path's attention kernels (scripts/bench/tune_long.py sweeps them on the GPU):
@@ -675,7 +690,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
 
     Args:
         idx: ``[BH, m, ksel]`` int32 key index of each routed slot, -1 for a slot with no valid key.
-        route: ``[BH, N * S]`` int32 landmark of row ``n * S + s``.
+        route: ``[BH, N * S]`` int32 landmark of row ``n * S + s``, in ``[0, m)``.
         m: number of landmarks.
 
     Returns:
@@ -697,15 +712,26 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
         )
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets, scatter + tile table.
+    # Histograms take at least one bin per lane of a warp.
+    mp = max(32, mp)
     br = _PLAN_STEP
-    cr = max(br, triton.cdiv(triton.cdiv(nrows, max(1, _PLAN_PROGRAMS // BH)), br) * br)
+    # Chunks of whole steps: _PLAN_ROWS rows at most, fewer where that gives about _PLAN_PROGRAMS programs.
+    cr = triton.cdiv(triton.cdiv(nrows, triton.cdiv(_PLAN_PROGRAMS, BH)), br) * br
+    cr = max(br, min(cr, _PLAN_ROWS // br * br))
     nc = triton.cdiv(nrows, cr)
-    cnts = torch.empty(BH, nc, mp, device=dev, dtype=i32)
-    fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=br, num_warps=4)
-    fast(_plan_offsets_kernel)[(BH,)](cnts, starts, m, nc, MP=mp, BC=max(1, min(64, 4096 // mp)), num_warps=8)
+    # Row c < nc: chunk c's expert counts, then its first output positions; row nc: the expert totals.
+    cnts = torch.empty(BH, nc + 1, mp, device=dev, dtype=i32)
+    brc = min(_PLAN_COUNT_STEP, _next_pow2(cr))
+    fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=brc, num_warps=4)
+    be = min(mp, _PLAN_EXPERTS)
+    bc = max(1, min(_next_pow2(nc), _PLAN_OFFSETS_BLOCK // be))
+    fast(_plan_offsets_kernel)[(mp // be, BH)](cnts, nc, MP=mp, BE=be, BC=bc, num_warps=4)
+    # The tile table in whole blocks of bt tiles per program (the first programs write it, the others none).
+    bt = max(2, _PLAN_TILE_ENTRIES // mp)
+    tt = triton.cdiv(triton.cdiv(T, nc), bt) * bt
     fast(_plan_scatter_kernel)[(nc, BH)](
-        route, cnts, rows, starts, tile_e, tile_rs, tile_re, nrows, cr, nc, m, T, bm, triton.cdiv(T, nc),
-        MP=mp, BR=br, BT=max(16, _PLAN_CHUNK // mp), num_warps=4,
+        route, cnts, rows, starts, tile_e, tile_rs, tile_re, nrows, cr, nc, m, T, bm, tt,
+        MP=mp, BR=br, BT=bt, num_warps=_PLAN_WARPS,
     )  # fmt: skip
     return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
 
