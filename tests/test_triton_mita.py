@@ -217,25 +217,26 @@ def test_supports_and_dispatch():
      (100, 1, (60, 100), torch.float32)],
 )  # fmt: skip
 def test_strided_qkv_match_naive(poison, monkeypatch, N, S, pad_from, dtype):
-    """q, k, v as views of one [B, N, 3, H, d] projection: the forward kernels read them in place (no copy reaches
-    mita_fwd, or small_fwd at N = 100, the short path) and write the output in [B, N, H, d] order; forward and
-    backward match naive_mita."""
+    """q, k, v as views of one [B, N, 3, H, d] projection: the kernels read them in place (no copy reaches mita_fwd
+    and mita_bwd, or small_fwd and small_bwd at N = 100, the short path) and write the output in [B, N, H, d] order;
+    forward and backward match naive_mita."""
     seen = []
 
-    def spy(module, name):
+    def spy(module, name, pos):
         real = getattr(module, name)
 
-        def fn(q, *a, **kw):
-            seen.append((name, q.stride()))
-            return real(q, *a, **kw)
+        def fn(*a, **kw):
+            seen.append((name, a[pos].stride()))  # q's strides
+            return real(*a, **kw)
 
         monkeypatch.setattr(module, name, fn)
 
-    spy(tm, "mita_fwd")
-    spy(ts, "small_fwd")
+    for module, name, pos in ((tm, "mita_fwd", 0), (tm, "mita_bwd", 1), (ts, "small_fwd", 0), (ts, "small_bwd", 1)):
+        spy(module, name, pos)
     B, H, d = 2, 3, 32
     out, _ = _check(B, H, N, d, 6, 20, dtype, S, True, pad_from, strided=True)
-    assert seen == [("mita_fwd" if N > 256 else "small_fwd", (N * 3 * H * d, d, 3 * H * d, 1))]
+    qkv = (N * 3 * H * d, d, 3 * H * d, 1)
+    assert seen == ([("mita_fwd", qkv), ("mita_bwd", qkv)] if N > 256 else [("small_fwd", qkv), ("small_bwd", qkv)])
     assert out.transpose(1, 2).is_contiguous()
 
 

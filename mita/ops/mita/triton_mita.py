@@ -43,6 +43,7 @@ from mita.ops.mita.triton_routing import (
     heads_layout,
     landmark_values_fwd,
     out_layout,
+    out_strides,
     route_topk,
 )
 from mita.ops.mita.triton_small import SmallMiTAFn, small_supported
@@ -171,6 +172,10 @@ def _mita_bwd_dq_kernel(
     KSEL,
     NROWS,
     T,
+    H,
+    SB,
+    SH,
+    SN,
     scale,
     sscale,
     scale_log2,
@@ -198,13 +203,17 @@ def _mita_bwd_dq_kernel(
         slot = rows % S
         o_d = tl.arange(0, D)
         # [BM, D]
-        b_q = tl.load(Q + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
-        b_do = tl.load(DO + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+        # q, k, v in their layout (heads_layout), o and do in the output's [B, N, H, D] order (_out_ptr).
+        b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
+        K_h = _head_ptr(K, i_bh, H, SB, SH)
+        V_h = _head_ptr(V, i_bh, H, SB, SH)
+        p_out = o_n[:, None] * (H * D) + o_d[None, :]
+        b_do = tl.load(_out_ptr(DO, i_bh, H, N, D) + p_out, mask=m_r[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         # delta = rowsum(dO * O), computed here and stored for the key-side kernels (a query's S rows write the
         # same value).
-        b_o = tl.load(O + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_o = tl.load(_out_ptr(O, i_bh, H, N, D) + p_out, mask=m_r[:, None], other=0.0)
         b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
         tl.store(DELTA + i_bh * N + o_n, b_delta, mask=m_r)
         b_dq = tl.zeros([BM, D], tl.float32)
@@ -228,8 +237,8 @@ def _mita_bwd_dq_kernel(
             m_j = b_idx >= 0
             o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
             # [BN, D]
-            b_k = tl.load(K + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-            b_v = tl.load(V + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+            b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+            b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
             # [BM, BN]
             b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
             b_p = tl.exp2(b_s - b_lse[:, None])
@@ -263,6 +272,10 @@ def _mita_bwd_dkdv_routed_kernel(
     M,
     KSEL,
     NROWS,
+    H,
+    SB,
+    SH,
+    SN,
     scale,
     scale_log2,
     S: tl.constexpr,
@@ -282,8 +295,10 @@ def _mita_bwd_dkdv_routed_kernel(
     m_j = b_idx >= 0
     o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
     # [BN, D]
-    b_k = tl.load(K + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    b_v = tl.load(V + i_bh * N * D + o_k[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+    b_v = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+    Q_h = _head_ptr(Q, i_bh, H, SB, SH)
+    DO_h = _out_ptr(DO, i_bh, H, N, D)
     b_dk = tl.zeros([BN, D], tl.float32)
     b_dv = tl.zeros([BN, D], tl.float32)
     rs = tl.load(STARTS + i_bh * (M + 1) + e)
@@ -294,8 +309,8 @@ def _mita_bwd_dkdv_routed_kernel(
         rows = tl.load(ROWS + i_bh * NROWS + o_r, mask=m_r, other=0)
         o_n = (rows // S).to(tl.int64)
         # [BM, D]
-        b_q = tl.load(Q + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
-        b_do = tl.load(DO + i_bh * N * D + o_n[:, None] * D + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_q = tl.load(Q_h + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_do = tl.load(DO_h + o_n[:, None] * (H * D) + o_d[None, :], mask=m_r[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         b_delta = tl.load(DELTA + i_bh * N + o_n, mask=m_r, other=0.0)
@@ -325,6 +340,10 @@ def _mita_bwd_shared_kernel(
     N,
     M,
     CHUNK,
+    H,
+    SB,
+    SH,
+    SN,
     sscale,
     sscale_log2,
     D: tl.constexpr,
@@ -347,13 +366,15 @@ def _mita_bwd_shared_kernel(
     b_dvt = tl.zeros([BS, D], tl.float32)
     n0 = i_c * CHUNK
     n1 = tl.minimum(n0 + CHUNK, N)
+    Q_h = _head_ptr(Q, i_bh, H, SB, SH)
+    DO_h = _out_ptr(DO, i_bh, H, N, D)
     for r0 in range(n0, n1, BM):
         o_n = r0 + tl.arange(0, BM)
         m_n = o_n < n1
         o_n64 = o_n.to(tl.int64)
         # [BM, D]
-        b_q = tl.load(Q + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_do = tl.load(DO + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_q = tl.load(Q_h + o_n64[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_do = tl.load(DO_h + o_n64[:, None] * (H * D) + o_d[None, :], mask=m_n[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_n64, mask=m_n, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         b_delta = tl.load(DELTA + i_bh * N + o_n64, mask=m_n, other=0.0)
@@ -390,6 +411,10 @@ def _dkdv_final_kernel(
     M,
     KSEL,
     L,
+    H,
+    SB,
+    SH,
+    SN,
     scale,
     scale_log2,
     CSR: tl.constexpr,
@@ -439,8 +464,9 @@ def _dkdv_final_kernel(
         m_n = m_in
         if HAS_KV:
             m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_in, other=0) != 0)
-        b_k = tl.load(K + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_v = tl.load(V + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        o_kv = o_n64[:, None] * SN + o_d[None, :]
+        b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
+        b_v = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
         b_lk, b_lv = _lv_dkdv_block(
             R, DVT, LV_LSE, LV_DELTA, b_k, b_v, m_n, i_bh, M, scale_log2, D=D, BS=BS, BN=BK, PREC=PREC, UP=UP
         )
@@ -847,24 +873,28 @@ def mita_bwd(
     """Fused backward, landmark values' backward included.
 
     Args:
-        do, q, k, v, o: ``[BH, N, d]``; r, vt: ``[BH, m, d]``; lse: the forward's ``[BH, N]`` log2 LSE.
+        do, q, k, v, o: ``[BH, N, d]`` or ``[B, H, N, d]``; q, k, v in one layout (``heads_layout``), o as
+            :func:`mita_fwd` gives it, do any layout of o's shape (both are read in o's order, a copy when not);
+            r, vt: ``[BH, m, d]``; lse: the forward's ``[BH, N]`` log2 LSE.
         key_valid: ``[BH, N]`` bool or None; lv_lse: the landmark values' ``[BH, m]`` log2 LSE (with ``shared``).
 
     Returns:
-        ``(dq, dk, dv, dr)`` in the dtypes of q, k, v, r (one rounding each: everything is summed in float32 first).
+        ``(dq, dk, dv, dr)`` in the dtypes of q, k, v, r (one rounding each: everything is summed in float32 first);
+        dq, dk, dv contiguous, shaped as q.
     """
-    BH, N, D = q.shape
-    m = r.shape[1]
+    lay = heads_layout(q, k, v)
+    BH, m, D = r.shape
+    N = q.shape[-2]
     ksel = plan.idx.shape[-1]
     nrows = N * S
     T = plan.tile_e.shape[1]
     bn, bs = _blocks(m, ksel, D)
     prec, up = _prec(q.dtype), _upcast(q.dtype)
     dev = q.device
-    do = do.contiguous()
+    o, do = (x if x.stride() == out_strides(x) else out_layout(x).copy_(x) for x in (o, do))
     direct = S == 1
     delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
-    dq = torch.empty_like(q) if direct else torch.empty(BH, nrows, D, device=dev, dtype=torch.float32)
+    dq = q.new_empty(BH, N, D) if direct else torch.empty(BH, nrows, D, device=dev, dtype=torch.float32)
     fast(_mita_bwd_dq_kernel)[(T, BH)](
         q,
         k,
@@ -886,6 +916,7 @@ def mita_bwd(
         ksel,
         nrows,
         T,
+        *lay,
         scale,
         sscale,
         scale * LOG2E,
@@ -924,6 +955,7 @@ def mita_bwd(
         m,
         ksel,
         nrows,
+        *lay,
         scale,
         scale * LOG2E,
         S=S,
@@ -966,6 +998,7 @@ def mita_bwd(
             N,
             m,
             chunk,
+            *lay,
             sscale,
             sscale * LOG2E,
             D=D,
@@ -981,8 +1014,8 @@ def mita_bwd(
     else:
         dvt = lv_delta = lv_lse = vt
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else delta
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    dk = k.new_empty(BH, N, D)
+    dv = v.new_empty(BH, N, D)
     bk = 32
     lbs = int(min(64 if D <= 64 else 32, max(16, _next_pow2(m))))
     fast(_dkdv_final_kernel)[(triton.cdiv(N, bk), BH)](
@@ -1004,6 +1037,7 @@ def mita_bwd(
         m,
         ksel,
         L,
+        *lay,
         scale,
         scale * LOG2E,
         CSR=csr,
@@ -1033,6 +1067,7 @@ def mita_bwd(
             N,
             m,
             ch,
+            *lay,
             scale,
             scale * LOG2E,
             HAS_KV=key_valid is not None,
@@ -1046,7 +1081,7 @@ def mita_bwd(
         dr = (dr + (dr_lv[:, 0] if nc == 1 else dr_lv.sum(1))).to(r.dtype)
     else:
         dr = torch.zeros_like(r)
-    return dq, dk, dv, dr
+    return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1080,18 +1115,10 @@ class _MiTAFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, r, vt, o, lse, lv_lse = ctx.saved_tensors
-        BH = r.shape[0]
-        # The backward kernels take flattened, contiguous heads (a copy when the forward read strided inputs).
-        do, q4, k, v, o = (flat_heads(x, BH) for x in (do, q, k, v, o))
         dq, dk, dv, dr = mita_bwd(
-            do, q4, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.key_valid, lv_lse
+            do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.key_valid, lv_lse
         )
-        return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr, None, None, None, None, None, None, None
-
-
-def flat_heads(x: torch.Tensor, BH: int) -> torch.Tensor:
-    """``[BH, N, d]`` contiguous from ``[BH, N, d]`` or ``[B, H, N, d]`` (a copy only when x is strided)."""
-    return x.reshape(BH, x.shape[-2], x.shape[-1]).contiguous()
+        return dq, dk, dv, dr, None, None, None, None, None, None, None
 
 
 def kernel_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

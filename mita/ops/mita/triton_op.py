@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, flat_heads, mita_bwd, plan_shape, route_and_plan
+from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, mita_bwd, plan_shape, route_and_plan
 from mita.ops.mita.triton_routing import out_layout
 from mita.ops.mita.triton_small import _pads, small_bwd, small_fwd
 
@@ -95,13 +95,12 @@ def triton_bwd(
         if not shared:
             vt, lvlse = r, lse
         return list(small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale))
-    shape, BH = q.shape, r.shape[0]
-    do, q, k, v, o = (flat_heads(x, BH) for x in (do, q, k, v, o))
     lse, vt, lv_lse, idx, rows, starts, tile_e, tile_rs, tile_re = aux
     bm, _ = plan_shape(q.shape[-2] * S, r.shape[1])
     plan = RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
-    grads = mita_bwd(do, q, k, v, r, vt, o, lse, plan, S, shared, scale, sscale, key_valid, lv_lse if shared else None)
-    return [g.view(shape) for g in grads[:3]] + [grads[3]]
+    return list(
+        mita_bwd(do, q, k, v, r, vt, o, lse, plan, S, shared, scale, sscale, key_valid, lv_lse if shared else None)
+    )
 
 
 @triton_bwd.register_fake

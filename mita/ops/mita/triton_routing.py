@@ -1027,6 +1027,10 @@ def _lv_bwd_dr_kernel(
     N,
     M,
     CH,
+    H,
+    SB,
+    SH,
+    SN,
     scale,
     scale_log2,
     HAS_KV: tl.constexpr,
@@ -1057,8 +1061,9 @@ def _lv_bwd_dr_kernel(
         if HAS_KV:
             m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
         o_n64 = o_n.to(tl.int64)
-        b_k = tl.load(K + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_v = tl.load(V + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
+        o_kv = o_n64[:, None] * SN + o_d[None, :]
+        b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
+        b_v = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
         # [BS, BN]
         b_p = tl.exp2(_dot(b_r, tl.trans(b_k), PREC, UP) * scale_log2 - b_lse[:, None])
         b_p = tl.where(m_j[:, None] & m_n[None, :], b_p, 0.0)
@@ -1184,6 +1189,7 @@ def landmark_values_bwd(dvt, r, k, v, key_valid, vt, lse, scale: float):
         N,
         M,
         ch,
+        *heads_layout(k, v),
         scale,
         scale * LOG2E,
         HAS_KV=has_kv,
