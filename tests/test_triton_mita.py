@@ -257,6 +257,15 @@ GPU_SHAPES = [(63, 4, 8), (197, 25, 25), (1025, 49, 49), (4097, 32, 32), (65536,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,m,topk,S,pad", [(197, 25, 25, 1, True), (4097, 32, 32, 2, True), (65536, 64, 64, 1, False)])
+def test_gpu_strided_matches_naive(poison, N, m, topk, S, pad):
+    """The head split of one fused projection (q, k, v read in place, output in [B, N, H, d] order) at GPU sizes:
+    the short path (N = 197), the long path with S = 2 and padding, and 64K; forward and backward."""
+    _check(2, 3, N, 64, m, topk, torch.bfloat16, S, True, (N, N - 100) if pad else None, strided=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("d", [32, 64, 128])
 @pytest.mark.parametrize(
     "N,m,topk,short", [(*s, short) for s in GPU_SHAPES for short in (True, False)[: 1 + (s[0] <= 256)]]
