@@ -74,22 +74,34 @@ def test_custom_op_opcheck(short, case):
     torch.library.opcheck(triton_op.triton_fwd, args)
 
 
-def test_fake_shapes_match_real_outputs():
-    """Every aux output's shape and dtype from the fake implementation equals the real one (both paths)."""
+@pytest.mark.parametrize("heads", ["flat", "strided"])
+def test_fake_shapes_match_real_outputs(heads):
+    """Every output's shape, dtype and strides from the fake implementation equal the real ones (both paths), for
+    flattened heads and for q, k, v as the head split of one [B, N, 3, H, d] projection (output in [B, N, H, d]
+    order)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     for short in (True, False):
         for N, m, k, S, shared, pad in CASES:
             (q, kk, v, r), mask = _inputs(N, m, pad=pad, seed=5)
             B, H, _, d = q.shape
-            flat = [t.reshape(B * H, -1, d) for t in (q, kk, v, r)]
+            if heads == "flat":
+                qkv = [t.reshape(B * H, N, d) for t in (q, kk, v)]
+            else:
+                x = torch.stack([t.transpose(1, 2) for t in (q, kk, v)], dim=2)
+                qkv = [x[:, :, i].transpose(1, 2) for i in range(3)]
+            args = [*qkv, r.reshape(B * H, m, d)]
             kv = None if mask is None else (~mask)[:, None, :].expand(B, H, N).reshape(B * H, N)
-            real = triton_op.triton_fwd(*flat, kv, k, S, shared, d**-0.5, 1.0 / d, short)
+            real = triton_op.triton_fwd(*args, kv, k, S, shared, d**-0.5, 1.0 / d, short)
             with FakeTensorMode() as mode:
-                fk = [mode.from_tensor(t) for t in flat]
+                fk = [mode.from_tensor(t) for t in args]
                 fkv = None if kv is None else mode.from_tensor(kv)
                 fake = triton_op.triton_fwd(*fk, fkv, k, S, shared, d**-0.5, 1.0 / d, short)
-            assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real], (short, N)
+
+            def meta(ts):
+                return [(t.shape, t.dtype, t.stride() if t.numel() else None) for t in ts]
+
+            assert meta(fake) == meta(real), (short, N)
 
 
 def test_compiled_mita_layer_matches_eager():
