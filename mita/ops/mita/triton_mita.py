@@ -1093,12 +1093,12 @@ class _MiTAFn(torch.autograd.Function):
     """Landmark values and the fused attention as one autograd node: one backward writes dq, dk, dv, dR once."""
 
     @staticmethod
-    def fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv):
+    def fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale):
         """``(o, vt, lse, lv_lse)``: output, landmark values (zeros without the shared expert), the attention's
-        LSE and the landmark values' LSE (None without the shared expert). ``lv``: ``(vt, lv_lse)`` from
-        :func:`route_and_plan` (None without the shared expert)."""
+        LSE and the landmark values' LSE (None without the shared expert)."""
         if shared:
-            vt, lv_lse = lv
+            # softmax(R k^T s) v: split-key kernels; zeros for a row with no valid key, as the reference gives.
+            vt, lv_lse = landmark_values_fwd(r, k, v, key_valid, scale)
         else:
             vt = torch.zeros_like(r)
             lv_lse = None
@@ -1106,8 +1106,8 @@ class _MiTAFn(torch.autograd.Function):
         return o, vt, lse, lv_lse
 
     @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv):
-        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale, lv)
+    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale):
+        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale)
         ctx.save_for_backward(q, k, v, r, vt, o, lse, lv_lse)
         ctx.key_valid, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, plan, S, shared, scale, sscale
         return o
@@ -1118,12 +1118,13 @@ class _MiTAFn(torch.autograd.Function):
         dq, dk, dv, dr = mita_bwd(
             do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.key_valid, lv_lse
         )
-        return dq, dk, dv, dr, None, None, None, None, None, None, None
+        return dq, dk, dv, dr, None, None, None, None, None, None
 
 
 def kernel_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """q, k, v as the long-path forward kernels read them: unchanged when they share one layout with a contiguous
-    feature dim (contiguous, or the slices of one ``[B, N, 3, H, d]`` projection), else contiguous copies."""
+    """q, k, v as the kernels read them (both paths, forward and backward): unchanged when they share one layout
+    with a contiguous feature dim (contiguous, or the slices of one ``[B, N, 3, H, d]`` projection), else
+    contiguous copies."""
     try:
         heads_layout(q, k, v)
         return q, k, v
@@ -1131,17 +1132,10 @@ def kernel_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         return q.contiguous(), k.contiguous(), v.contiguous()
 
 
-def route_and_plan(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float):
-    """Top-k per landmark, top-S routing per query, the routing plan and (with the shared expert) the landmark
-    values ``softmax(R k^T s) v`` (no autograd, no host synchronisation).
-
-    Returns:
-        ``(plan, lv)``: the :class:`RoutingPlan` and ``(vt, lv_lse)`` (zeros for a row with no valid key, as the
-        reference gives), or None without the shared expert.
-    """
+def route_and_plan(q, k, r, key_valid, ksel: int, S: int) -> RoutingPlan:
+    """Top-k per landmark, top-S routing per query and the routing plan (no autograd, no host synchronisation)."""
     with torch.no_grad():
-        plan = build_plan(exact_topk(r, k, key_valid, ksel), route_topk(q, r, S), r.shape[1])
-        return plan, (landmark_values_fwd(r, k, v, key_valid, scale) if shared else None)
+        return build_plan(exact_topk(r, k, key_valid, ksel), route_topk(q, r, S), r.shape[1])
 
 
 def triton_mita(
@@ -1197,8 +1191,8 @@ def triton_mita(
         # Image sizes: routing, landmark values and attention in one launch per (batch, head), see triton_small.py.
         return SmallMiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
     # Exact top-k per landmark and top-S routing per query, scores computed tile by tile, never stored.
-    plan, lv = route_and_plan(q, k, v, rf, key_valid, ksel, S, shared, scale)
-    return _MiTAFn.apply(q, k, v, rf, key_valid, plan, S, shared, scale, sscale, lv)
+    plan = route_and_plan(q, k, rf, key_valid, ksel, S)
+    return _MiTAFn.apply(q, k, v, rf, key_valid, plan, S, shared, scale, sscale)
 
 
 # Registers the custom ops torch.compile uses (imports this module's names, hence at the end).

@@ -46,8 +46,8 @@ def triton_fwd(
             vt, lvlse = q.new_empty(0), q.new_empty(0, dtype=torch.float32)
         return [o, lse, memb, route, vt, lvlse]
     with torch.no_grad():
-        plan, fused_lv = route_and_plan(q, k, v, r, key_valid, ksel, S, shared, scale)
-        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale, fused_lv)
+        plan = route_and_plan(q, k, r, key_valid, ksel, S)
+        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale)
     lv = lv_lse if lv_lse is not None else q.new_empty(0, dtype=torch.float32)
     return [o, lse, vt, lv, plan.idx, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re]
 
