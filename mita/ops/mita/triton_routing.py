@@ -97,10 +97,7 @@ def out_strides(q: torch.Tensor) -> tuple[int, ...]:
 def out_layout(q: torch.Tensor) -> torch.Tensor:
     """An empty output for queries q (``[BH, N, d]`` or ``[B, H, N, d]``) stored in ``[B, N, H, d]`` order, shaped
     as q: what _out_ptr addresses."""
-    if q.dim() == 3:
-        return q.new_empty(q.shape)
-    B, H, N, D = q.shape
-    return q.new_empty(B, N, H, D).transpose(1, 2)
+    return q.new_empty_strided(q.shape, out_strides(q))
 
 
 def _prec(dtype: torch.dtype) -> str:

@@ -151,8 +151,8 @@ def _small_route_kernel(
         m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
     kk = _head_kk(KK, i_bh, KSEL, HAS_KV)
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    p_kv = (i_bh // H) * SB + (i_bh % H) * SH + o_n[:, None] * SN + o_d[None, :]
-    b_k = tl.load(K + p_kv, mask=m_n[:, None], other=0.0)
+    o_kv = o_n[:, None] * SN + o_d[None, :]
+    b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
     # [BS, NP] raw scores: the top-k ranks them, the landmark values softmax them.
     b_sc = _score(b_r, b_k, PREC, UP, EXACT)
 
@@ -162,7 +162,7 @@ def _small_route_kernel(
 
     if SHARED:
         # Landmark values softmax(R k^T scale) v over the valid keys; zeros for a row with no valid key.
-        b_v = tl.load(V + p_kv, mask=m_n[:, None], other=0.0)
+        b_v = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
         b_s = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
         b_mx = tl.max(b_s, 1)
         b_mxs = tl.where(b_mx == float("-inf"), 0.0, b_mx)
@@ -391,9 +391,9 @@ def _small_bwd_k_kernel(
     if HAS_KV:
         m_kn = m_kn & (tl.load(KV + i_bh * N + o_kn, mask=m_kn, other=0) != 0)
     # q, k, v in their layout (heads_layout), do in the output's [B, N, H, D] order, dk and dv flattened.
-    p_key = (i_bh // H) * SB + (i_bh % H) * SH + o_kn[:, None] * SN + o_d[None, :]
-    b_kb = tl.load(K + p_key, mask=m_kn[:, None], other=0.0)
-    b_vb = tl.load(V + p_key, mask=m_kn[:, None], other=0.0)
+    o_key = o_kn[:, None] * SN + o_d[None, :]
+    b_kb = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_key, mask=m_kn[:, None], other=0.0)
+    b_vb = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_key, mask=m_kn[:, None], other=0.0)
     Q_h = _head_ptr(Q, i_bh, H, SB, SH)
     DO_h = _out_ptr(DO, i_bh, H, N, D)
     b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_kn[None, :]).to(tl.float16)
