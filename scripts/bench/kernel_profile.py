@@ -61,7 +61,7 @@ def make_fns(p: dict, backend: str):
     return {"mita fwd": mita, "mita fwd+bwd": fb(mita), "dense fwd": dense, "dense fwd+bwd": fb(dense)}
 
 
-def kernel_table(fn, reps: int = 5, top: int = 14) -> tuple[float, list[tuple[str, float, int]]]:
+def kernel_table(fn, reps: int = 5, top: int | None = 14) -> tuple[float, list[tuple[str, float, int]]]:
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

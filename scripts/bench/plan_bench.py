@@ -88,24 +88,12 @@ def same_plan(torch, a, b) -> bool:
     return torch.equal(a.tile_rs[live], b.tile_rs[live]) and torch.equal(a.tile_re[live], b.tile_re[live])
 
 
-def kernel_times(torch, fn, reps: int) -> str:
-    """Mean device time per call of each kernel that fn launches (PyTorch profiler)."""
-    from torch.profiler import ProfilerActivity, profile
+def kernel_times(fn, reps: int) -> str:
+    """Mean device time per call of each plan kernel that fn launches (kernel_profile.py's profiler table)."""
+    from kernel_profile import kernel_table
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    parts = []
-    for ev in prof.key_averages():
-        total = getattr(ev, "device_time_total", None)
-        if total is None:
-            total = getattr(ev, "cuda_time_total", 0.0)
-        if total > 0 and "plan" in ev.key:
-            parts.append(f"{ev.key.split('(')[0]} {total / reps / 1e3:.3f}")
-    return ", ".join(parts)
+    _, rows = kernel_table(fn, reps=reps, top=None)
+    return ", ".join(f"{key.split('(')[0]} {ms:.3f}" for key, ms, _ in rows if "plan" in key)
 
 
 def main(argv=None) -> None:
@@ -151,7 +139,7 @@ def main(argv=None) -> None:
                         graph, _ = time_ms(call, timing="cuda_graph", warmup=2, reps=reps, max_s=5.0)
                         cell += f", graph {graph:.4f} ms"
                     if args.kernels:
-                        cell += f" [{kernel_times(torch, call, reps)}]"
+                        cell += f" [{kernel_times(call, reps)}]"
                 else:
                     wall, _ = wall_time(call, warmup=0, reps=reps)
                     cell = f"{name} wall {wall:.1f} ms"
