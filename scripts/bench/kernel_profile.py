@@ -2,6 +2,7 @@
 
     python scripts/bench/kernel_profile.py [--points deit_s,N65536] [--backend triton]
     python scripts/bench/kernel_profile.py --figf 65536:16,1048576:2 [--compile]  # Figure F's MiTA model, N:batch
+    python scripts/bench/kernel_profile.py --layers deit_s [--attentions mita,full[cudnn]]  # bench_layers' layers
 
 For each point prints: wall time per call (CUDA events, eager), the sum of GPU kernel time per call, and the
 kernels sorted by GPU time. Wall time well above the GPU sum means the call is bound by the host (launches).
@@ -79,13 +80,58 @@ def kernel_table(fn, reps: int = 5, top: int | None = 14) -> tuple[float, list[t
     return sum(r[1] for r in rows), rows[:top]
 
 
+def _layer_fns(layer, x, grid):
+    do = torch.randn_like(x)
+
+    def fwd():
+        with torch.no_grad():
+            return layer(x, grid=grid)
+
+    def fwdbwd():
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        layer(x, grid=grid).backward(do)
+
+    return fwd, fwdbwd
+
+
+def profile_layers(names: list[str], labels: list[str]) -> None:
+    """Wall and per-kernel GPU time of whole layers (projections included) as bench_layers.py builds them, forward
+    (no_grad) and forward + backward."""
+    from bench_layers import build, methods, points
+
+    pts = {p["name"]: p for p in points(1 << 20)}
+    for name in names:
+        p = pts[name]
+        meth = methods(p, [lab for lab in labels if not lab.startswith("full")], "cuda")
+        for label in labels:
+            reg, opts = meth[label]
+            layer = build(reg, opts, p).to("cuda", torch.bfloat16)
+            x = torch.randn(p["B"], p["N"], p["H"] * p["d"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            fwd, fwdbwd = _layer_fns(layer, x, p["grid"])
+            for stage, fn in (("fwd", fwd), ("fwd+bwd", fwdbwd)):
+                wall, spread = cuda_time(fn, warmup=3, reps=30, max_s=5.0)
+                gpu, rows = kernel_table(fn, reps=5, top=20)
+                head = f"== layer {name} {label} {stage}: wall {wall:.3f} ms (spread {spread:.3f})"
+                print(f"{head}, GPU kernels {gpu:.3f} ms")
+                for key, ms, cnt in rows:
+                    print(f"   {ms:8.4f} ms  x{cnt:<3d} {key}", flush=True)
+            del layer, x
+            torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default="deit_s,N65536")
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--figf", default="", help="N:batch,... profile one forward of Figure F's MiTA model instead")
     ap.add_argument("--compile", action="store_true", help="with --figf: torch.compile the model first")
+    ap.add_argument("--layers", default="", help="bench_layers.py point names: profile whole layers instead")
+    ap.add_argument("--attentions", default="mita,full[cudnn]", help="with --layers: bench_layers method labels")
     args = ap.parse_args()
+    if args.layers:
+        profile_layers(args.layers.split(","), args.attentions.split(","))
+        return
     if args.figf:
         from bench_figf import DIM, build
 

@@ -40,10 +40,10 @@ from mita.ops.mita.triton_routing import (
     _softmax_step,
     _upcast,
     exact_topk,
+    grad_layouts,
     heads_layout,
     landmark_values_fwd,
     out_layout,
-    out_strides,
     route_topk,
 )
 from mita.ops.mita.triton_small import SmallMiTAFn, small_supported
@@ -176,6 +176,9 @@ def _mita_bwd_dq_kernel(
     SB,
     SH,
     SN,
+    DSB,
+    DSH,
+    DSN,
     scale,
     sscale,
     scale_log2,
@@ -203,12 +206,14 @@ def _mita_bwd_dq_kernel(
         slot = rows % S
         o_d = tl.arange(0, D)
         # [BM, D]
-        # q, k, v in their layout (heads_layout), o and do in the output's [B, N, H, D] order (_out_ptr).
+        # q, k, v in their layout (heads_layout), o in the output's [B, N, H, D] order (_out_ptr), do in its own
+        # layout (grad_layouts).
         b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
         K_h = _head_ptr(K, i_bh, H, SB, SH)
         V_h = _head_ptr(V, i_bh, H, SB, SH)
         p_out = o_n[:, None] * (H * D) + o_d[None, :]
-        b_do = tl.load(_out_ptr(DO, i_bh, H, N, D) + p_out, mask=m_r[:, None], other=0.0)
+        p_do = _head_ptr(DO, i_bh, H, DSB, DSH) + o_n[:, None] * DSN + o_d[None, :]
+        b_do = tl.load(p_do, mask=m_r[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         # delta = rowsum(dO * O), computed here and stored for the key-side kernels (a query's S rows write the
@@ -276,6 +281,9 @@ def _mita_bwd_dkdv_routed_kernel(
     SB,
     SH,
     SN,
+    DSB,
+    DSH,
+    DSN,
     scale,
     scale_log2,
     S: tl.constexpr,
@@ -298,7 +306,7 @@ def _mita_bwd_dkdv_routed_kernel(
     b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
     b_v = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
     Q_h = _head_ptr(Q, i_bh, H, SB, SH)
-    DO_h = _out_ptr(DO, i_bh, H, N, D)
+    DO_h = _head_ptr(DO, i_bh, H, DSB, DSH)
     b_dk = tl.zeros([BN, D], tl.float32)
     b_dv = tl.zeros([BN, D], tl.float32)
     rs = tl.load(STARTS + i_bh * (M + 1) + e)
@@ -310,7 +318,7 @@ def _mita_bwd_dkdv_routed_kernel(
         o_n = (rows // S).to(tl.int64)
         # [BM, D]
         b_q = tl.load(Q_h + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
-        b_do = tl.load(DO_h + o_n[:, None] * (H * D) + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_do = tl.load(DO_h + o_n[:, None] * DSN + o_d[None, :], mask=m_r[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         b_delta = tl.load(DELTA + i_bh * N + o_n, mask=m_r, other=0.0)
@@ -344,6 +352,9 @@ def _mita_bwd_shared_kernel(
     SB,
     SH,
     SN,
+    DSB,
+    DSH,
+    DSN,
     sscale,
     sscale_log2,
     D: tl.constexpr,
@@ -367,14 +378,14 @@ def _mita_bwd_shared_kernel(
     n0 = i_c * CHUNK
     n1 = tl.minimum(n0 + CHUNK, N)
     Q_h = _head_ptr(Q, i_bh, H, SB, SH)
-    DO_h = _out_ptr(DO, i_bh, H, N, D)
+    DO_h = _head_ptr(DO, i_bh, H, DSB, DSH)
     for r0 in range(n0, n1, BM):
         o_n = r0 + tl.arange(0, BM)
         m_n = o_n < n1
         o_n64 = o_n.to(tl.int64)
         # [BM, D]
         b_q = tl.load(Q_h + o_n64[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_do = tl.load(DO_h + o_n64[:, None] * (H * D) + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_do = tl.load(DO_h + o_n64[:, None] * DSN + o_d[None, :], mask=m_n[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_n64, mask=m_n, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         b_delta = tl.load(DELTA + i_bh * N + o_n64, mask=m_n, other=0.0)
@@ -841,10 +852,9 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
     lse = lse.view(BH, N, S)
     tot = torch.logsumexp(lse * math.log(2.0), dim=-1) / math.log(2.0)
     tot_safe = torch.where(torch.isinf(tot), torch.zeros_like(tot), tot)
-    w = torch.exp2(lse - tot_safe[..., None])
-    out = (w[..., None] * o).sum(dim=2).to(q.dtype)
-    if q.dim() == 3:
-        return out, tot
+    # In place: the float32 partials are the largest buffers of the call.
+    out = o.mul_(torch.exp2(lse - tot_safe[..., None])[..., None]).sum(dim=2)
+    del o
     return out_layout(q).copy_(out.view(q.shape)), tot
 
 
@@ -891,7 +901,7 @@ def mita_bwd(
     bn, bs = _blocks(m, ksel, D)
     prec, up = _prec(q.dtype), _upcast(q.dtype)
     dev = q.device
-    o, do = (x if x.stride() == out_strides(x) else out_layout(x).copy_(x) for x in (o, do))
+    o, do, dlay = grad_layouts(o, do)
     direct = S == 1
     delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
     dq = q.new_empty(BH, N, D) if direct else torch.empty(BH, nrows, D, device=dev, dtype=torch.float32)
@@ -917,6 +927,7 @@ def mita_bwd(
         nrows,
         T,
         *lay,
+        *dlay,
         scale,
         sscale,
         scale * LOG2E,
@@ -956,6 +967,7 @@ def mita_bwd(
         ksel,
         nrows,
         *lay,
+        *dlay,
         scale,
         scale * LOG2E,
         S=S,
@@ -999,6 +1011,7 @@ def mita_bwd(
             m,
             chunk,
             *lay,
+            *dlay,
             sscale,
             sscale * LOG2E,
             D=D,
@@ -1051,9 +1064,11 @@ def mita_bwd(
         UP=up,
         num_warps=4,
     )
+    # The per-entry rows are summed into dk, dv: free them (and the CSR list) before the dR partials.
+    del dk_e, dv_e, perm, ptr
     if shared:
         # dR of the landmark values (dR partials per key chunk, summed in order) joins the shared expert's dR.
-        nc, ch = _n_chunks(N, triton.cdiv(m, lbs), BH, 64)
+        nc, ch = _n_chunks(N, m, triton.cdiv(m, lbs), BH, 64)
         dr_lv = torch.empty(BH, nc, m, D, device=dev, dtype=torch.float32)
         fast(_lv_bwd_dr_kernel)[(triton.cdiv(m, lbs), nc, BH)](
             r,

@@ -100,6 +100,18 @@ def out_layout(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty_strided(q.shape, out_strides(q))
 
 
+def grad_layouts(o: torch.Tensor, do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]]:
+    """``(o, do, (sb, sh, sn))`` for the backward kernels: o in :func:`out_layout` (as the forward wrote it; a copy
+    only if a caller changed its layout) and the upstream gradient read in place with its own batch, head and row
+    strides (``_head_ptr``), copied only when its feature dim is not contiguous (e.g. an expanded scalar grad)."""
+    if o.stride() != out_strides(o):
+        o = out_layout(o).copy_(o)
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    _, sb, sh, sn = heads_layout(do)
+    return o, do, (sb, sh, sn)
+
+
 def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
@@ -1076,8 +1088,11 @@ def _lv_blocks(M: int, D: int) -> tuple[int, int]:
     return bs, 64
 
 
-def _n_chunks(N: int, n_s: int, BH: int, bn: int, target: int = 1024) -> tuple[int, int]:
-    nc = max(1, min(triton.cdiv(N, 4 * bn), triton.cdiv(target, n_s * BH)))
+def _n_chunks(N: int, M: int, n_s: int, BH: int, bn: int, target: int = 1024) -> tuple[int, int]:
+    """``(chunks, keys per chunk)`` of a split-key pass over N keys with float32 partials of [M, d] per chunk:
+    about ``target`` programs, at least 4 key blocks per chunk, and at most N / (8 M) chunks, so the partials
+    take at most a quarter of the memory of k (two bytes per element) and never decide the call's peak."""
+    nc = max(1, min(triton.cdiv(N, 4 * bn), triton.cdiv(target, n_s * BH), N // (8 * M)))
     ch = triton.cdiv(triton.cdiv(N, nc), bn) * bn
     return triton.cdiv(N, ch), ch
 
@@ -1096,7 +1111,7 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
     # 128 landmarks per program when there are that many (d <= 64): half the key/value reloads of 64.
     bs = 128 if M >= 128 and D <= 64 else bs
     n_s = triton.cdiv(M, bs)
-    nc, ch = _n_chunks(N, n_s, BH, bn)
+    nc, ch = _n_chunks(N, M, n_s, BH, bn)
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
     lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
@@ -1172,7 +1187,7 @@ def landmark_values_bwd(dvt, r, k, v, key_valid, vt, lse, scale: float):
         UP=up,
         num_warps=4,
     )
-    nc, ch = _n_chunks(N, n_s, BH, bn)
+    nc, ch = _n_chunks(N, M, n_s, BH, bn)
     dr = torch.empty(BH, nc, M, D, device=dev, dtype=torch.float32)
     fast(_lv_bwd_dr_kernel)[(n_s, nc, BH)](
         r,

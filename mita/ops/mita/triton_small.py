@@ -41,9 +41,9 @@ from mita.ops.mita.triton_routing import (
     _topk_select,
     _upcast,
     _valid_counts,
+    grad_layouts,
     heads_layout,
     out_layout,
-    out_strides,
 )
 
 LOG2E = 1.4426950408889634
@@ -282,6 +282,9 @@ def _small_bwd_q_kernel(
     SB,
     SH,
     SN,
+    DSB,
+    DSH,
+    DSN,
     scale,
     sscale,
     scale_log2,
@@ -305,12 +308,13 @@ def _small_bwd_q_kernel(
     m_j = o_j < M
     o_i = i_m * BM + tl.arange(0, BM)
     m_i = o_i < N
-    # q, k, v in their layout (heads_layout), o and do in the output's [B, N, H, D] order, dq flattened.
+    # q, k, v in their layout (heads_layout), o in the output's [B, N, H, D] order, do in its own (grad_layouts),
+    # dq flattened.
     K_h = _head_ptr(K, i_bh, H, SB, SH)
     V_h = _head_ptr(V, i_bh, H, SB, SH)
     b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
     p_out = o_i[:, None] * (H * D) + o_d[None, :]
-    b_do = tl.load(_out_ptr(DO, i_bh, H, N, D) + p_out, mask=m_i[:, None], other=0.0)
+    b_do = tl.load(_head_ptr(DO, i_bh, H, DSB, DSH) + o_i[:, None] * DSN + o_d[None, :], mask=m_i[:, None], other=0.0)
     b_o = tl.load(_out_ptr(O, i_bh, H, N, D) + p_out, mask=m_i[:, None], other=0.0)
     b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
     b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
@@ -365,6 +369,9 @@ def _small_bwd_k_kernel(
     SB,
     SH,
     SN,
+    DSB,
+    DSH,
+    DSN,
     scale,
     scale_log2,
     S: tl.constexpr,
@@ -390,12 +397,12 @@ def _small_bwd_k_kernel(
     m_kn = o_kn < N
     if HAS_KV:
         m_kn = m_kn & (tl.load(KV + i_bh * N + o_kn, mask=m_kn, other=0) != 0)
-    # q, k, v in their layout (heads_layout), do in the output's [B, N, H, D] order, dk and dv flattened.
+    # q, k, v in their layout (heads_layout), do in its own (grad_layouts), dk and dv flattened.
     o_key = o_kn[:, None] * SN + o_d[None, :]
     b_kb = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_key, mask=m_kn[:, None], other=0.0)
     b_vb = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_key, mask=m_kn[:, None], other=0.0)
     Q_h = _head_ptr(Q, i_bh, H, SB, SH)
-    DO_h = _out_ptr(DO, i_bh, H, N, D)
+    DO_h = _head_ptr(DO, i_bh, H, DSB, DSH)
     b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_kn[None, :]).to(tl.float16)
     b_dk = tl.zeros([BN, D], tl.float32)
     b_dv = tl.zeros([BN, D], tl.float32)
@@ -403,7 +410,7 @@ def _small_bwd_k_kernel(
         o_i = i0 + tl.arange(0, BM)
         m_i = o_i < N
         b_q = tl.load(Q_h + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
-        b_do = tl.load(DO_h + o_i[:, None] * (H * D) + o_d[None, :], mask=m_i[:, None], other=0.0)
+        b_do = tl.load(DO_h + o_i[:, None] * DSN + o_d[None, :], mask=m_i[:, None], other=0.0)
         b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
         b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
         b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
@@ -506,8 +513,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
     )
-    # o and do as small_fwd stores o (a copy only if a caller changed the layout).
-    o, do = (x if x.stride() == out_strides(x) else out_layout(x).copy_(x) for x in (o, do))
+    o, do, dlay = grad_layouts(o, do)
     fast(_small_bwd_q_kernel)[(nqb, BH)](
         q,
         k,
@@ -526,6 +532,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         N,
         M,
         *lay,
+        *dlay,
         scale,
         sscale,
         scale * LOG2E,
@@ -554,6 +561,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         M,
         nqb,
         *lay,
+        *dlay,
         scale,
         scale * LOG2E,
         HAS_KV=key_valid is not None,
