@@ -239,6 +239,28 @@ def test_1d_landmarks_pool_valid_tokens_only():
     torch.testing.assert_close(odd, ref.transpose(1, 2).reshape(3, 2, 5, 4))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_1d_landmarks_long_segments_two_stage_sums(dtype):
+    """Segments longer than two runs are summed in two float32 stages (landmarks._POOL_RUN tokens, then the runs):
+    the mean of each segment, rounded once, and the backward spreads g / L over the segment."""
+    from mita.ops import landmarks
+
+    L = 4 * landmarks._POOL_RUN
+    x = torch.randn(2, 3, 5 * L, 8, dtype=torch.float64)
+    xd = x.to(dtype).requires_grad_()
+    out = pool_landmarks(xd, 5, layout="1d")
+    ref = xd.detach().double().reshape(2, 3, 5, L, 8).mean(dim=3)
+    if dtype == torch.float64:
+        torch.testing.assert_close(out, ref)
+    else:
+        # float32 sums of bf16 values, rounded once: within half a bf16 ulp of the exact mean (plus float32 noise).
+        assert ((out.double() - ref).abs() <= ref.abs() * 2.0**-8 + 1e-6).all()
+    g = torch.randn_like(out)
+    (gx,) = torch.autograd.grad(out, xd, g)
+    want = (g.double() / L)[:, :, :, None, :].expand(2, 3, 5, L, 8).reshape(x.shape)
+    torch.testing.assert_close(gx.double(), want, rtol=2.0**-7 if dtype == torch.bfloat16 else 1e-7, atol=0)
+
+
 def test_pool_matrix_rows_average():
     P = adaptive_pool_matrix(10, 3)
     torch.testing.assert_close(P.sum(1), torch.ones(3))

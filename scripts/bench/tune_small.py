@@ -1,6 +1,6 @@
 """Sweep the launch settings of the short-sequence Triton kernels (mita/ops/mita/triton_small.py) at one shape.
 
-    python scripts/bench/tune_small.py [--shape 256,6,197,25,25]
+    python scripts/bench/tune_small.py [--shape 256,6,197,25,25] [--flat]
 
 Each kernel's settings are varied one at a time from triton_small.CONFIG; the forward (route + attention) and the
 backward (query + key kernels) are timed with CUDA events (median), and every setting's output is checked against
@@ -36,7 +36,8 @@ _BLOCK_SETTINGS = (
     (64, 128, 8, 2),
 )
 VARIANTS = {
-    "route": [dict(BS=16, num_warps=w, num_stages=1) for w in (2, 4, 8)] + [dict(BS=32, num_warps=8, num_stages=1)],
+    "route": [dict(BS=16, num_warps=w, num_stages=1) for w in (2, 4, 8)]
+    + [dict(BS=32, num_warps=w, num_stages=1) for w in (4, 8)],
     **{
         name: [dict(BM=bm, BN=bn, num_warps=w, num_stages=st) for bm, bn, w, st in _BLOCK_SETTINGS]
         for name in ("attn", "bwd_q", "bwd_k")
@@ -47,13 +48,20 @@ VARIANTS = {
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="256,6,197,25,25", help="B,H,N,m,k")
+    ap.add_argument("--flat", action="store_true", help="contiguous [B*H, N, d] inputs instead of the layer's views")
     args = ap.parse_args()
     B, H, N, m, k = (int(x) for x in args.shape.split(","))
     BH, d = B * H, 64
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, kk, v = (torch.randn(BH, N, d, device="cuda", generator=g).bfloat16() for _ in range(3))
+    if args.flat:
+        q, kk, v = (torch.randn(BH, N, d, device="cuda", generator=g).bfloat16() for _ in range(3))
+        do = torch.randn(BH, N, d, device="cuda", generator=g).bfloat16()
+    else:
+        # As MiTAAttention calls it: q, k, v views of one [B, N, 3, H, d] projection, do in the output's order.
+        qkv = torch.randn(B, N, 3, H, d, device="cuda", generator=g).bfloat16()
+        q, kk, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        do = torch.randn(B, N, H, d, device="cuda", generator=g).bfloat16().transpose(1, 2)
     r = torch.randn(BH, m, d, device="cuda", generator=g).bfloat16()
-    do = torch.randn(BH, N, d, device="cuda", generator=g).bfloat16()
     sc = d**-0.5
     default = copy.deepcopy(ts.CONFIG)
 
