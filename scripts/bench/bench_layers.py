@@ -144,9 +144,10 @@ def time_call(fn, device: str, warmup: int, reps: int) -> tuple[float, float]:
     return wall_time(fn, warmup=warmup, reps=reps)
 
 
-def measure(layer, x, grid, device: str, long_run: bool) -> dict:
-    """Forward and forward+backward time and (CUDA) peak memory of one layer on tokens ``x``."""
-    reps, warmup = (3, 1) if long_run else (10, 2)
+def measure(layer, x, grid, device: str, long_run: bool, reps: int = 10) -> dict:
+    """Forward and forward+backward time (median of ``reps`` calls; 3 for long runs) and (CUDA) peak memory of one
+    layer on tokens ``x``."""
+    reps, warmup = (3, 1) if long_run else (reps, 2)
     do = torch.randn_like(x)
 
     def fwd():
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--attentions", default="", help="comma-separated registered names; empty: all")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--reps", type=int, default=10, help="timed calls per stage below 256K tokens (median)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     known = list_attentions()
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 torch.manual_seed(0)
                 layer = build(name, opts, p).to(args.device, dtype)
                 x = torch.randn(p["B"], p["N"], p["H"] * p["d"], device=args.device, dtype=dtype, requires_grad=True)
-                res[label] = measure(layer, x, p["grid"], args.device, p["N"] >= 1 << 18)
+                res[label] = measure(layer, x, p["grid"], args.device, p["N"] >= 1 << 18, args.reps)
                 del layer, x
             except (RuntimeError, ValueError) as e:
                 res[label] = {"error": str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__}

@@ -302,7 +302,7 @@ def _small_bwd_q_kernel(
     """BM queries: dq, delta = rowsum(dO * O), and this block's share of the shared expert's dR and of dVT."""
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    n_m = tl.num_programs(0)
+    n_bh = tl.num_programs(1)
     o_d = tl.arange(0, D)
     o_j = tl.arange(0, MP)
     m_j = o_j < M
@@ -338,7 +338,8 @@ def _small_bwd_q_kernel(
         b_pa = tl.where(m_j[None, :], tl.exp2(b_a - b_lse[:, None]), 0.0)
         b_dsa = b_pa * (_dot(b_do, tl.trans(b_vt), PREC, UP) - b_delta[:, None])
         b_dq += _dot(b_dsa.to(b_r.dtype), b_r, PREC, UP) * sscale
-        p_part = ((i_bh * n_m + i_m) * MP + o_j[:, None]) * D + o_d[None, :]
+        # Partials stored [query block, BH, MP, D]: dR's join the key blocks' in one buffer (one sum).
+        p_part = ((i_m * n_bh + i_bh) * MP + o_j[:, None]) * D + o_d[None, :]
         tl.store(PDR + p_part, _dot(tl.trans(b_dsa).to(b_q.dtype), b_q, PREC, UP) * sscale)
         tl.store(PDVT + p_part, _dot(tl.trans(b_pa).to(b_do.dtype), b_do, PREC, UP))
     tl.store(DQ + i_bh * N * D + o_i[:, None] * D + o_d[None, :], b_dq.to(DQ.dtype.element_ty), mask=m_i[:, None])
@@ -389,7 +390,7 @@ def _small_bwd_k_kernel(
     attention's dk, dv, and this block's share of its dR."""
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    n_n = tl.num_programs(0)
+    n_bh = tl.num_programs(1)
     o_d = tl.arange(0, D)
     o_j = tl.arange(0, MP)
     m_j = o_j < M
@@ -423,7 +424,7 @@ def _small_bwd_k_kernel(
         # The landmark values' upstream gradient: the query blocks' shares summed in order.
         b_dvt = tl.zeros([MP, D], tl.float32)
         for t in range(0, NQB):
-            b_dvt += tl.load(PDVT + ((i_bh * NQB + t) * MP + o_j[:, None]) * D + o_d[None, :])
+            b_dvt += tl.load(PDVT + ((t * n_bh + i_bh) * MP + o_j[:, None]) * D + o_d[None, :])
         b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
         b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
         b_lvlse = tl.load(LVLSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
@@ -436,7 +437,7 @@ def _small_bwd_k_kernel(
         b_dls = b_l * (_dot(b_dvt_c, tl.trans(b_vb), PREC, UP) - b_lvdelta[:, None])
         b_dv += _dot(tl.trans(b_l).to(b_dvt_c.dtype), b_dvt_c, PREC, UP)
         b_dk += _dot(tl.trans(b_dls).to(b_r.dtype), b_r, PREC, UP) * scale
-        p_part = ((i_bh * n_n + i_n) * MP + o_j[:, None]) * D + o_d[None, :]
+        p_part = ((i_n * n_bh + i_bh) * MP + o_j[:, None]) * D + o_d[None, :]
         tl.store(PDRL + p_part, _dot(b_dls.to(b_kb.dtype), b_kb, PREC, UP) * scale)
     p_dkv = i_bh * N * D + o_kn[:, None] * D + o_d[None, :]
     tl.store(DK + p_dkv, b_dk.to(DK.dtype.element_ty), mask=(o_kn < N)[:, None])
@@ -498,9 +499,10 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     dq, dk, dv = (q.new_empty(BH, N, D) for _ in range(3))
     delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
     if shared:
-        pdr = torch.empty(BH, nqb, MP, D, device=dev, dtype=torch.float32)
-        pdvt = torch.empty(BH, nqb, MP, D, device=dev, dtype=torch.float32)
-        pdrl = torch.empty(BH, nkb, MP, D, device=dev, dtype=torch.float32)
+        # dR partials of the query blocks (bwd_q) then of the key blocks (bwd_k), block-major: summed in one pass.
+        pdr_all = torch.empty(nqb + nkb, BH, MP, D, device=dev, dtype=torch.float32)
+        pdr, pdrl = pdr_all[:nqb], pdr_all[nqb:]
+        pdvt = torch.empty(nqb, BH, MP, D, device=dev, dtype=torch.float32)
     else:
         pdr = pdvt = pdrl = delta
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
@@ -570,7 +572,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     )
     if shared:
         # Rows m..MP-1 of the partials are zeros of padded landmarks; the shares are summed in a fixed order.
-        dr = (pdr.sum(1) + pdrl.sum(1))[:, :M].to(r.dtype)
+        dr = pdr_all.sum(0)[:, :M].to(r.dtype)
     else:
         dr = torch.zeros_like(r)
     return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr
