@@ -231,11 +231,12 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
     if key_padding_mask is None:
         if N % m == 0:
             # sum(dtype=float32) reads bf16 directly on CUDA (no float32 copy), and its backward is one broadcast
-            # cast back to x's dtype. Long segments are summed in two float32 stages (runs of 32 tokens, then the
-            # runs): one CUDA reduction over 1024-token segments of 256K tokens took a 144 MiB work buffer (over twice
-            # the input; mem_profile.py), the two stages' partials take a sixteenth of the input.
+            # cast back to x's dtype. Eager long segments are summed in two float32 stages (runs of 32 tokens, then
+            # the runs): ATen's CUDA reduction over 1024-token segments of 256K tokens took a 144 MiB work buffer
+            # (over twice its input; mem_profile.py), the two stages' partials take a sixteenth of the input. Under
+            # torch.compile the generated reduction needs no such buffer and the single sum stays.
             L = N // m
-            if L % _POOL_RUN == 0 and L > 2 * _POOL_RUN:
+            if L % _POOL_RUN == 0 and L > 2 * _POOL_RUN and not torch.compiler.is_compiling():
                 runs = x.reshape(B, H, m, L // _POOL_RUN, _POOL_RUN, d).sum(dim=4, dtype=ct)
                 return (runs.sum(dim=3) / L).to(x.dtype)
             return (x.reshape(B, H, m, L, d).sum(dim=3, dtype=ct) / L).to(x.dtype)
