@@ -29,6 +29,7 @@ import triton.language as tl
 from mita.ops.mita.checks import check_mita_args
 from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
+    _cdiv,
     _dot,
     _head_ptr,
     _lv_bwd_dr_kernel,
@@ -719,7 +720,7 @@ def plan_shape(nrows: int, m: int) -> tuple[int, int]:
     """``(bm, T)``: query rows per tile and the tile table's length (a static upper bound) for ``nrows = N * S``
     routed rows over m experts."""
     bm = int(min(FWD_CONFIG["bm_max"], max(16, _next_pow2(max(1, nrows // m)))))
-    return bm, triton.cdiv(nrows, bm) + min(m, nrows)
+    return bm, _cdiv(nrows, bm) + min(m, nrows)
 
 
 def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
@@ -753,9 +754,9 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
     mp = max(32, mp)
     br = _PLAN_STEP
     # Chunks of whole steps: _PLAN_ROWS rows at most, fewer where that gives about _PLAN_PROGRAMS programs.
-    cr = triton.cdiv(triton.cdiv(nrows, triton.cdiv(_PLAN_PROGRAMS, BH)), br) * br
+    cr = _cdiv(_cdiv(nrows, _cdiv(_PLAN_PROGRAMS, BH)), br) * br
     cr = max(br, min(cr, _PLAN_ROWS // br * br))
-    nc = triton.cdiv(nrows, cr)
+    nc = _cdiv(nrows, cr)
     # Row c < nc: chunk c's expert counts, then its first output positions; row nc: the expert totals.
     cnts = torch.empty(BH, nc + 1, mp, device=dev, dtype=i32)
     brc = min(_PLAN_COUNT_STEP, _next_pow2(cr))
@@ -765,7 +766,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
     fast(_plan_offsets_kernel)[(mp // be, BH)](cnts, nc, MP=mp, BE=be, BC=bc, num_warps=4)
     # The tile table in whole blocks of bt tiles per program (the first programs write it, the others none).
     bt = max(2, _PLAN_TILE_ENTRIES // mp)
-    tt = triton.cdiv(triton.cdiv(T, nc), bt) * bt
+    tt = _cdiv(_cdiv(T, nc), bt) * bt
     fast(_plan_scatter_kernel)[(nc, BH)](
         route, cnts, rows, starts, tile_e, tile_rs, tile_re, nrows, cr, nc, m, T, bm, tt,
         MP=mp, BR=br, BT=bt, num_warps=_PLAN_WARPS,
@@ -950,7 +951,7 @@ def mita_bwd(
     L = m * ksel
     dk_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
     dv_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
-    fast(_mita_bwd_dkdv_routed_kernel)[(triton.cdiv(ksel, bn), m, BH)](
+    fast(_mita_bwd_dkdv_routed_kernel)[(_cdiv(ksel, bn), m, BH)](
         q,
         k,
         v,
@@ -991,11 +992,11 @@ def mita_bwd(
         ptr = perm = plan.idx
     if shared:
         bms = 64 if D <= 64 else 32
-        n_sblk = triton.cdiv(m, bs)
+        n_sblk = _cdiv(m, bs)
         # Enough query chunks to fill the GPU; partial sums are reduced in a fixed order.
-        n_chunk = max(1, min(triton.cdiv(N, 4 * bms), triton.cdiv(512, n_sblk * BH)))
-        chunk = triton.cdiv(triton.cdiv(N, n_chunk), bms) * bms
-        n_chunk = triton.cdiv(N, chunk)
+        n_chunk = max(1, min(_cdiv(N, 4 * bms), _cdiv(512, n_sblk * BH)))
+        chunk = _cdiv(_cdiv(N, n_chunk), bms) * bms
+        n_chunk = _cdiv(N, chunk)
         dr = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
         dvt = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
         fast(_mita_bwd_shared_kernel)[(n_sblk, n_chunk, BH)](
@@ -1031,7 +1032,7 @@ def mita_bwd(
     dv = v.new_empty(BH, N, D)
     bk = 32
     lbs = int(min(64 if D <= 64 else 32, max(16, _next_pow2(m))))
-    fast(_dkdv_final_kernel)[(triton.cdiv(N, bk), BH)](
+    fast(_dkdv_final_kernel)[(_cdiv(N, bk), BH)](
         dk_e,
         dv_e,
         plan.idx,
@@ -1068,9 +1069,9 @@ def mita_bwd(
     del dk_e, dv_e, perm, ptr
     if shared:
         # dR of the landmark values (dR partials per key chunk, summed in order) joins the shared expert's dR.
-        nc, ch = _n_chunks(N, m, triton.cdiv(m, lbs), BH, 64)
+        nc, ch = _n_chunks(N, m, _cdiv(m, lbs), BH, 64)
         dr_lv = torch.empty(BH, nc, m, D, device=dev, dtype=torch.float32)
-        fast(_lv_bwd_dr_kernel)[(triton.cdiv(m, lbs), nc, BH)](
+        fast(_lv_bwd_dr_kernel)[(_cdiv(m, lbs), nc, BH)](
             r,
             k,
             v,

@@ -60,6 +60,11 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+def _cdiv(a: int, b: int) -> int:
+    # Host-side ceil division: triton.cdiv is a constexpr function in recent Triton, ~5 us per host call.
+    return -(-a // b)
+
+
 def heads_layout(*xs: torch.Tensor) -> tuple[int, int, int, int]:
     """``(H, sb, sh, sn)``: how the kernels find row n of head ``bh`` in tensors of one layout: at
     ``(bh // H) * sb + (bh % H) * sh + n * sn`` (elements; the feature dim is contiguous). Takes flattened heads
@@ -641,7 +646,7 @@ def exact_topk(
     if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
         idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
         bs = 16
-        fast(_topk_small_kernel)[(triton.cdiv(M, bs), BH)](
+        fast(_topk_small_kernel)[(_cdiv(M, bs), BH)](
             r,
             k,
             kv,
@@ -664,15 +669,15 @@ def exact_topk(
         return idx
     bn = SCAN_CONFIG["bn"]
     bs = SCAN_CONFIG["bs"] or (64 if D <= 64 else 32)
-    n_s = triton.cdiv(M, bs)
-    NB = triton.cdiv(N, bn)
+    n_s = _cdiv(M, bs)
+    NB = _cdiv(N, bn)
     topt = SCAN_CONFIG.get("block_top")
     topt = int(topt) if topt is not None else (2 if NB * 2 <= _START_ENTRIES else 1)
     if topt < 1 or topt > bn:
         raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
-    G = max(1, min(NB, triton.cdiv(_SCAN_PROGRAMS, n_s * BH)))
-    CH = triton.cdiv(triton.cdiv(N, G), bn) * bn
-    G = triton.cdiv(N, CH)
+    G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
+    CH = _cdiv(_cdiv(N, G), bn) * bn
+    G = _cdiv(N, CH)
     cap = _next_pow2(max(cap or 2 * ksel, ksel, 64))
     rows = BH * M
     grid = (n_s, G, BH)
@@ -702,8 +707,8 @@ def exact_topk(
 
     run("block maxima", lambda: scan(0))
     # Groups of f block entries keep the start kernel's maxima in registers (<= _START_ENTRIES per row).
-    f = _next_pow2(triton.cdiv(NB * topt, _START_ENTRIES))
-    gp = _next_pow2(triton.cdiv(NB * topt, f))
+    f = _next_pow2(_cdiv(NB * topt, _START_ENTRIES))
+    gp = _next_pow2(_cdiv(NB * topt, f))
     run(
         "start threshold",
         lambda: fast(_topk_start_kernel)[(rows,)](
@@ -825,7 +830,7 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
     # score). S > 1: 64 x 64 (the ordered passes keep more state per score).
     bm = 128 if S == 1 else 64
     bs = int(min(128 if S == 1 else 64, max(16, _next_pow2(M))))
-    fast(_route_kernel)[(triton.cdiv(N, bm), BH)](
+    fast(_route_kernel)[(_cdiv(N, bm), BH)](
         q,
         r,
         route,
@@ -1092,9 +1097,9 @@ def _n_chunks(N: int, M: int, n_s: int, BH: int, bn: int, target: int = 1024) ->
     """``(chunks, keys per chunk)`` of a split-key pass over N keys with float32 partials of [M, d] per chunk:
     about ``target`` programs, at least 4 key blocks per chunk, and at most N / (8 M) chunks, so the partials
     take at most a quarter of the memory of k (two bytes per element) and never decide the call's peak."""
-    nc = max(1, min(triton.cdiv(N, 4 * bn), triton.cdiv(target, n_s * BH), N // (8 * M)))
-    ch = triton.cdiv(triton.cdiv(N, nc), bn) * bn
-    return triton.cdiv(N, ch), ch
+    nc = max(1, min(_cdiv(N, 4 * bn), _cdiv(target, n_s * BH), N // (8 * M)))
+    ch = _cdiv(_cdiv(N, nc), bn) * bn
+    return _cdiv(N, ch), ch
 
 
 def landmark_values_fwd(r, k, v, key_valid, scale: float):
@@ -1110,7 +1115,7 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
     bs, bn = _lv_blocks(M, D)
     # 128 landmarks per program when there are that many (d <= 64): half the key/value reloads of 64.
     bs = 128 if M >= 128 and D <= 64 else bs
-    n_s = triton.cdiv(M, bs)
+    n_s = _cdiv(M, bs)
     nc, ch = _n_chunks(N, M, n_s, BH, bn)
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
@@ -1157,7 +1162,7 @@ def landmark_values_bwd(dvt, r, k, v, key_valid, vt, lse, scale: float):
     N = k.shape[1]
     dev = r.device
     bs, bn = _lv_blocks(M, D)
-    n_s = triton.cdiv(M, bs)
+    n_s = _cdiv(M, bs)
     dvt = dvt.to(r.dtype).contiguous()
     delta = (dvt.float() * vt.float()).sum(-1).contiguous()
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
@@ -1165,7 +1170,7 @@ def landmark_values_bwd(dvt, r, k, v, key_valid, vt, lse, scale: float):
     has_kv = key_valid is not None
     dk = torch.empty(BH, N, D, device=dev, dtype=torch.float32)
     dv = torch.empty(BH, N, D, device=dev, dtype=torch.float32)
-    fast(_lv_bwd_dkdv_kernel)[(triton.cdiv(N, bn), BH)](
+    fast(_lv_bwd_dkdv_kernel)[(_cdiv(N, bn), BH)](
         r,
         k,
         v,

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
+    _cdiv,
     _dot,
     _head_kk,
     _head_ptr,
@@ -480,7 +481,7 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     fast(_small_route_kernel)[(MP // cr["BS"], BH)](
         r, k, v, kv, kk, memb, vt, lvlse, N, M, ksel, *lay, scale * LOG2E, HAS_KV=has_kv, **common, **cr
     )
-    fast(_small_attn_kernel)[(triton.cdiv(N, ca["BM"]), BH)](
+    fast(_small_attn_kernel)[(_cdiv(N, ca["BM"]), BH)](
         q, k, v, r, vt, memb, o, lse, route, N, M, *lay, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca
     )
     return o, lse, memb, route, vt, lvlse
@@ -495,7 +496,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     dev = q.device
     NP, MP = _pads(N, M)
     cq, ck = _cfg("bwd_q", NP), _cfg("bwd_k", NP)
-    nqb, nkb = triton.cdiv(N, cq["BM"]), triton.cdiv(N, ck["BN"])
+    nqb, nkb = _cdiv(N, cq["BM"]), _cdiv(N, ck["BN"])
     dq, dk, dv = (q.new_empty(BH, N, D) for _ in range(3))
     delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
     if shared:
