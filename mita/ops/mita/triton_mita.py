@@ -885,7 +885,8 @@ def mita_bwd(
 
     Args:
         do, q, k, v, o: ``[BH, N, d]`` or ``[B, H, N, d]``; q, k, v in one layout (``heads_layout``), o as
-            :func:`mita_fwd` gives it, do any layout of o's shape (both are read in o's order, a copy when not);
+            :func:`mita_fwd` gives it (a copy when not), do any layout of o's shape with a contiguous last dim
+            (read in place with its own strides, ``grad_layouts``; a copy otherwise);
             r, vt: ``[BH, m, d]``; lse: the forward's ``[BH, N]`` log2 LSE.
         key_valid: ``[BH, N]`` bool or None; lv_lse: the landmark values' ``[BH, m]`` log2 LSE (with ``shared``).
 
