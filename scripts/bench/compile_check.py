@@ -29,7 +29,7 @@ _I64 = {"LO", "HI", "CAND"}
 _I8 = {"KV"}
 _FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}
 _INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "CAP", "NC"}
-_INT_SCALARS |= {"H", "SB", "SH", "SN"}  # heads_layout
+_INT_SCALARS |= {"H", "SB", "SH", "SN", "DSB", "DSH", "DSN"}  # heads_layout (q, k, v; the upstream gradient)
 
 
 def _sig(fn, consts: dict, overrides: dict | None = None) -> dict:
@@ -63,40 +63,74 @@ def main() -> None:
     common = dict(D=64, PREC="tf32", UP=False)
     cases = [
         ("mita_fwd", tm._mita_fwd_kernel, dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, **common), 4, None),
-        ("mita_bwd_dq", tm._mita_bwd_dq_kernel, dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, **common),
-         4, None),
-        ("mita_bwd_dq S=2", tm._mita_bwd_dq_kernel,
-         dict(S=2, SHARED=True, DIRECT=False, BM=64, BN=64, BS=64, **common), 8, {"DQ": "*fp32"}),
-        ("dkdv_final match", tm._dkdv_final_kernel,
-         dict(CSR=False, LV=True, HAS_KV=True, BK=32, KP=32, BS=32, **common), 4, None),
-        ("dkdv_final csr", tm._dkdv_final_kernel,
-         dict(CSR=True, LV=True, HAS_KV=False, BK=16, KP=512, BS=64, **common), 4, None),
+        (
+            "mita_bwd_dq",
+            tm._mita_bwd_dq_kernel,
+            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, **common),
+            4,
+            None,
+        ),
+        (
+            "mita_bwd_dq S=2",
+            tm._mita_bwd_dq_kernel,
+            dict(S=2, SHARED=True, DIRECT=False, BM=64, BN=64, BS=64, **common),
+            8,
+            {"DQ": "*fp32"},
+        ),
+        (
+            "dkdv_final match",
+            tm._dkdv_final_kernel,
+            dict(CSR=False, LV=True, HAS_KV=True, BK=32, KP=32, BS=32, **common),
+            4,
+            None,
+        ),
+        (
+            "dkdv_final csr",
+            tm._dkdv_final_kernel,
+            dict(CSR=True, LV=True, HAS_KV=False, BK=16, KP=512, BS=64, **common),
+            4,
+            None,
+        ),
         ("plan", tm._plan_kernel, dict(MP=32, BR=256, BT=256), 8, None),
         ("plan_count", tm._plan_count_kernel, dict(MP=512, BR=1024), 4, {"CNTS": "*i32", "CR": "i32"}),
         ("plan_count MP=32", tm._plan_count_kernel, dict(MP=32, BR=64), 4, {"CNTS": "*i32", "CR": "i32"}),
         ("plan_offsets", tm._plan_offsets_kernel, dict(MP=512, BE=32, BC=128), 4, {"CNTS": "*i32"}),
-        ("plan_scatter", tm._plan_scatter_kernel, dict(MP=512, BR=64, BT=2), 1,
-         {"CNTS": "*i32", "CR": "i32", "TT": "i32"}),
-        ("plan_scatter MP=32", tm._plan_scatter_kernel, dict(MP=32, BR=64, BT=32), 1,
-         {"CNTS": "*i32", "CR": "i32", "TT": "i32"}),
-        ("topk_small", tr._topk_small_kernel,
-         dict(HAS_KV=False, BS=16, NP=256, KP=32, EXACT=False, **common), 4, None),
+        (
+            "plan_scatter",
+            tm._plan_scatter_kernel,
+            dict(MP=512, BR=64, BT=2),
+            1,
+            {"CNTS": "*i32", "CR": "i32", "TT": "i32"},
+        ),
+        (
+            "plan_scatter MP=32",
+            tm._plan_scatter_kernel,
+            dict(MP=32, BR=64, BT=32),
+            1,
+            {"CNTS": "*i32", "CR": "i32", "TT": "i32"},
+        ),
+        ("topk_small", tr._topk_small_kernel, dict(HAS_KV=False, BS=16, NP=256, KP=32, EXACT=False, **common), 4, None),
     ]
     cases.append(("lv_bwd_dkdv", tr._lv_bwd_dkdv_kernel, dict(HAS_KV=True, BS=32, BN=64, **common), 4, None))
     for mode in range(4):
-        cases.append((f"topk_scan mode {mode}", tr._topk_scan_kernel,
-                      dict(MODE=mode, P=16, SKIP=mode == 2, HAS_KV=False, BS=64, BN=64, EXACT=False, TOPT=1,
-                           **common),
-                      4, {"CMAX": "*fp32", "CNT": "*i32"}))
+        cases.append(
+            (
+                f"topk_scan mode {mode}",
+                tr._topk_scan_kernel,
+                dict(MODE=mode, P=16, SKIP=mode == 2, HAS_KV=False, BS=64, BN=64, EXACT=False, TOPT=1, **common),
+                4,
+                {"CMAX": "*fp32", "CNT": "*i32"},
+            )
+        )
     small = {"MEMB": "*i8", "DQ": "*bf16"}
     for S, kv, mp in ((1, False, 32), (2, True, 16)):
         sc = dict(SHARED=True, MP=mp, NP=256, **common)
-        cases.append((f"small_route MP={mp}", ts._small_route_kernel,
-                      dict(BS=16, EXACT=False, HAS_KV=kv, **sc), 4, small))
+        cases.append(
+            (f"small_route MP={mp}", ts._small_route_kernel, dict(BS=16, EXACT=False, HAS_KV=kv, **sc), 4, small)
+        )
         cases.append((f"small_attn S={S}", ts._small_attn_kernel, dict(S=S, BM=64, BN=64, EXACT=False, **sc), 4, small))
         cases.append((f"small_bwd_q S={S}", ts._small_bwd_q_kernel, dict(S=S, BM=64, BN=64, **sc), 4, small))
-        cases.append((f"small_bwd_k S={S}", ts._small_bwd_k_kernel,
-                      dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small))
+        cases.append((f"small_bwd_k S={S}", ts._small_bwd_k_kernel, dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small))
     extra = getattr(tr, "_compile_cases", None)
     if extra is not None:
         cases += extra()
@@ -105,8 +139,7 @@ def main() -> None:
         try:
             src = ASTSource(fn=fn, signature=_sig(fn, consts, over), constexprs=consts)
             c = triton.compile(src, target=target, options=dict(num_warps=warps))
-            print(f"{name:28s} ok  "
-                  f"shared {c.metadata.shared} B", flush=True)
+            print(f"{name:28s} ok  shared {c.metadata.shared} B", flush=True)
         except Exception as e:  # noqa: BLE001 (report every kernel, then fail)
             failed += 1
             print(f"{name:28s} FAILED: {str(e).strip().splitlines()[-1][:300]}", flush=True)

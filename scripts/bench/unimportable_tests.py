@@ -1,6 +1,6 @@
 """Print ``--ignore=<path>`` for each test module that cannot be imported here (missing optional packages).
 
-    python scripts/bench/unimportable_tests.py tests
+python scripts/bench/unimportable_tests.py tests
 """
 
 from __future__ import annotations
