@@ -73,3 +73,29 @@ def test_long_point_uses_1d_layouts_on_cpu(bench, tmp_path):
         assert "error" not in r, (method, r)
         assert r["correctness"] == "PASS", (method, r)
     assert all(p["grid"] is None for p in bench.points(1 << 12) if p["layout"] == "1d")
+
+
+def test_rounds_interleave_methods_and_take_the_median(bench, tmp_path, monkeypatch):
+    """--rounds R times every method R times, the methods interleaved; each stage reports the median of the rounds'
+    medians and their range as spread."""
+    order = []
+    real = bench.measure
+
+    def spy(layer, x, *a, **kw):
+        order.append(type(layer).__name__)
+        return real(layer, x, *a, **kw)
+
+    monkeypatch.setattr(bench, "measure", spy)
+    rows = bench.main(
+        ["--device", "cpu", "--points", "tiny", "--dtype", "float32", "--out", str(tmp_path), "--attentions",
+         "full,mita", "--rounds", "3", "--reps", "2"]
+    )  # fmt: skip
+    assert all(r["rounds"] == 3 and r["fwd_ms"] > 0 and r["fwdbwd_spread_ms"] >= 0 for r in rows)
+    # Round 1 per method as it is built, then rounds 2 and 3 alternate between the two layers.
+    assert len(order) == 6 and order[2:4] == order[:2] and order[4:] == order[:2] and order[0] != order[1]
+    first = {"fwd_ms": 3.0, "fwdbwd_ms": 9.0, "fwd_spread_ms": 0.1, "fwd_peak_mib": 5.0}
+    later = [{"fwd_ms": 1.0, "fwdbwd_ms": 8.0}, {"fwd_ms": 2.0, "fwdbwd_ms": 4.0}]
+    row = bench.combine_rounds(first, later)
+    assert row["fwd_ms"] == 2.0 and row["fwd_spread_ms"] == 2.0
+    assert row["fwdbwd_ms"] == 8.0 and row["fwdbwd_spread_ms"] == 5.0
+    assert row["fwd_peak_mib"] == 5.0 and row["rounds"] == 3

@@ -20,6 +20,8 @@ one that fails gets no speed-up:
     python scripts/bench/bench_layers.py --device cpu --points tiny --dtype float32   # a CPU smoke run
 
 On the CPU times are wall-clock medians (no peak memory); on CUDA, CUDA-event medians of eager calls.
+``--rounds R`` times every method R times with the methods interleaved and reports the median of the rounds'
+medians (spread: their range), so a host whose speed drifts during the run weighs on every method alike.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import copy
 import math
 import os
+import statistics
 import sys
 
 import torch
@@ -144,10 +147,7 @@ def time_call(fn, device: str, warmup: int, reps: int) -> tuple[float, float]:
     return wall_time(fn, warmup=warmup, reps=reps)
 
 
-def measure(layer, x, grid, device: str, long_run: bool, reps: int = 10) -> dict:
-    """Forward and forward+backward time (median of ``reps`` calls; 3 for long runs) and (CUDA) peak memory of one
-    layer on tokens ``x``."""
-    reps, warmup = (3, 1) if long_run else (reps, 2)
+def _stage_fns(layer, x, grid):
     do = torch.randn_like(x)
 
     def fwd():
@@ -158,14 +158,33 @@ def measure(layer, x, grid, device: str, long_run: bool, reps: int = 10) -> dict
         layer.zero_grad(set_to_none=True)
         layer(x, grid=grid).backward(do)
 
+    return (("fwd", fwd), ("fwdbwd", fwdbwd))
+
+
+def measure(layer, x, grid, device: str, long_run: bool, reps: int = 10, peak: bool = True) -> dict:
+    """Forward and forward+backward time (median of ``reps`` calls; 3 for long runs) and (CUDA, ``peak``) peak
+    memory of one layer on tokens ``x``."""
+    reps, warmup = (3, 1) if long_run else (reps, 2)
     row = {}
-    for stage, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+    for stage, fn in _stage_fns(layer, x, grid):
         with torch.no_grad() if stage == "fwd" else torch.enable_grad():
             row[f"{stage}_ms"], row[f"{stage}_spread_ms"] = time_call(fn, device, warmup, reps)
-            if device == "cuda":
+            if device == "cuda" and peak:
                 from common import peak_memory_mib
 
                 row[f"{stage}_peak_mib"] = peak_memory_mib(fn)
+    return row
+
+
+def combine_rounds(first: dict, later: list[dict]) -> dict:
+    """One row from interleaved rounds: per stage the median of the rounds' medians, and as spread the range of
+    those medians (the first round's peak memory is kept)."""
+    rounds = [first, *later]
+    row = dict(first, rounds=len(rounds))
+    for st in ("fwd", "fwdbwd"):
+        meds = [r[f"{st}_ms"] for r in rounds]
+        row[f"{st}_ms"] = statistics.median(meds)
+        row[f"{st}_spread_ms"] = max(meds) - min(meds)
     return row
 
 
@@ -178,6 +197,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--reps", type=int, default=10, help="timed calls per stage below 256K tokens (median)")
+    ap.add_argument(
+        "--rounds", type=int, default=1,
+        help="time every method this many times, the methods interleaved (median of the rounds' medians): host "
+        "speed that drifts during a run then weighs on all methods alike",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     known = list_attentions()
@@ -192,14 +216,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for p in points(args.max_n):
         if sel and p["name"] not in sel:
             continue
-        res, gates = {}, {}
+        res, gates, kept = {}, {}, {}
+        long_run = p["N"] >= 1 << 18
         for label, (name, opts) in methods(p, wanted, args.device).items():
             try:
                 gates[label] = gate(name, opts, p, args.device, dtype)
                 torch.manual_seed(0)
                 layer = build(name, opts, p).to(args.device, dtype)
                 x = torch.randn(p["B"], p["N"], p["H"] * p["d"], device=args.device, dtype=dtype, requires_grad=True)
-                res[label] = measure(layer, x, p["grid"], args.device, p["N"] >= 1 << 18, args.reps)
+                res[label] = measure(layer, x, p["grid"], args.device, long_run, args.reps)
+                if args.rounds > 1:
+                    kept[label] = (layer, x)
                 del layer, x
             except (RuntimeError, ValueError) as e:
                 res[label] = {"error": str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__}
@@ -207,6 +234,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if args.device == "cuda":
                 torch.cuda.empty_cache()
             print(f"{p['name']} {label} gate {gates[label][1]} {res[label]}", flush=True)
+        if kept:
+            later: dict[str, list[dict]] = {label: [] for label in kept}
+            for _ in range(args.rounds - 1):
+                for label, (layer, x) in kept.items():
+                    later[label].append(measure(layer, x, p["grid"], args.device, long_run, args.reps, peak=False))
+            for label in kept:
+                res[label] = combine_rounds(res[label], later[label])
+                print(f"{p['name']} {label} over {args.rounds} rounds {res[label]}", flush=True)
+            kept.clear()
         dense = {lb: r for lb, r in res.items() if lb.startswith("full[") and gates[lb][0]}
         for label, r in res.items():
             row = dict(point=p["name"], B=p["B"], H=p["H"], N=p["N"], d=p["d"], m=p["m"], k=p["k"], method=label)
