@@ -147,7 +147,8 @@ def time_call(fn, device: str, warmup: int, reps: int) -> tuple[float, float]:
     return wall_time(fn, warmup=warmup, reps=reps)
 
 
-def _stage_fns(layer, x, grid):
+def stage_fns(layer, x, grid):
+    """``(("fwd", fn), ("fwdbwd", fn))`` of one layer on tokens x (the backward with a fixed random gradient)."""
     do = torch.randn_like(x)
 
     def fwd():
@@ -166,7 +167,7 @@ def measure(layer, x, grid, device: str, long_run: bool, reps: int = 10, peak: b
     memory of one layer on tokens ``x``."""
     reps, warmup = (3, 1) if long_run else (reps, 2)
     row = {}
-    for stage, fn in _stage_fns(layer, x, grid):
+    for stage, fn in stage_fns(layer, x, grid):
         with torch.no_grad() if stage == "fwd" else torch.enable_grad():
             row[f"{stage}_ms"], row[f"{stage}_spread_ms"] = time_call(fn, device, warmup, reps)
             if device == "cuda" and peak:

@@ -11,6 +11,7 @@ kernels sorted by GPU time. Wall time well above the GPU sum means the call is b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sys
@@ -80,25 +81,10 @@ def kernel_table(fn, reps: int = 5, top: int | None = 14) -> tuple[float, list[t
     return sum(r[1] for r in rows), rows[:top]
 
 
-def _layer_fns(layer, x, grid):
-    do = torch.randn_like(x)
-
-    def fwd():
-        with torch.no_grad():
-            return layer(x, grid=grid)
-
-    def fwdbwd():
-        x.grad = None
-        layer.zero_grad(set_to_none=True)
-        layer(x, grid=grid).backward(do)
-
-    return fwd, fwdbwd
-
-
 def profile_layers(names: list[str], labels: list[str]) -> None:
     """Wall and per-kernel GPU time of whole layers (projections included) as bench_layers.py builds them, forward
     (no_grad) and forward + backward."""
-    from bench_layers import build, methods, points
+    from bench_layers import build, methods, points, stage_fns
 
     pts = {p["name"]: p for p in points(1 << 20)}
     for name in names:
@@ -108,10 +94,10 @@ def profile_layers(names: list[str], labels: list[str]) -> None:
             reg, opts = meth[label]
             layer = build(reg, opts, p).to("cuda", torch.bfloat16)
             x = torch.randn(p["B"], p["N"], p["H"] * p["d"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            fwd, fwdbwd = _layer_fns(layer, x, p["grid"])
-            for stage, fn in (("fwd", fwd), ("fwd+bwd", fwdbwd)):
-                wall, spread = cuda_time(fn, warmup=3, reps=30, max_s=5.0)
-                gpu, rows = kernel_table(fn, reps=5, top=20)
+            for stage, fn in stage_fns(layer, x, p["grid"]):
+                with torch.no_grad() if stage == "fwd" else contextlib.nullcontext():
+                    wall, spread = cuda_time(fn, warmup=3, reps=30, max_s=5.0)
+                    gpu, rows = kernel_table(fn, reps=5, top=20)
                 head = f"== layer {name} {label} {stage}: wall {wall:.3f} ms (spread {spread:.3f})"
                 print(f"{head}, GPU kernels {gpu:.3f} ms")
                 for key, ms, cnt in rows:
