@@ -141,10 +141,45 @@ def test_matches_naive(poison, path, B, H, N, d, m, topk, dtype, S, shared, pad_
         (1, 1, 17, 32, 20, 3, torch.float32, 3, False, None),
     ],
 )
-def test_short_path_matches_naive(poison, B, H, N, d, m, topk, dtype, S, shared, pad_from):
-    """The short-sequence kernels at DeiT-S's shape, with S = 2 and padding, an all-padding row, and m > N."""
+@pytest.mark.parametrize("bwd", ["fused", "split"])
+def test_short_path_matches_naive(poison, monkeypatch, bwd, B, H, N, d, m, topk, dtype, S, shared, pad_from):
+    """The short-sequence kernels at DeiT-S's shape, with S = 2 and padding, an all-padding row, and m > N; both
+    backward variants."""
     assert ts.small_supported(N, m, d)
+    monkeypatch.setattr(ts, "BWD", bwd)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
+
+
+@pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])
+def test_short_path_fused_backward_matches_split(poison, monkeypatch, S, shared, pad):
+    """The one-program backward against the two-kernel one on the same forward: equal up to float32 summation
+    order (dq is summed per key block, dR in registers, instead of per query block and from partials)."""
+    (q, k, v, r), _ = _inputs(2, 2, 150, 32, 9, torch.float32, seed=23)
+    mask = None
+    if pad:
+        mask = torch.zeros(2, 150, dtype=torch.bool)
+        mask[0, 120:] = True
+    do = torch.randn_like(q)
+    kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
+    grads = {}
+    for bwd in ("fused", "split"):
+        monkeypatch.setattr(ts, "BWD", bwd)
+        out = tm.triton_mita(q, k, v, r, 20, **kw)
+        grads[bwd] = torch.autograd.grad(out, (q, k, v, r), do, allow_unused=True)
+    for name, a, b in zip("q k v landmarks".split(), grads["fused"], grads["split"]):
+        if b is None:
+            assert a is None, name
+            continue
+        assert torch.isfinite(a).all(), name
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), f"d{name}: max diff {(a - b).abs().max():.2e}"
+
+
+def test_short_path_bad_backward_mode(monkeypatch):
+    (q, k, v, r), _ = _inputs(1, 1, 40, 32, 4, torch.float32, seed=3)
+    monkeypatch.setattr(ts, "BWD", "fast")
+    out = tm.triton_mita(q, k, v, r, 8)
+    with pytest.raises(ValueError, match="'fused' or 'split'"):
+        out.sum().backward()
 
 
 def test_short_path_limits():
@@ -296,6 +331,20 @@ def test_gpu_variants(poison, N, m, topk, dtype, S, shared, pad_from, imbalanced
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("bwd", ["fused", "split"])
+@pytest.mark.parametrize("S,pad", [(1, False), (2, True)])
+def test_gpu_short_backward_modes(poison, monkeypatch, bwd, S, pad):
+    """Both short-path backward kernels at DeiT-S's shape (bf16) against naive_mita, and bitwise repeatable."""
+    monkeypatch.setattr(tm, "SHORT_PATH", True)
+    monkeypatch.setattr(ts, "BWD", bwd)
+    _, grads = _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
+    _, again = _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
+    for a, b in zip(grads, again):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 def test_gpu_backward_is_deterministic():
     (q, k, v, r), _ = _inputs(2, 2, 8192, 64, 32, torch.bfloat16, seed=11)
     do = torch.randn_like(q)
@@ -409,7 +458,8 @@ def test_backward_match_and_csr_reductions_agree(monkeypatch, S, shared, pad):
 
 def test_launch_count_small_shape(monkeypatch):
     """General path at small N (no padding, S = 1): five Triton launches (top-k, routing, plan, landmark values,
-    attention) and no PyTorch kernels beyond reshapes; the backward five. The short path: two and two."""
+    attention) and no PyTorch kernels beyond reshapes; the backward five. The short path: two and one (two with
+    the split backward)."""
     monkeypatch.setattr(tm, "SHORT_PATH", False)
     # Counted at Triton's own launch path, which direct launches of cached binaries (on a GPU) bypass.
     monkeypatch.setattr(launch, "ENABLED", False)
@@ -432,5 +482,10 @@ def test_launch_count_small_shape(monkeypatch):
     launches.clear()
     out = tm.triton_mita(q, k, v, r, 25)
     assert launches == ["_small_route_kernel", "_small_attn_kernel"], launches
+    torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
+    assert launches[2:] == ["_small_bwd_kernel"], launches
+    monkeypatch.setattr(ts, "BWD", "split")
+    launches.clear()
+    out = tm.triton_mita(q, k, v, r, 25)
     torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
     assert launches[2:] == ["_small_bwd_q_kernel", "_small_bwd_k_kernel"], launches

@@ -131,6 +131,7 @@ def main() -> None:
         cases.append((f"small_attn S={S}", ts._small_attn_kernel, dict(S=S, BM=64, BN=64, EXACT=False, **sc), 4, small))
         cases.append((f"small_bwd_q S={S}", ts._small_bwd_q_kernel, dict(S=S, BM=64, BN=64, **sc), 4, small))
         cases.append((f"small_bwd_k S={S}", ts._small_bwd_k_kernel, dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small))
+        cases.append((f"small_bwd S={S}", ts._small_bwd_kernel, dict(S=S, BM=64, BN=64, HAS_KV=kv, **sc), 4, small))
     extra = getattr(tr, "_compile_cases", None)
     if extra is not None:
         cases += extra()

@@ -3,7 +3,7 @@
     python scripts/bench/tune_small.py [--shape 256,6,197,25,25] [--flat]
 
 Each kernel's settings are varied one at a time from triton_small.CONFIG; the forward (route + attention) and the
-backward (query + key kernels) are timed with CUDA events (median), and every setting's output is checked against
+backward (the fused kernel, or the split variant's query + key kernels) are timed with CUDA events (median), and every setting's output is checked against
 the default setting's (bitwise for the routing, closely for the rest) before its time is printed.
 """
 
@@ -42,7 +42,22 @@ VARIANTS = {
         name: [dict(BM=bm, BN=bn, num_warps=w, num_stages=st) for bm, bn, w, st in _BLOCK_SETTINGS]
         for name in ("attn", "bwd_q", "bwd_k")
     },
+    "bwd": [
+        dict(BM=bm, BN=bn, num_warps=w, num_stages=st)
+        for bm, bn, w, st in (
+            (64, 64, 4, 1),
+            (64, 64, 8, 1),
+            (64, 32, 4, 1),
+            (32, 64, 4, 1),
+            (32, 32, 4, 1),
+            (64, 64, 4, 2),
+            (128, 64, 8, 1),
+            (64, 128, 8, 1),
+        )
+    ],
 }
+# bwd_q and bwd_k are the split backward's kernels, bwd the fused one's (triton_small.BWD).
+_BWD_MODE = {"bwd_q": "split", "bwd_k": "split", "bwd": "fused"}
 
 
 def main() -> None:
@@ -74,11 +89,20 @@ def main() -> None:
     def bwd():
         return ts.small_bwd(do, q, kk, v, r, None, o, lse, memb, route, vt, lvlse, 1, True, sc, sc * sc)
 
+    mode = ts.BWD
     ref_b = bwd()
+    # The two backward variants at their default settings, side by side (interleaved rounds).
+    times = {"fused": [], "split": []}
+    for _ in range(3):
+        for b in times:
+            ts.BWD = b
+            times[b].append(cuda_time(bwd, warmup=3, reps=30, max_s=3.0)[0])
+    print("backward at defaults, 3 rounds: " + ", ".join(f"{b} {sorted(t)[1]:.4f} ms" for b, t in times.items()))
     for name, variants in VARIANTS.items():
         for var in variants:
             ts.CONFIG = copy.deepcopy(default)
             ts.CONFIG[name] = var
+            ts.BWD = _BWD_MODE.get(name, mode)
             fn = fwd if name in ("route", "attn") else bwd
             try:
                 out = fn()
@@ -98,6 +122,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 (a setting that does not compile or fit is reported, not fatal)
                 print(f"{name:6s} {str(var):62s} FAILED {str(e).splitlines()[0][:100]}", flush=True)
     ts.CONFIG = default
+    ts.BWD = mode
 
 
 if __name__ == "__main__":

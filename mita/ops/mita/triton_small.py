@@ -67,7 +67,12 @@ CONFIG = {
     "attn": dict(BM=64, BN=64, num_warps=4, num_stages=2),
     "bwd_q": dict(BM=64, BN=64, num_warps=4, num_stages=2),
     "bwd_k": dict(BM=64, BN=32, num_warps=4, num_stages=2),
+    "bwd": dict(BM=64, BN=64, num_warps=4, num_stages=1),
 }
+
+# Backward kernels: "fused" (``_small_bwd_kernel``, one program per (batch, head), one launch) or "split"
+# (``_small_bwd_q_kernel`` then ``_small_bwd_k_kernel``, programs per query / key block, plus a sum of dR partials).
+BWD = "fused"
 
 
 def _cfg(name: str, NP: int) -> dict:
@@ -445,6 +450,149 @@ def _small_bwd_k_kernel(
     tl.store(DV + p_dkv, b_dv.to(DV.dtype.element_ty), mask=(o_kn < N)[:, None])
 
 
+@triton.jit
+def _small_bwd_kernel(
+    Q,
+    K,
+    V,
+    R,
+    VT,
+    KV,
+    DO,
+    O,
+    LSE,
+    LVLSE,
+    MEMB,
+    ROUTE,
+    DELTA,
+    DQACC,
+    DQ,
+    DK,
+    DV,
+    DR,
+    N,
+    M,
+    H,
+    SB,
+    SH,
+    SN,
+    DSB,
+    DSH,
+    DSN,
+    scale,
+    sscale,
+    scale_log2,
+    sscale_log2,
+    S: tl.constexpr,
+    SHARED: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    D: tl.constexpr,
+    MP: tl.constexpr,
+    NP: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+):
+    """The whole backward of one (batch, head) in one program: each [BM queries, BN keys] tile's probabilities
+    are computed once and give dq, dk and dv together (the split kernels compute them twice).
+
+    dq accumulates in a float32 row block of DQACC owned by this program (read, add, write per key block, in key
+    order: deterministic, no atomics); dR and the landmark values' upstream gradient accumulate in registers, so
+    dR is written here, not summed from partials."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    o_d = tl.arange(0, D)
+    o_j = tl.arange(0, MP)
+    m_j = o_j < M
+    Q_h = _head_ptr(Q, i_bh, H, SB, SH)
+    K_h = _head_ptr(K, i_bh, H, SB, SH)
+    V_h = _head_ptr(V, i_bh, H, SB, SH)
+    DO_h = _head_ptr(DO, i_bh, H, DSB, DSH)
+    O_h = _out_ptr(O, i_bh, H, N, D)
+    ACC_h = DQACC + i_bh * N * D
+    if SHARED:
+        b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+        b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    b_dr = tl.zeros([MP, D], tl.float32)
+    b_dvt = tl.zeros([MP, D], tl.float32)
+    # Pass 1, query blocks: delta = rowsum(dO * O) and the shared expert's share of dq (the first value of the
+    # accumulator), of dR and of the landmark values' upstream gradient.
+    for i0 in range(0, N, BM):
+        o_i = i0 + tl.arange(0, BM)
+        m_i = o_i < N
+        b_do = tl.load(DO_h + o_i[:, None] * DSN + o_d[None, :], mask=m_i[:, None], other=0.0)
+        b_o = tl.load(O_h + o_i[:, None] * (H * D) + o_d[None, :], mask=m_i[:, None], other=0.0)
+        b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
+        tl.store(DELTA + i_bh * N + o_i, b_delta, mask=m_i)
+        b_dq = tl.zeros([BM, D], tl.float32)
+        if SHARED:
+            b_q = tl.load(Q_h + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
+            b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
+            b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+            b_a = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
+            b_pa = tl.where(m_j[None, :] & m_i[:, None], tl.exp2(b_a - b_lse[:, None]), 0.0)
+            b_dsa = b_pa * (_dot(b_do, tl.trans(b_vt), PREC, UP) - b_delta[:, None])
+            b_dq = _dot(b_dsa.to(b_r.dtype), b_r, PREC, UP) * sscale
+            b_dr += _dot(tl.trans(b_dsa).to(b_q.dtype), b_q, PREC, UP) * sscale
+            b_dvt += _dot(tl.trans(b_pa).to(b_do.dtype), b_do, PREC, UP)
+        tl.store(ACC_h + o_i[:, None] * D + o_d[None, :], b_dq, mask=m_i[:, None])
+    if SHARED:
+        b_lvlse = tl.load(LVLSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
+        b_lvlse = tl.where(b_lvlse == float("-inf"), float("inf"), b_lvlse)
+        b_lvdelta = tl.sum(b_dvt * b_vt.to(tl.float32), 1)
+        b_dvt_c = b_dvt.to(b_vt.dtype)
+    tl.debug_barrier()
+    # Pass 2, key blocks: routed dk, dv over every query block, whose dq rows get this key block's share.
+    for n0 in range(0, N, BN):
+        o_kn = n0 + tl.arange(0, BN)
+        m_kn = o_kn < N
+        if HAS_KV:
+            m_kn = m_kn & (tl.load(KV + i_bh * N + o_kn, mask=m_kn, other=0) != 0)
+        o_key = o_kn[:, None] * SN + o_d[None, :]
+        b_kb = tl.load(K_h + o_key, mask=m_kn[:, None], other=0.0)
+        b_vb = tl.load(V_h + o_key, mask=m_kn[:, None], other=0.0)
+        b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_kn[None, :]).to(tl.float16)
+        b_dk = tl.zeros([BN, D], tl.float32)
+        b_dv = tl.zeros([BN, D], tl.float32)
+        for i0 in range(0, N, BM):
+            o_i = i0 + tl.arange(0, BM)
+            m_i = o_i < N
+            b_q = tl.load(Q_h + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
+            b_do = tl.load(DO_h + o_i[:, None] * DSN + o_d[None, :], mask=m_i[:, None], other=0.0)
+            b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
+            b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+            b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
+            b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_mb)
+            b_p, b_ds = _routed_p_ds(b_q, b_kb, b_vb, b_do, b_c, b_lse, b_delta, scale_log2, PREC, UP)
+            b_dv += _dot(tl.trans(b_p).to(b_do.dtype), b_do, PREC, UP)
+            b_dk += _dot(tl.trans(b_ds).to(b_q.dtype), b_q, PREC, UP)
+            p_acc = ACC_h + o_i[:, None] * D + o_d[None, :]
+            b_acc = tl.load(p_acc, mask=m_i[:, None], other=0.0)
+            tl.store(p_acc, b_acc + _dot(b_ds.to(b_kb.dtype), b_kb, PREC, UP) * scale, mask=m_i[:, None])
+        b_dk = b_dk * scale
+        if SHARED:
+            # [MP, BN] landmark-value probabilities of this key block.
+            b_l = tl.exp2(_dot(b_r, tl.trans(b_kb), PREC, UP) * scale_log2 - b_lvlse[:, None])
+            b_l = tl.where(m_j[:, None] & m_kn[None, :], b_l, 0.0)
+            b_dls = b_l * (_dot(b_dvt_c, tl.trans(b_vb), PREC, UP) - b_lvdelta[:, None])
+            b_dv += _dot(tl.trans(b_l).to(b_dvt_c.dtype), b_dvt_c, PREC, UP)
+            b_dk += _dot(tl.trans(b_dls).to(b_r.dtype), b_r, PREC, UP) * scale
+            b_dr += _dot(b_dls.to(b_kb.dtype), b_kb, PREC, UP) * scale
+        p_dkv = i_bh * N * D + o_kn[:, None] * D + o_d[None, :]
+        tl.store(DK + p_dkv, b_dk.to(DK.dtype.element_ty), mask=(o_kn < N)[:, None])
+        tl.store(DV + p_dkv, b_dv.to(DV.dtype.element_ty), mask=(o_kn < N)[:, None])
+        tl.debug_barrier()
+    # Pass 3: dq in its dtype.
+    for i0 in range(0, N, BM):
+        o_i = i0 + tl.arange(0, BM)
+        m_i = o_i < N
+        p_rows = o_i[:, None] * D + o_d[None, :]
+        b_dq = tl.load(ACC_h + p_rows, mask=m_i[:, None], other=0.0)
+        tl.store(DQ + i_bh * N * D + p_rows, b_dq.to(DQ.dtype.element_ty), mask=m_i[:, None])
+    if SHARED:
+        tl.store(DR + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_dr.to(DR.dtype.element_ty), mask=m_j[:, None])
+
+
 def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float, sscale: float):
     """Forward. q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``: read in place), r
     ``[BH, m, d]``, key_valid ``[BH, N]`` bool or None.
@@ -490,6 +638,10 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
 def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale):
     """Backward of :func:`small_fwd` (q, k, v, o as it took and gave them; do any layout of o's shape). Returns
     ``(dq, dk, dv, dr)`` in the inputs' dtypes, dq, dk, dv contiguous, shaped as q."""
+    if BWD not in ("fused", "split"):
+        raise ValueError(f"triton_small.BWD must be 'fused' or 'split', got {BWD!r}")
+    if BWD == "fused":
+        return _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale)
     lay = heads_layout(q, k, v)
     BH, M, D = r.shape
     N = q.shape[-2]
@@ -576,6 +728,59 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         dr = pdr_all.sum(0)[:, :M].to(r.dtype)
     else:
         dr = torch.zeros_like(r)
+    return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr
+
+
+def _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale):
+    """:func:`small_bwd` in one launch (``_small_bwd_kernel``)."""
+    lay = heads_layout(q, k, v)
+    BH, M, D = r.shape
+    N = q.shape[-2]
+    dev = q.device
+    NP, MP = _pads(N, M)
+    dq, dk, dv = (q.new_empty(BH, N, D) for _ in range(3))
+    delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
+    dqacc = torch.empty(BH, N, D, device=dev, dtype=torch.float32)
+    dr = torch.empty_like(r) if shared else torch.zeros_like(r)
+    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
+    o, do, dlay = grad_layouts(o, do)
+    fast(_small_bwd_kernel)[(BH,)](
+        q,
+        k,
+        v,
+        r,
+        vt,
+        kv,
+        do,
+        o,
+        lse,
+        lvlse,
+        memb,
+        route,
+        delta,
+        dqacc,
+        dq,
+        dk,
+        dv,
+        dr,
+        N,
+        M,
+        *lay,
+        *dlay,
+        scale,
+        sscale,
+        scale * LOG2E,
+        sscale * LOG2E,
+        S=S,
+        SHARED=shared,
+        HAS_KV=key_valid is not None,
+        D=D,
+        MP=MP,
+        NP=NP,
+        PREC=_prec(q.dtype),
+        UP=_upcast(q.dtype),
+        **_cfg("bwd", NP),
+    )
     return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr
 
 
