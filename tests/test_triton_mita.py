@@ -171,7 +171,7 @@ def test_short_path_fused_backward_matches_split(poison, monkeypatch, S, shared,
             assert a is None, name
             continue
         assert torch.isfinite(a).all(), name
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), f"d{name}: max diff {(a - b).abs().max():.2e}"
+        assert _rel(a, b) < 1e-5, f"d{name}: rel err {_rel(a, b):.2e}"
 
 
 def test_short_path_bad_backward_mode(monkeypatch):
@@ -489,3 +489,44 @@ def test_launch_count_small_shape(monkeypatch):
     out = tm.triton_mita(q, k, v, r, 25)
     torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
     assert launches[2:] == ["_small_bwd_q_kernel", "_small_bwd_k_kernel"], launches
+
+
+@pytest.mark.parametrize("heads,N,start,grid,bins", [(3, 197, 0, (14, 14), (5, 5)), (0, 50, 1, (7, 7), (2, 3))])
+def test_triton_pooling_matches_pytorch(heads, N, start, grid, bins):
+    """The Triton landmark pooling (triton_pool.py: bf16 forward with float32 sums, float32 backward) against the
+    PyTorch formulation's float32 arithmetic: forward within one bf16 ulp (both round a float32 sum once, summed in
+    different orders), backward to float32 rounding; written in the landmarks' layout."""
+    from mita.ops import landmarks as lm
+    from mita.ops.mita import triton_pool as tp
+
+    g = torch.Generator().manual_seed(N)
+    G, d = 2, 32
+    C = (heads or 1) * d
+    tables = lm._pool_tables(N, start, *grid, *bins, torch.device(DEV), torch.bfloat16)
+    m = bins[0] * bins[1]
+    # x3 as a [G, N, C] view with a row stride larger than C (the head split of a fused qkv projection).
+    x3 = torch.randn(G, N, 3 * C, generator=g).to(DEV, torch.bfloat16)[:, :, :C]
+    out = tp.pool_fwd(x3, tables.member, tables.counts, heads)
+    want = torch.bmm(tables.member.float().expand(G, m, N), x3.float()) / tables.counts
+    want = want.view(G, m, heads, d).transpose(1, 2) if heads else want
+    assert out.shape == want.shape and out.is_contiguous() and out.dtype == torch.bfloat16
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - 7)
+    assert ((out.double() - want.double()).abs() <= ulp).all()
+    if _CUDA:
+        # (The CPU interpreter truncates float32 to bf16 instead of rounding to nearest: one ulp is all it gets.)
+        assert (out == want.to(torch.bfloat16)).float().mean() > 0.95
+    # The upstream gradient in the landmarks' layout, strided (a transposed view).
+    if heads:
+        cot = torch.randn(G, m, heads, d, generator=g).to(DEV, torch.bfloat16).transpose(1, 2)
+    else:
+        cot = torch.randn(G, C, m, generator=g).to(DEV, torch.bfloat16).transpose(1, 2)
+    dx = tp.pool_bwd(cot, tables.weights_t, heads, torch.float32)
+    gt = (cot.transpose(1, 2) if heads else cot).reshape(G, m, C).float()
+    dx_want = torch.bmm(tables.weights_t.expand(G, N, m), gt)
+    assert dx.shape == (G, N, C) and _rel(dx, dx_want) < 1e-6
+    assert torch.equal(dx[:, :start], torch.zeros_like(dx[:, :start]))
+    dx16 = tp.pool_bwd(cot, tables.weights_t, heads, torch.bfloat16)
+    ulp = torch.exp2(torch.floor(torch.log2(dx.abs().clamp_min(1e-30))) - 7)
+    assert ((dx16.double() - dx.double()).abs() <= ulp).all()
+    if _CUDA:
+        assert torch.equal(dx16, dx.to(torch.bfloat16))

@@ -5,7 +5,8 @@ operator (2D layouts, other 1D sizes) or prefix sums (1D with padding) rather th
 it is deterministic, and AdaptiveAvgPool1d's CUDA backward fails with a shared-memory assert for very long
 sequences. Bins follow adaptive average pooling exactly: bin i of p over length L covers
 ``[floor(i L / p), ceil((i + 1) L / p))``. Sums are float32 (or float64) whatever the input dtype; bfloat16
-results are rounded once, and on CUDA bfloat16 inputs are not copied to float32 (see ``_PoolBF16``).
+results are rounded once, and on CUDA bfloat16 inputs are not copied to float32 (see ``_PoolBF16``; one Triton
+launch per direction there, ``mita/ops/mita/triton_pool.py``).
 """
 
 from __future__ import annotations
@@ -159,6 +160,24 @@ def _pool_tables(
     return _PoolTables(member.to(torch.bfloat16), counts, weights_t)
 
 
+# CUDA bfloat16 pooling in Triton (mita/ops/mita/triton_pool.py) when Triton imports; tests switch it off to
+# compare with the PyTorch formulation.
+TRITON_POOL = True
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_pool_module():
+    try:
+        from mita.ops.mita import triton_pool
+    except ImportError:
+        return None
+    return triton_pool
+
+
+def _triton_pool():
+    return _triton_pool_module() if TRITON_POOL else None
+
+
 class _PoolBF16(torch.autograd.Function):
     """bfloat16 pooling ``[G, N, D] -> [G, m, D]`` with float32 sums, rounded once.
 
@@ -172,6 +191,12 @@ class _PoolBF16(torch.autograd.Function):
     def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
         G, N, D = x3.shape
         m = member.shape[0]
+        tp = _triton_pool() if x3.is_cuda and not torch.compiler.is_compiling() else None
+        ctx.triton = tp is not None
+        if tp is not None:
+            ctx.save_for_backward(weights_t)
+            ctx.heads = heads
+            return tp.pool_fwd(x3, member, counts, heads)
         if x3.is_cuda:
             # bf16 0/1 times bf16: exact products; a float32 output pins float32 accumulation.
             sums = torch.bmm(member.expand(G, m, N), x3, out_dtype=torch.float32)
@@ -189,6 +214,8 @@ class _PoolBF16(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         (weights_t,) = ctx.saved_tensors
+        if ctx.triton:
+            return _triton_pool().pool_bwd(g, weights_t, ctx.heads, g.dtype), None, None, None, None
         N, m = weights_t.shape
         G = g.shape[0]
         # [G, m, D] (or [B, m, H, d] from [B, H, m, d], matching x3 = [B, N, H*d]).

@@ -20,6 +20,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from mita.ops.mita import triton_mita as tm  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
+from mita.ops.mita import triton_pool as tp  # noqa: E402
 from mita.ops.mita import triton_small as ts  # noqa: E402
 
 # Pointer arguments by name (everything else in upper case is a float32 pointer; lower/mixed case is a scalar).
@@ -132,6 +133,11 @@ def main() -> None:
         cases.append((f"small_bwd_q S={S}", ts._small_bwd_q_kernel, dict(S=S, BM=64, BN=64, **sc), 4, small))
         cases.append((f"small_bwd_k S={S}", ts._small_bwd_k_kernel, dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small))
         cases.append((f"small_bwd S={S}", ts._small_bwd_kernel, dict(S=S, BM=64, BN=64, HAS_KV=kv, **sc), 4, small))
+    ints = {name: "i32" for name in ("C", "DH", "SXG", "SXN", "SGG", "SGH", "SGM")}
+    pool_fwd = {"MEMB": "*bf16", "X": "*bf16", "OUT": "*bf16", **ints}
+    pool_bwd = {"G": "*bf16", "DX": "*bf16", **ints}
+    cases.append(("pool_fwd", tp._pool_fwd_kernel, dict(MP=32, BN=64, BC=64, UP=False), 4, pool_fwd))
+    cases.append(("pool_bwd", tp._pool_bwd_kernel, dict(MP=32, BN=64, BC=64), 4, pool_bwd))
     extra = getattr(tr, "_compile_cases", None)
     if extra is not None:
         cases += extra()

@@ -1,0 +1,151 @@
+"""bfloat16 landmark pooling with a cached 0/1 operator (``mita.ops.landmarks._PoolBF16``) in one Triton launch per
+direction, on CUDA.
+
+Forward: ``out[g, i] = sum_n member[i, n] x[g, n] / counts[i]``: bf16 tiles of the 0/1 membership times bf16 tiles
+of x on tensor cores with float32 accumulation, divided in float32 and rounded once, written straight into the
+landmarks' layout (``[G, H, m, d]`` for heads interleaved with channels, else ``[G, m, C]``). Backward:
+``dx[g, n] = sum_i w[n, i] g[g, i]`` with float32 weights (1/9 is not a bf16 number) and float32 products, rounded
+once into x's dtype. The PyTorch formulation it replaces took a float32-output GEMM (a slow generic kernel), and in
+the backward a float32 GEMM, a float32 [G, N, C] buffer and a cast: about 0.2 ms of a DeiT-S layer's 2 ms on the
+H200 (run 11).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mita.ops.mita.launch import fast
+from mita.ops.mita.triton_routing import _cdiv, _dot, _interpreting, _next_pow2
+
+# Launch settings (tokens x channels per program).
+CONFIG = {
+    "fwd": dict(BN=64, BC=64, num_warps=4, num_stages=2),
+    "bwd": dict(BN=64, BC=64, num_warps=4, num_stages=1),
+}
+
+
+@triton.jit
+def _pool_fwd_kernel(
+    X,
+    MEMB,
+    CNT,
+    OUT,
+    N,
+    M,
+    C,
+    DH,
+    SXG,
+    SXN,
+    MP: tl.constexpr,
+    BN: tl.constexpr,
+    BC: tl.constexpr,
+    UP: tl.constexpr,
+):
+    """One (group, channel block): [MP, BC] float32 sums over every token block, divided by the counts."""
+    i_g = tl.program_id(0).to(tl.int64)
+    i_c = tl.program_id(1)
+    o_i = tl.arange(0, MP)
+    m_i = o_i < M
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    acc = tl.zeros([MP, BC], tl.float32)
+    for n0 in range(0, N, BN):
+        o_n = n0 + tl.arange(0, BN)
+        m_n = o_n < N
+        b_mb = tl.load(MEMB + o_i[:, None] * N + o_n[None, :], mask=m_i[:, None] & m_n[None, :], other=0.0)
+        b_x = tl.load(X + i_g * SXG + o_n[:, None] * SXN + o_c[None, :], mask=m_n[:, None] & m_c[None, :], other=0.0)
+        acc += _dot(b_mb, b_x, "tf32", UP)
+    cnt = tl.load(CNT + o_i, mask=m_i, other=1.0)
+    out = acc / cnt[:, None]
+    # Channel c of landmark i goes to head c // DH, row i, column c % DH (DH = C: no heads).
+    p_out = i_g * M * C + (o_c[None, :] // DH) * M * DH + o_i[:, None] * DH + (o_c[None, :] % DH)
+    tl.store(OUT + p_out, out.to(OUT.dtype.element_ty), mask=m_i[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _pool_bwd_kernel(
+    G,
+    WT,
+    DX,
+    N,
+    M,
+    C,
+    DH,
+    SGG,
+    SGH,
+    SGM,
+    MP: tl.constexpr,
+    BN: tl.constexpr,
+    BC: tl.constexpr,
+):
+    """One (group, token block, channel block): dx = w^T g in float32, rounded once."""
+    i_g = tl.program_id(0).to(tl.int64)
+    i_n = tl.program_id(1)
+    i_c = tl.program_id(2)
+    o_i = tl.arange(0, MP)
+    m_i = o_i < M
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    b_w = tl.load(WT + o_n[:, None] * M + o_i[None, :], mask=m_n[:, None] & m_i[None, :], other=0.0)
+    # g's channel c of landmark i: head c // DH, row i, column c % DH (its own strides; unit column stride).
+    p_g = i_g * SGG + (o_c[None, :] // DH) * SGH + o_i[:, None] * SGM + (o_c[None, :] % DH)
+    b_g = tl.load(G + p_g, mask=m_i[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+    dx = tl.dot(b_w, b_g, input_precision="ieee")
+    tl.store(DX + (i_g * N + o_n[:, None]) * C + o_c[None, :], dx.to(DX.dtype.element_ty), mask=m_n[:, None] & m_c[None, :])
+
+
+def pool_fwd(x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, heads: int) -> torch.Tensor:
+    """x3 ``[G, N, C]`` bf16 (unit channel stride), member ``[m, N]`` bf16 0/1, counts ``[m, 1]`` float32.
+
+    Returns ``[G, heads, m, C // heads]`` (heads > 0) or ``[G, m, C]``, contiguous, in x3's dtype."""
+    G, N, C = x3.shape
+    M = member.shape[0]
+    if x3.stride(2) != 1:
+        x3 = x3.contiguous()
+    dh = C // heads if heads else C
+    out = x3.new_empty((G, heads, M, dh) if heads else (G, M, C))
+    cfg = dict(CONFIG["fwd"])
+    cfg["BC"] = min(cfg["BC"], max(16, _next_pow2(C)))
+    fast(_pool_fwd_kernel)[(G, _cdiv(C, cfg["BC"]))](
+        x3,
+        member.contiguous(),
+        counts.reshape(-1).contiguous(),
+        out,
+        N,
+        M,
+        C,
+        dh,
+        x3.stride(0),
+        x3.stride(1),
+        MP=max(16, _next_pow2(M)),
+        UP=_interpreting(),
+        **cfg,
+    )
+    return out
+
+
+def pool_bwd(g: torch.Tensor, weights_t: torch.Tensor, heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """g ``[G, heads, m, d]`` (heads > 0) or ``[G, m, C]``, any strides with a unit last one; weights_t ``[N, m]``
+    float32. Returns dx ``[G, N, C]`` contiguous in ``dtype``."""
+    N, M = weights_t.shape
+    if g.stride(-1) != 1:
+        g = g.contiguous()
+    if heads:
+        G, H, _, dh = g.shape
+        C = H * dh
+        sgg, sgh, sgm = g.stride(0), g.stride(1), g.stride(2)
+    else:
+        G, _, C = g.shape
+        dh = C
+        sgg, sgh, sgm = g.stride(0), 0, g.stride(1)
+    dx = torch.empty(G, N, C, device=g.device, dtype=dtype)
+    cfg = dict(CONFIG["bwd"])
+    cfg["BC"] = min(cfg["BC"], max(16, _next_pow2(C)))
+    fast(_pool_bwd_kernel)[(G, _cdiv(N, cfg["BN"]), _cdiv(C, cfg["BC"]))](
+        g, weights_t.contiguous(), dx, N, M, C, dh, sgg, sgh, sgm, MP=max(16, _next_pow2(M)), **cfg
+    )
+    return dx
