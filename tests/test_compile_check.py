@@ -26,6 +26,17 @@ def test_every_kernel_compiles_for_sm90():
     assert not [ln for ln in lines if "FAILED" in ln], run.stdout
     # The long path (forward, backward), the routing and top-k kernels and the short path are all in the table.
     names = " ".join(ln.split()[0] for ln in lines)
-    for kernel in ("mita_fwd", "mita_bwd_dq", "small_attn", "small_bwd_q", "small_bwd_k", "small_bwd", "pool_fwd", "pool_bwd", "lv_fwd", "route"):
+    for kernel in (
+        "mita_fwd",
+        "mita_bwd_dq",
+        "small_attn",
+        "small_bwd_q",
+        "small_bwd_k",
+        "small_bwd",
+        "pool_fwd",
+        "pool_bwd",
+        "lv_fwd",
+        "route",
+    ):
         assert kernel in names, run.stdout
     assert len(lines) >= 30, run.stdout

@@ -157,7 +157,7 @@ def test_short_path_fused_backward_matches_split(poison, monkeypatch, S, shared,
     (q, k, v, r), _ = _inputs(2, 2, 150, 32, 9, torch.float32, seed=23)
     mask = None
     if pad:
-        mask = torch.zeros(2, 150, dtype=torch.bool)
+        mask = torch.zeros(2, 150, dtype=torch.bool, device=DEV)
         mask[0, 120:] = True
     do = torch.randn_like(q)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
@@ -530,3 +530,91 @@ def test_triton_pooling_matches_pytorch(heads, N, start, grid, bins):
     assert ((dx16.double() - dx.double()).abs() <= ulp).all()
     if _CUDA:
         assert torch.equal(dx16, dx.to(torch.bfloat16))
+
+
+def _quantized_qkv(B, H, N, d, seed):
+    """bf16 q, k, v whose 2D pooled means are exact in bf16 (multiples of 1/4 in [-1, 1], 16-token cells), so the
+    landmarks of the folded and the two-step forms are equal whatever the rounding of the pooling kernel."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = ((torch.randint(-4, 5, (B, H, N, d), generator=g) / 4).to(DEV, torch.bfloat16) for _ in range(3))
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+@pytest.mark.parametrize("S,shared,layout", [(1, True, "official"), (2, True, "patches"), (1, False, "official")])
+def test_folded_pooling_matches_two_step(monkeypatch, S, shared, layout):
+    """triton_mita_pooled (pooling inside the attention's autograd node, its gradient added in the backward
+    kernel) against triton_mita on pool_landmarks(q): same output, and q, k, v gradients equal up to the two-step
+    form's extra roundings (dR and the pooling gradient rounded to bf16 before the sum); both backward modes."""
+    from mita.ops.landmarks import pool_landmarks, pool_operator_2d
+
+    B, H, N, d = 2, 2, 65, 32  # an 8 x 8 patch grid after one prefix token; 2 x 2 landmarks of 16 tokens
+    kw = dict(experts_per_query=S, shared=shared)
+    pool = pool_operator_2d(N, 4, layout=layout, num_prefix_tokens=1, device=DEV)
+    if layout == "official":
+        # The CLS-shifted grid takes the first 64 tokens; cells still hold 16 tokens each.
+        assert pool.counts.flatten().tolist() == [16.0] * 4
+    assert tm.pooled_short_supported(torch.empty(B, H, N, d, dtype=torch.bfloat16), 4)
+    do = torch.randn(B, H, N, d, generator=torch.Generator().manual_seed(5)).to(DEV, torch.bfloat16)
+    for bwd in ("fused", "split"):
+        monkeypatch.setattr(ts, "BWD", bwd)
+        q, k, v = _quantized_qkv(B, H, N, d, seed=9)
+        out = tm.triton_mita_pooled(q, k, v, pool, 10, **kw)
+        grads = torch.autograd.grad(out, (q, k, v), do)
+        q2, k2, v2 = _quantized_qkv(B, H, N, d, seed=9)
+        r = pool_landmarks(q2, 4, layout=layout, num_prefix_tokens=1)
+        ref = tm.triton_mita(q2, k2, v2, r, 10, **kw)
+        ref_grads = torch.autograd.grad(ref, (q2, k2, v2), do)
+        assert torch.equal(out, ref), bwd
+        for name, a, b in zip("qkv", grads, ref_grads):
+            assert torch.isfinite(a).all()
+            # (Without the pooling gradient dq is off by 1.4e-2 here; the roundings alone give ~3e-3.)
+            assert _rel(a, b) < (6e-3 if name == "q" and shared else 1e-5), f"{bwd} d{name}: {_rel(a, b):.2e}"
+
+
+def test_layer_takes_folded_pooling(monkeypatch):
+    """MiTAAttention with 2D landmarks on the Triton backend takes triton_mita_pooled (bf16, short sequence); not
+    with padding-free 1D landmarks, a selection record, float32 or FOLD_POOLING off."""
+    from mita.layers import mita as layer_mod
+
+    calls = []
+    real = tm.triton_mita_pooled
+    monkeypatch.setattr(tm, "triton_mita_pooled", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    layer = layer_mod.MiTAAttention(dim=64, num_heads=2, m=4, k=10, backend="triton").to(DEV, torch.bfloat16)
+    x = torch.randn(2, 65, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    y.float().square().sum().backward()
+    assert calls == [1] and y.shape == x.shape and torch.isfinite(x.grad).all()
+    assert torch.isfinite(layer.qkv.weight.grad).all() and layer.qkv.weight.grad.abs().sum() > 0
+    layer.record_selection = True
+    layer(x)
+    layer.record_selection = False
+    monkeypatch.setattr(layer_mod, "FOLD_POOLING", False)
+    layer(x)
+    monkeypatch.setattr(layer_mod, "FOLD_POOLING", True)
+    layer.float()(x.detach().float())
+    assert calls == [1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("S", [1, 2])
+def test_gpu_layer_folded_pooling_matches_two_step(monkeypatch, S):
+    """A DeiT-S-shaped MiTA layer (N 197, 6 heads of 64, m = k = 25) on the GPU: the folded pooling against the
+    two-step form, output and the gradients of x and the projections."""
+    from mita.layers import mita as layer_mod
+
+    torch.manual_seed(0)
+    layer = layer_mod.MiTAAttention(dim=384, num_heads=6, m=25, k=25, experts_per_query=S).to(DEV, torch.bfloat16)
+    x = torch.randn(8, 197, 384, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    cot = torch.randn_like(x)
+    res = {}
+    for fold in (True, False):
+        monkeypatch.setattr(layer_mod, "FOLD_POOLING", fold)
+        x.grad = None
+        layer.zero_grad()
+        y = layer(x)
+        y.backward(cot)
+        res[fold] = (y.detach(), x.grad.clone(), layer.qkv.weight.grad.clone())
+    assert torch.equal(res[True][0], res[False][0])
+    for a, b in zip(res[True][1:], res[False][1:]):
+        assert _rel(a, b) < 1e-2

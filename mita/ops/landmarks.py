@@ -114,10 +114,28 @@ def pool_landmarks(
     return out.squeeze(1) if squeeze else out
 
 
-def _pool_2d(
-    x: torch.Tensor, m: int | tuple[int, int], layout: str, grid: tuple[int, int] | None, num_prefix_tokens: int
-) -> torch.Tensor:
-    B, H, N, d = x.shape
+def pool_operator_2d(
+    n_tokens: int,
+    m: int | tuple[int, int],
+    *,
+    layout: str = "official",
+    grid: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 1,
+    device: torch.device | str = "cpu",
+) -> _PoolTables:
+    """The cached bfloat16 pooling operator of a 2D layout (what :func:`pool_landmarks` applies to bf16 input):
+    0/1 ``member [m, N]`` (bf16), float32 ``counts [m, 1]`` and float32 weights ``weights_t [N, m]``. Raises as
+    pool_landmarks does for a layout, grid or m that does not fit N tokens."""
+    if layout not in ("official", "patches"):
+        raise ValueError(f"layout must be 'official' or 'patches' for a 2D pooling operator, got {layout!r}")
+    start, h, w, ph, pw = _grid_2d(n_tokens, m, layout, grid, num_prefix_tokens)
+    return _pool_tables(n_tokens, start, h, w, ph, pw, torch.device(device), torch.bfloat16)
+
+
+def _grid_2d(
+    N: int, m: int | tuple[int, int], layout: str, grid: tuple[int, int] | None, num_prefix_tokens: int
+) -> tuple[int, int, int, int, int]:
+    """``(start, h, w, ph, pw)``: first grid token, patch grid and landmark grid of a 2D layout, validated."""
     if num_prefix_tokens < 0 or (layout == "official" and num_prefix_tokens < 1):
         raise ValueError(
             f"num_prefix_tokens must be >= 1 for the 'official' layout and >= 0 otherwise, got {num_prefix_tokens}"
@@ -128,7 +146,13 @@ def _pool_2d(
         raise ValueError(f"m: a {ph}x{pw} landmark grid does not fit the {h}x{w} patch grid")
     # "official" lays [CLS, patch_1 .. patch_{hw-1}] on the grid: the first h*w tokens.
     start = 0 if layout == "official" else num_prefix_tokens
-    return _pool_with_matrix(x, start, h, w, ph, pw)
+    return start, h, w, ph, pw
+
+
+def _pool_2d(
+    x: torch.Tensor, m: int | tuple[int, int], layout: str, grid: tuple[int, int] | None, num_prefix_tokens: int
+) -> torch.Tensor:
+    return _pool_with_matrix(x, *_grid_2d(x.shape[2], m, layout, grid, num_prefix_tokens))
 
 
 class _PoolTables(NamedTuple):

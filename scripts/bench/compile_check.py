@@ -19,8 +19,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from mita.ops.mita import triton_mita as tm  # noqa: E402
-from mita.ops.mita import triton_routing as tr  # noqa: E402
 from mita.ops.mita import triton_pool as tp  # noqa: E402
+from mita.ops.mita import triton_routing as tr  # noqa: E402
 from mita.ops.mita import triton_small as ts  # noqa: E402
 
 # Pointer arguments by name (everything else in upper case is a float32 pointer; lower/mixed case is a scalar).
@@ -132,7 +132,9 @@ def main() -> None:
         cases.append((f"small_attn S={S}", ts._small_attn_kernel, dict(S=S, BM=64, BN=64, EXACT=False, **sc), 4, small))
         cases.append((f"small_bwd_q S={S}", ts._small_bwd_q_kernel, dict(S=S, BM=64, BN=64, **sc), 4, small))
         cases.append((f"small_bwd_k S={S}", ts._small_bwd_k_kernel, dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small))
-        cases.append((f"small_bwd S={S}", ts._small_bwd_kernel, dict(S=S, BM=64, BN=64, HAS_KV=kv, **sc), 4, small))
+        cases.append(
+            (f"small_bwd S={S}", ts._small_bwd_kernel, dict(S=S, BM=64, BN=64, HAS_KV=kv, POOL=not kv, **sc), 4, small)
+        )
     ints = {name: "i32" for name in ("C", "DH", "SXG", "SXN", "SGG", "SGH", "SGM")}
     pool_fwd = {"MEMB": "*bf16", "X": "*bf16", "OUT": "*bf16", **ints}
     pool_bwd = {"G": "*bf16", "DX": "*bf16", **ints}

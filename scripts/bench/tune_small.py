@@ -3,8 +3,9 @@
     python scripts/bench/tune_small.py [--shape 256,6,197,25,25] [--flat]
 
 Each kernel's settings are varied one at a time from triton_small.CONFIG; the forward (route + attention) and the
-backward (the fused kernel, or the split variant's query + key kernels) are timed with CUDA events (median), and every setting's output is checked against
-the default setting's (bitwise for the routing, closely for the rest) before its time is printed.
+backward (the fused kernel, or the split variant's query + key kernels) are timed with CUDA events (median), and
+every setting's output is checked against the default setting's (bitwise for the routing, closely for the rest)
+before its time is printed. First, the two backward variants at their defaults, side by side.
 """
 
 from __future__ import annotations

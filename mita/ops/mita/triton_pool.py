@@ -95,7 +95,9 @@ def _pool_bwd_kernel(
     p_g = i_g * SGG + (o_c[None, :] // DH) * SGH + o_i[:, None] * SGM + (o_c[None, :] % DH)
     b_g = tl.load(G + p_g, mask=m_i[:, None] & m_c[None, :], other=0.0).to(tl.float32)
     dx = tl.dot(b_w, b_g, input_precision="ieee")
-    tl.store(DX + (i_g * N + o_n[:, None]) * C + o_c[None, :], dx.to(DX.dtype.element_ty), mask=m_n[:, None] & m_c[None, :])
+    tl.store(
+        DX + (i_g * N + o_n[:, None]) * C + o_c[None, :], dx.to(DX.dtype.element_ty), mask=m_n[:, None] & m_c[None, :]
+    )
 
 
 def pool_fwd(x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, heads: int) -> torch.Tensor:

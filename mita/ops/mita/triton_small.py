@@ -470,6 +470,7 @@ def _small_bwd_kernel(
     DK,
     DV,
     DR,
+    WT,
     N,
     M,
     H,
@@ -486,6 +487,7 @@ def _small_bwd_kernel(
     S: tl.constexpr,
     SHARED: tl.constexpr,
     HAS_KV: tl.constexpr,
+    POOL: tl.constexpr,
     D: tl.constexpr,
     MP: tl.constexpr,
     NP: tl.constexpr,
@@ -499,7 +501,9 @@ def _small_bwd_kernel(
 
     dq accumulates in a float32 row block of DQACC owned by this program (read, add, write per key block, in key
     order: deterministic, no atomics); dR and the landmark values' upstream gradient accumulate in registers, so
-    dR is written here, not summed from partials."""
+    dR is written here, not summed from partials. POOL: the landmarks were pooled from q with the float32 weights
+    WT [N, m] (``PooledSmallMiTAFn``), so dq also gets the pooling's gradient ``WT dR`` (float32, before dq is
+    rounded)."""
     i_bh = tl.program_id(0).to(tl.int64)
     o_d = tl.arange(0, D)
     o_j = tl.arange(0, MP)
@@ -588,6 +592,9 @@ def _small_bwd_kernel(
         m_i = o_i < N
         p_rows = o_i[:, None] * D + o_d[None, :]
         b_dq = tl.load(ACC_h + p_rows, mask=m_i[:, None], other=0.0)
+        if POOL:
+            b_w = tl.load(WT + o_i[:, None] * M + o_j[None, :], mask=m_i[:, None] & m_j[None, :], other=0.0)
+            b_dq += tl.dot(b_w, b_dr, input_precision="ieee")
         tl.store(DQ + i_bh * N * D + p_rows, b_dq.to(DQ.dtype.element_ty), mask=m_i[:, None])
     if SHARED:
         tl.store(DR + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_dr.to(DR.dtype.element_ty), mask=m_j[:, None])
@@ -635,13 +642,16 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     return o, lse, memb, route, vt, lvlse
 
 
-def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale):
+def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale, pool_wt=None):
     """Backward of :func:`small_fwd` (q, k, v, o as it took and gave them; do any layout of o's shape). Returns
-    ``(dq, dk, dv, dr)`` in the inputs' dtypes, dq, dk, dv contiguous, shaped as q."""
+    ``(dq, dk, dv, dr)`` in the inputs' dtypes, dq, dk, dv contiguous, shaped as q. ``pool_wt`` ``[N, m]`` float32:
+    the landmarks are q pooled with these weights, and dq includes the pooling's gradient ``pool_wt dr``."""
     if BWD not in ("fused", "split"):
         raise ValueError(f"triton_small.BWD must be 'fused' or 'split', got {BWD!r}")
     if BWD == "fused":
-        return _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale)
+        return _small_bwd_fused(
+            do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale, pool_wt
+        )
     lay = heads_layout(q, k, v)
     BH, M, D = r.shape
     N = q.shape[-2]
@@ -725,13 +735,16 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     )
     if shared:
         # Rows m..MP-1 of the partials are zeros of padded landmarks; the shares are summed in a fixed order.
-        dr = pdr_all.sum(0)[:, :M].to(r.dtype)
+        dr32 = pdr_all.sum(0)[:, :M]
+        if pool_wt is not None:
+            dq = (dq.float() + torch.matmul(pool_wt, dr32)).to(dq.dtype)
+        dr = dr32.to(r.dtype)
     else:
         dr = torch.zeros_like(r)
     return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr
 
 
-def _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale):
+def _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale, pool_wt):
     """:func:`small_bwd` in one launch (``_small_bwd_kernel``)."""
     lay = heads_layout(q, k, v)
     BH, M, D = r.shape
@@ -763,6 +776,7 @@ def _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, 
         dk,
         dv,
         dr,
+        pool_wt if pool_wt is not None else dr,
         N,
         M,
         *lay,
@@ -774,6 +788,7 @@ def _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, 
         S=S,
         SHARED=shared,
         HAS_KV=key_valid is not None,
+        POOL=shared and pool_wt is not None,
         D=D,
         MP=MP,
         NP=NP,
@@ -801,3 +816,24 @@ class SmallMiTAFn(torch.autograd.Function):
             do, q, k, v, r, ctx.key_valid, o, lse, memb, route, vt, lvlse, ctx.S, ctx.shared, ctx.scale, ctx.sscale
         )
         return dq, dk, dv, dr, None, None, None, None, None, None
+
+
+class PooledSmallMiTAFn(torch.autograd.Function):
+    """:class:`SmallMiTAFn` for landmarks pooled from q (``r = W q``, computed by the caller without autograd):
+    the pooling's gradient ``W^T dR`` joins dq inside the backward kernel, so the layer has one autograd node and
+    no separate pooling backward, float32 buffer or gradient sum."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, r, weights_t, ksel, S, shared, scale, sscale):
+        o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, None, ksel, S, shared, scale, sscale)
+        ctx.save_for_backward(q, k, v, r, o, lse, memb, route, vt, lvlse, weights_t)
+        ctx.S, ctx.shared, ctx.scale, ctx.sscale = S, shared, scale, sscale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, r, o, lse, memb, route, vt, lvlse, weights_t = ctx.saved_tensors
+        dq, dk, dv, _ = small_bwd(
+            do, q, k, v, r, None, o, lse, memb, route, vt, lvlse, ctx.S, ctx.shared, ctx.scale, ctx.sscale, weights_t
+        )
+        return dq, dk, dv, None, None, None, None, None, None, None
