@@ -123,7 +123,7 @@ def main() -> None:
                 {"CMAX": "*fp32", "CNT": "*i32"},
             )
         )
-    small = {"MEMB": "*i8", "DQ": "*bf16"}
+    small = {"MEMB": "*i8", "DQ": "*bf16", "PMEMB": "*bf16"}
     for S, kv, mp in ((1, False, 32), (2, True, 16)):
         sc = dict(SHARED=True, MP=mp, NP=256, **common)
         cases.append(

@@ -1256,7 +1256,7 @@ def triton_mita_pooled(
     scale, sscale = check_mita_args(q, k, v, r, topk, experts_per_query, shared, shared_scale, scale, None)
     q, k, v = kernel_layout(q, k, v)
     return PooledSmallMiTAFn.apply(
-        q, k, v, r.view(B * H, m, D), pool.weights_t, min(topk, N), experts_per_query, shared, scale, sscale
+        q, k, v, r.view(B * H, m, D), pool, min(topk, N), experts_per_query, shared, scale, sscale
     )
 
 
