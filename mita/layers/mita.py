@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn as nn
@@ -11,7 +10,7 @@ import torch.nn.functional as F
 
 from mita.layers.base import AttentionBase
 from mita.ops.landmarks import LAYOUTS, pool_landmarks, pool_operator_2d
-from mita.ops.mita import mita_attention
+from mita.ops.mita import mita_attention, triton_backend
 from mita.ops.mita.naive import stable_topk_indices
 from mita.registry import register_attention
 
@@ -149,11 +148,10 @@ class MiTAAttention(AttentionBase):
         selection record, the Triton backend chosen or left to the default on CUDA, a short bf16 call); else None."""
         if not FOLD_POOLING or self.landmark_layout == "1d" or key_padding_mask is not None or self.record_selection:
             return None
-        interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-        if not (
-            (self.backend is None and q.is_cuda)
-            or (self.backend == "triton" and (q.is_cuda or (interpret and q.device.type == "cpu")))
-        ):
+        # As mita_attention picks the backend: Triton by default on CUDA only, when its supports() takes q.
+        if self.backend not in (None, "triton") or (self.backend is None and not q.is_cuda):
+            return None
+        if triton_backend.supports(q) is not None:
             return None
         tm = _triton_mita_module()
         n_landmarks = self.m[0] * self.m[1] if isinstance(self.m, tuple) else self.m

@@ -217,17 +217,15 @@ class _PoolBF16(torch.autograd.Function):
         m = member.shape[0]
         tp = _triton_pool() if x3.is_cuda and not torch.compiler.is_compiling() else None
         ctx.triton = tp is not None
+        ctx.save_for_backward(weights_t)
+        ctx.heads = heads
         if tp is not None:
-            ctx.save_for_backward(weights_t)
-            ctx.heads = heads
             return tp.pool_fwd(x3, member, counts, heads)
         if x3.is_cuda:
             # bf16 0/1 times bf16: exact products; a float32 output pins float32 accumulation.
             sums = torch.bmm(member.expand(G, m, N), x3, out_dtype=torch.float32)
         else:
             sums = torch.bmm(member.float().expand(G, m, N), x3.float())
-        ctx.save_for_backward(weights_t)
-        ctx.heads = heads
         # Divide and round in one kernel; x3 = [B, N, H*d] is written straight into a contiguous [B, H, m, d].
         if heads == 0:
             return torch.div(sums, counts, out=x3.new_empty(G, m, D))
@@ -248,6 +246,15 @@ class _PoolBF16(torch.autograd.Function):
         return dx, None, None, None, None
 
 
+def pool_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(x3, heads)``: the rows a pooling operator applies to, for x ``[B, H, N, d]``. Heads interleaved with
+    channels (q split from a fused qkv projection): ``[B, N, H*d]``, a view, and heads = H; otherwise
+    ``[B*H, N, d]`` and heads = 0."""
+    B, H, N, d = x.shape
+    heads = H if H > 1 and x.stride(1) == d * x.stride(3) else 0
+    return (x.transpose(1, 2).reshape(B, N, H * d) if heads else x.reshape(B * H, N, d)), heads
+
+
 def _pool_with_matrix(x: torch.Tensor, start: int, h: int, w: int, ph: int, pw: int) -> torch.Tensor:
     """Adaptive-average-pool the h x w grid of tokens ``start .. start + h*w`` of x ([B, H, N, d]) into ph x pw
     bins, one batched matmul of a cached [m, N] operator on x's rows.
@@ -260,9 +267,7 @@ def _pool_with_matrix(x: torch.Tensor, start: int, h: int, w: int, ph: int, pw: 
     low = x.dtype == torch.bfloat16
     ct = torch.bfloat16 if low else torch.promote_types(x.dtype, torch.float32)
     tables = _pool_tables(N, start, h, w, ph, pw, x.device, ct)
-    # Heads interleaved with channels (q split from a fused qkv projection): pool rows of [B, N, H*d], a view.
-    heads = H if H > 1 and x.stride(1) == d * x.stride(3) else 0
-    x3 = x.transpose(1, 2).reshape(B, N, H * d) if heads else x.reshape(B * H, N, d)
+    x3, heads = pool_rows(x)
     if low:
         out = _PoolBF16.apply(x3, tables.member, tables.counts, tables.weights_t, heads)
         return out if heads else out.view(B, H, m, d)

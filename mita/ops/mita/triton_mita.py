@@ -47,7 +47,7 @@ from mita.ops.mita.triton_routing import (
     out_layout,
     route_topk,
 )
-from mita.ops.mita.triton_small import PooledSmallMiTAFn, SmallMiTAFn, small_supported
+from mita.ops.mita.triton_small import SmallMiTAFn, small_supported
 
 LOG2E = 1.4426950408889634
 # Calls that fit the short-sequence kernels (N <= 256, see triton_small.small_supported) take them; tests set this
@@ -1213,13 +1213,12 @@ def triton_mita(
 
 
 def pooled_short_supported(q: torch.Tensor, m: int) -> bool:
-    """Whether :func:`triton_mita_pooled` takes a call: bf16 q on the short path (N <= 256, see
-    ``small_supported``), eager (not under torch.compile)."""
+    """Whether :func:`triton_mita_pooled` takes a call the Triton backend supports (``triton_backend.supports``):
+    bf16 q on the short path (N <= 256, see ``small_supported``), eager (not under torch.compile)."""
     return (
         SHORT_PATH
         and q.dim() == 4
         and q.dtype == torch.bfloat16
-        and q.shape[-1] in (32, 64, 128)
         and small_supported(q.shape[2], m, q.shape[-1])
         and not torch.compiler.is_compiling()
     )
@@ -1244,19 +1243,18 @@ def triton_mita_pooled(
     rounding), so there is no pooling backward, float32 buffer or sum of q's two gradients. Same values as the
     two-step form up to that rounding. Callers check :func:`pooled_short_supported` first.
     """
+    from mita.ops.landmarks import pool_rows
     from mita.ops.mita.triton_pool import pool_fwd
 
     B, H, N, D = q.shape
     m = pool.member.shape[0]
-    # Heads interleaved with channels (q split from a fused qkv projection): pool rows of [B, N, H*d], a view.
-    heads = H if H > 1 and q.stride(1) == D * q.stride(3) else 0
     with torch.no_grad():
-        x3 = q.transpose(1, 2).reshape(B, N, H * D) if heads else q.reshape(B * H, N, D)
+        x3, heads = pool_rows(q)
         r = pool_fwd(x3, pool.member, pool.counts, heads).view(B, H, m, D)
     scale, sscale = check_mita_args(q, k, v, r, topk, experts_per_query, shared, shared_scale, scale, None)
     q, k, v = kernel_layout(q, k, v)
-    return PooledSmallMiTAFn.apply(
-        q, k, v, r.view(B * H, m, D), pool, min(topk, N), experts_per_query, shared, scale, sscale
+    return SmallMiTAFn.apply(
+        q, k, v, r.view(B * H, m, D), None, min(topk, N), experts_per_query, shared, scale, sscale, pool
     )
 
 

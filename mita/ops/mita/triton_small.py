@@ -267,6 +267,43 @@ def _load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S: tl.constexpr, BM: tl.co
 
 
 @triton.jit
+def _query_block_p_ds(
+    Q_h, DO_h, LSE, DELTA, ROUTE, b_kb, b_vb, b_mb, o_i, m_i, o_j, o_d, i_bh, N, SN, DSN, scale_log2,
+    S: tl.constexpr, BM: tl.constexpr, MP: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+):  # fmt: skip
+    """Query rows o_i against one key block (b_kb, b_vb and its membership columns b_mb): ``(q, do, P, dS)``,
+    the key counted as often as it is in the rows' routed lists."""
+    b_q = tl.load(Q_h + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
+    b_do = tl.load(DO_h + o_i[:, None] * DSN + o_d[None, :], mask=m_i[:, None], other=0.0)
+    b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
+    b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+    b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
+    b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_mb)
+    b_p, b_ds = _routed_p_ds(b_q, b_kb, b_vb, b_do, b_c, b_lse, b_delta, scale_log2, PREC, UP)
+    return b_q, b_do, b_p, b_ds
+
+
+@triton.jit
+def _lv_bwd_rows(LVLSE, b_dvt, b_vt, i_bh, M, o_j, m_j):
+    """Per landmark row of the landmark-value attention's backward, from its upstream gradient b_dvt [MP, D]
+    (float32): ``(LSE, delta = rowsum(dV~ * V~), dV~ in V~'s dtype)``."""
+    b_lvlse = tl.load(LVLSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
+    b_lvlse = tl.where(b_lvlse == float("-inf"), float("inf"), b_lvlse)
+    b_lvdelta = tl.sum(b_dvt * b_vt.to(tl.float32), 1)
+    return b_lvlse, b_lvdelta, b_dvt.to(b_vt.dtype)
+
+
+@triton.jit
+def _lv_key_block(
+    b_r, b_kb, b_vb, b_dvt_c, b_lvlse, b_lvdelta, m_j, m_kn, scale_log2, PREC: tl.constexpr, UP: tl.constexpr
+):
+    """The landmark-value attention on one key block: its [MP, BN] probabilities L and dL = L (dV~ v^T - delta)."""
+    b_l = tl.exp2(_dot(b_r, tl.trans(b_kb), PREC, UP) * scale_log2 - b_lvlse[:, None])
+    b_l = tl.where(m_j[:, None] & m_kn[None, :], b_l, 0.0)
+    return b_l, b_l * (_dot(b_dvt_c, tl.trans(b_vb), PREC, UP) - b_lvdelta[:, None])
+
+
+@triton.jit
 def _small_bwd_q_kernel(
     Q,
     K,
@@ -416,13 +453,10 @@ def _small_bwd_k_kernel(
     for i0 in range(0, N, BM):
         o_i = i0 + tl.arange(0, BM)
         m_i = o_i < N
-        b_q = tl.load(Q_h + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
-        b_do = tl.load(DO_h + o_i[:, None] * DSN + o_d[None, :], mask=m_i[:, None], other=0.0)
-        b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
-        b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
-        b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
-        b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_mb)
-        b_p, b_ds = _routed_p_ds(b_q, b_kb, b_vb, b_do, b_c, b_lse, b_delta, scale_log2, PREC, UP)
+        b_q, b_do, b_p, b_ds = _query_block_p_ds(
+            Q_h, DO_h, LSE, DELTA, ROUTE, b_kb, b_vb, b_mb, o_i, m_i, o_j, o_d, i_bh, N, SN, DSN, scale_log2,
+            S, BM, MP, PREC, UP,
+        )  # fmt: skip
         b_dv += _dot(tl.trans(b_p).to(b_do.dtype), b_do, PREC, UP)
         b_dk += _dot(tl.trans(b_ds).to(b_q.dtype), b_q, PREC, UP)
     b_dk = b_dk * scale
@@ -433,14 +467,8 @@ def _small_bwd_k_kernel(
             b_dvt += tl.load(PDVT + ((t * n_bh + i_bh) * MP + o_j[:, None]) * D + o_d[None, :])
         b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
         b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_lvlse = tl.load(LVLSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
-        b_lvlse = tl.where(b_lvlse == float("-inf"), float("inf"), b_lvlse)
-        b_lvdelta = tl.sum(b_dvt * b_vt.to(tl.float32), 1)
-        b_dvt_c = b_dvt.to(b_vb.dtype)
-        # [MP, BN] landmark-value probabilities of this key block.
-        b_l = tl.exp2(_dot(b_r, tl.trans(b_kb), PREC, UP) * scale_log2 - b_lvlse[:, None])
-        b_l = tl.where(m_j[:, None] & m_kn[None, :], b_l, 0.0)
-        b_dls = b_l * (_dot(b_dvt_c, tl.trans(b_vb), PREC, UP) - b_lvdelta[:, None])
+        b_lvlse, b_lvdelta, b_dvt_c = _lv_bwd_rows(LVLSE, b_dvt, b_vt, i_bh, M, o_j, m_j)
+        b_l, b_dls = _lv_key_block(b_r, b_kb, b_vb, b_dvt_c, b_lvlse, b_lvdelta, m_j, m_kn, scale_log2, PREC, UP)
         b_dv += _dot(tl.trans(b_l).to(b_dvt_c.dtype), b_dvt_c, PREC, UP)
         b_dk += _dot(tl.trans(b_dls).to(b_r.dtype), b_r, PREC, UP) * scale
         p_part = ((i_n * n_bh + i_bh) * MP + o_j[:, None]) * D + o_d[None, :]
@@ -502,7 +530,7 @@ def _small_bwd_kernel(
 
     dq accumulates in a float32 row block of DQACC owned by this program (read, add, write per key block, in key
     order: deterministic, no atomics); dR and the landmark values' upstream gradient accumulate in registers, so
-    dR is written here, not summed from partials. POOL: the landmarks were pooled from q (``PooledSmallMiTAFn``:
+    dR is written here, not summed from partials. POOL: the landmarks were pooled from q (``SmallMiTAFn`` with ``pool``:
     0/1 membership PMEMB [m, N] in bf16, float32 counts PCNT [m]), so dq also gets the pooling's gradient
     ``PMEMB^T (dR / PCNT)``, added in float32 before dq is rounded. dR / PCNT enters the tensor cores as two bf16
     parts (high and low: 16 significant bits, far below dq's rounding); a float32 dot here took 0.13 ms at DeiT-S
@@ -544,10 +572,7 @@ def _small_bwd_kernel(
             b_dvt += _dot(tl.trans(b_pa).to(b_do.dtype), b_do, PREC, UP)
         tl.store(ACC_h + o_i[:, None] * D + o_d[None, :], b_dq, mask=m_i[:, None])
     if SHARED:
-        b_lvlse = tl.load(LVLSE + i_bh * M + o_j, mask=m_j, other=float("inf"))
-        b_lvlse = tl.where(b_lvlse == float("-inf"), float("inf"), b_lvlse)
-        b_lvdelta = tl.sum(b_dvt * b_vt.to(tl.float32), 1)
-        b_dvt_c = b_dvt.to(b_vt.dtype)
+        b_lvlse, b_lvdelta, b_dvt_c = _lv_bwd_rows(LVLSE, b_dvt, b_vt, i_bh, M, o_j, m_j)
     tl.debug_barrier()
     # Pass 2, key blocks: routed dk, dv over every query block, whose dq rows get this key block's share.
     for n0 in range(0, N, BN):
@@ -564,13 +589,10 @@ def _small_bwd_kernel(
         for i0 in range(0, N, BM):
             o_i = i0 + tl.arange(0, BM)
             m_i = o_i < N
-            b_q = tl.load(Q_h + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
-            b_do = tl.load(DO_h + o_i[:, None] * DSN + o_d[None, :], mask=m_i[:, None], other=0.0)
-            b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
-            b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
-            b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
-            b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_mb)
-            b_p, b_ds = _routed_p_ds(b_q, b_kb, b_vb, b_do, b_c, b_lse, b_delta, scale_log2, PREC, UP)
+            b_q, b_do, b_p, b_ds = _query_block_p_ds(
+                Q_h, DO_h, LSE, DELTA, ROUTE, b_kb, b_vb, b_mb, o_i, m_i, o_j, o_d, i_bh, N, SN, DSN, scale_log2,
+                S, BM, MP, PREC, UP,
+            )  # fmt: skip
             b_dv += _dot(tl.trans(b_p).to(b_do.dtype), b_do, PREC, UP)
             b_dk += _dot(tl.trans(b_ds).to(b_q.dtype), b_q, PREC, UP)
             p_acc = ACC_h + o_i[:, None] * D + o_d[None, :]
@@ -578,10 +600,7 @@ def _small_bwd_kernel(
             tl.store(p_acc, b_acc + _dot(b_ds.to(b_kb.dtype), b_kb, PREC, UP) * scale, mask=m_i[:, None])
         b_dk = b_dk * scale
         if SHARED:
-            # [MP, BN] landmark-value probabilities of this key block.
-            b_l = tl.exp2(_dot(b_r, tl.trans(b_kb), PREC, UP) * scale_log2 - b_lvlse[:, None])
-            b_l = tl.where(m_j[:, None] & m_kn[None, :], b_l, 0.0)
-            b_dls = b_l * (_dot(b_dvt_c, tl.trans(b_vb), PREC, UP) - b_lvdelta[:, None])
+            b_l, b_dls = _lv_key_block(b_r, b_kb, b_vb, b_dvt_c, b_lvlse, b_lvdelta, m_j, m_kn, scale_log2, PREC, UP)
             b_dv += _dot(tl.trans(b_l).to(b_dvt_c.dtype), b_dvt_c, PREC, UP)
             b_dk += _dot(tl.trans(b_dls).to(b_r.dtype), b_r, PREC, UP) * scale
             b_dr += _dot(b_dls.to(b_kb.dtype), b_kb, PREC, UP) * scale
@@ -809,40 +828,40 @@ def _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, 
 
 
 class SmallMiTAFn(torch.autograd.Function):
-    """The short-sequence path as one autograd node (routing carries no gradient)."""
+    """The short-sequence path as one autograd node (routing carries no gradient).
+
+    ``pool``: r is q pooled with this 2D operator, computed by the caller without autograd
+    (``triton_mita_pooled``); the pooling's gradient then joins dq inside the backward kernel, so a layer has one
+    autograd node and no separate pooling backward, float32 buffer or gradient sum."""
 
     @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, ksel, S, shared, scale, sscale):
+    def forward(ctx, q, k, v, r, key_valid, ksel, S, shared, scale, sscale, pool=None):
         o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
         ctx.save_for_backward(q, k, v, r, o, lse, memb, route, vt, lvlse)
         ctx.key_valid, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, S, shared, scale, sscale
+        ctx.pool = pool
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, r, o, lse, memb, route, vt, lvlse = ctx.saved_tensors
         dq, dk, dv, dr = small_bwd(
-            do, q, k, v, r, ctx.key_valid, o, lse, memb, route, vt, lvlse, ctx.S, ctx.shared, ctx.scale, ctx.sscale
+            do,
+            q,
+            k,
+            v,
+            r,
+            ctx.key_valid,
+            o,
+            lse,
+            memb,
+            route,
+            vt,
+            lvlse,
+            ctx.S,
+            ctx.shared,
+            ctx.scale,
+            ctx.sscale,
+            ctx.pool,
         )
-        return dq, dk, dv, dr, None, None, None, None, None, None
-
-
-class PooledSmallMiTAFn(torch.autograd.Function):
-    """:class:`SmallMiTAFn` for landmarks pooled from q (``r = W q``, computed by the caller without autograd):
-    the pooling's gradient ``W^T dR`` joins dq inside the backward kernel, so the layer has one autograd node and
-    no separate pooling backward, float32 buffer or gradient sum."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, r, pool, ksel, S, shared, scale, sscale):
-        o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, None, ksel, S, shared, scale, sscale)
-        ctx.save_for_backward(q, k, v, r, o, lse, memb, route, vt, lvlse)
-        ctx.pool, ctx.S, ctx.shared, ctx.scale, ctx.sscale = pool, S, shared, scale, sscale
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, r, o, lse, memb, route, vt, lvlse = ctx.saved_tensors
-        dq, dk, dv, _ = small_bwd(
-            do, q, k, v, r, None, o, lse, memb, route, vt, lvlse, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.pool
-        )
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, dr, None, None, None, None, None, None, None
