@@ -57,18 +57,20 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top):
     assert torch.equal(idx[0].cpu().long(), ref)
 
 
-def test_ab_script_runs_on_cpu():
-    """scripts/bench/ab_topk_start.py (the GPU A/B of block_top) end to end on the CPU at one tiny long-row point:
-    one line per setting, the same selection at every setting."""
+@pytest.mark.parametrize("sweep,vals", [("block_top=1,2", ["1", "2"]), ("emit=atomic,loop", ["atomic", "loop"])])
+def test_ab_script_runs_on_cpu(sweep, vals):
+    """scripts/bench/ab_scan.py (the GPU A/B of one SCAN_CONFIG key) end to end on the CPU at one tiny long-row
+    point: one line per value, the same selection at every value."""
     import os
     import subprocess
 
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run(
-        [sys.executable, str(BENCH / "ab_topk_start.py"), "--device", "cpu", "--points", "640:4", "--rho", "0.9",
-         "--tops", "1,2", "--reps", "1"],
+        [sys.executable, str(BENCH / "ab_scan.py"), "--device", "cpu", "--points", "640:4", "--rho", "0.9",
+         "--sweep", sweep, "--reps", "1"],
         capture_output=True, text=True, env=env, timeout=600, check=True,
     ).stdout  # fmt: skip
     lines = [ln for ln in out.splitlines() if ln.startswith("N 640")]
-    assert [ln.split("block_top ")[1].split(":")[0] for ln in lines] == ["1", "2"]
-    assert all(ln.endswith("same selection as the first setting: True") for ln in lines)
+    key = sweep.split("=")[0]
+    assert [ln.split(f"{key}=")[1].split(":")[0] for ln in lines] == vals
+    assert all(ln.endswith("same selection as the first value: True") for ln in lines)

@@ -203,6 +203,22 @@ def test_exact_topk_block_top_out_of_range(monkeypatch, bad):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
+def test_exact_topk_unknown_emit_mode(monkeypatch):
+    monkeypatch.setitem(tr.SCAN_CONFIG, "emit", "sorted")
+    r, k = _ints((1, 3, 32), -2, 3, 1), _ints((1, 700, 32), -2, 3, 2)
+    with pytest.raises(ValueError, match="emit"):
+        tr.exact_topk(r, k, None, 8, small_max_n=0)
+
+
+@pytest.mark.parametrize("emit", ["atomic", "loop"])
+def test_exact_topk_emit_modes_match(monkeypatch, emit):
+    """Both count + emit forms give the exact top-k, with massive ties (whole tiles of candidates per row)."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "emit", emit)
+    r, k = _ints((2, 5, 32), -1, 2, 3), _ints((2, 900, 32), -1, 2, 4)
+    got = tr.exact_topk(r, k, None, 40, small_max_n=0, cap=512)
+    assert torch.equal(got.cpu().long(), _ref_topk(r, k, None, 40).sort(-1).values.cpu())
+
+
 def test_exact_topk_fully_padded_row(block_top):
     r = _ints((2, 4, 32), -2, 3, 5)
     k = _ints((2, 90, 32), -2, 3, 6)

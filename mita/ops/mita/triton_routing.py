@@ -47,7 +47,8 @@ _SCAN_PROGRAMS = 2048
 # undoes the gain. Measured on the H200 (run 9, forward of B 1, H 2, d 64): AR(1)-correlated tokens (0.9) at 64K
 # 1.49 -> 0.89 ms and at 256K 3.90 -> 1.87 ms (t = 2: no row overflows); i.i.d. tokens 0.91 -> 0.90 ms and
 # 1.30 -> 1.36 ms; at 1M t = 2 and 4 were slower on both (the grouped start still overflows correlated rows).
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, block_top=None)
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, block_top=None, emit="atomic")
+_EMIT_MODES = {"atomic": 0, "loop": 1}
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
 
@@ -398,6 +399,7 @@ def _topk_scan_kernel(
     UP: tl.constexpr,
     EXACT: tl.constexpr,
     TOPT: tl.constexpr,
+    EMIT: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: the TOPT largest scores of each key block per landmark (ties: distinct keys) -> CMAX [rows, NB]
@@ -502,18 +504,27 @@ def _topk_scan_kernel(
                             c_n = tl.min(tl.where(b_x == b_max[:, None], o_n[None, :], N), 1)
                             b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
                 elif MODE == 4:
-                    # Float compares only (no order key per score): each round takes every row's best remaining
-                    # candidate of the tile (first index on ties) and gives it the row's next slot. A tile holds
-                    # one or two candidates on average for independent tokens, so there is usually one round.
                     m_c = need[:, None] & m_n[None, :] & (b_sc >= b_tf[:, None])
-                    while tl.sum(m_c.to(tl.int32)) > 0:
-                        c_max = tl.max(tl.where(m_c, b_sc, float("-inf")), 1)
-                        c_n = tl.min(tl.where(m_c & (b_sc == c_max[:, None]), o_n[None, :], N), 1)
-                        m_w = c_n < N
-                        slot = tl.atomic_add(OFF + row, 1, mask=m_w, sem="relaxed")
-                        packed = (_order_key(c_max).to(tl.int64) << 32) + (0xFFFFFFFF - c_n.to(tl.int64))
-                        tl.store(CAND + row * CAP + slot, packed, mask=m_w & (slot < CAP))
-                        m_c = m_c & (o_n[None, :] != c_n[:, None])
+                    if EMIT == 0:
+                        # Straight-line (the key loop stays software-pipelined): every candidate takes its own
+                        # slot of its row's list with one relaxed atomic; lanes without a candidate issue none.
+                        # (The offset of the masked-off lanes only keeps the pointer tile from being a broadcast,
+                        # which triton 3.8's layout pass rejects for atomics.)
+                        o_off = OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :])
+                        slot = tl.atomic_add(o_off, 1, mask=m_c, sem="relaxed")
+                        packed = (_order_key(b_sc).to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
+                        tl.store(CAND + row[:, None] * CAP + slot, packed, mask=m_c & (slot < CAP))
+                    else:
+                        # EMIT 1: float compares only (no order key per score): each round takes every row's best
+                        # remaining candidate of the tile (first index on ties) and gives it the row's next slot.
+                        while tl.sum(m_c.to(tl.int32)) > 0:
+                            c_max = tl.max(tl.where(m_c, b_sc, float("-inf")), 1)
+                            c_n = tl.min(tl.where(m_c & (b_sc == c_max[:, None]), o_n[None, :], N), 1)
+                            m_w = c_n < N
+                            slot = tl.atomic_add(OFF + row, 1, mask=m_w, sem="relaxed")
+                            packed = (_order_key(c_max).to(tl.int64) << 32) + (0xFFFFFFFF - c_n.to(tl.int64))
+                            tl.store(CAND + row * CAP + slot, packed, mask=m_w & (slot < CAP))
+                            m_c = m_c & (o_n[None, :] != c_n[:, None])
                 else:
                     b_key = _order_key(b_sc)
                     m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
@@ -675,6 +686,9 @@ def exact_topk(
     topt = int(topt) if topt is not None else (2 if NB * 2 <= _START_ENTRIES else 1)
     if topt < 1 or topt > bn:
         raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
+    if SCAN_CONFIG.get("emit", "atomic") not in _EMIT_MODES:
+        raise ValueError(f"SCAN_CONFIG['emit'] must be one of {sorted(_EMIT_MODES)}, got {SCAN_CONFIG.get('emit')!r}")
+    emit = _EMIT_MODES[SCAN_CONFIG.get("emit", "atomic")]
     G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
     CH = _cdiv(_cdiv(N, G), bn) * bn
     G = _cdiv(N, CH)
@@ -701,7 +715,8 @@ def exact_topk(
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
             r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB * topt, cap, ksel, *lay, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=topt if mode == 0 else 1, **common,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=topt if mode == 0 else 1, EMIT=emit if mode == 4 else 0,
+            **common,
             num_warps=SCAN_CONFIG["emit_warps" if mode == 4 else "num_warps"],
         )  # fmt: skip
 

@@ -1,0 +1,106 @@
+"""A/B of the long-row top-k's settings on the GPU: each value of one ``SCAN_CONFIG`` key side by side in one
+process, on i.i.d. and on correlated tokens (AR(1) along N, as bench_op.py --rho).
+
+    python scripts/bench/ab_scan.py [--points 1048576:512,65536:128] [--rho 0.9,0] [--sweep block_top=1,2,4]
+        [--batch 1] [--timing eager,cuda_graph]
+
+For each (N, rho, value) prints the MiTA forward time (CUDA events, median) and the top-k alone, in each timing
+mode (eager: host launches included; cuda_graph: replays, GPU time only), how many landmark rows overflowed their
+candidate list (those take the refinement passes) and whether the selection is bitwise the first value's. Results
+print as they come, so a run cut short still reports its first points. Examples: ``--sweep block_top=1,2,4`` (start
+threshold), ``--sweep emit=atomic,loop`` (count + emit pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from common import correlated_tokens, environment, time_ms, wall_time  # noqa: E402
+
+from mita.ops.landmarks import pool_landmarks  # noqa: E402
+from mita.ops.mita import triton_routing  # noqa: E402
+from mita.ops.mita.api import mita_attention  # noqa: E402
+
+
+def parse_sweep(text: str) -> tuple[str, list]:
+    """``key=v1,v2`` -> (key, [v1, v2]) with ints as ints and ``None`` as None; the key must be a SCAN_CONFIG key."""
+    key, _, vals = text.partition("=")
+    if key not in triton_routing.SCAN_CONFIG or not vals:
+        raise SystemExit(f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)}: {text!r}")
+
+    def conv(x: str):
+        if x == "None":
+            return None
+        try:
+            return int(x)
+        except ValueError:
+            return x
+
+    return key, [conv(x) for x in vals.split(",")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", default="1048576:512,65536:128", help="N:m (m = k) pairs, H 2, d 64")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--rho", default="0.9,0")
+    ap.add_argument("--sweep", default="block_top=1,2,4")
+    ap.add_argument("--timing", default="eager", help="comma-separated: eager, cuda_graph")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (wall-clock times)")
+    args = ap.parse_args()
+    key, values = parse_sweep(args.sweep)
+    timings = args.timing.split(",") if args.device == "cuda" else ["wall"]
+    dev, B = args.device, args.batch
+    print(environment(), flush=True)
+    default = triton_routing.SCAN_CONFIG[key]
+    for point in args.points.split(","):
+        n, m = (int(x) for x in point.split(":"))
+        for rho in (float(x) for x in args.rho.split(",")):
+            g = torch.Generator(device=dev).manual_seed(n)
+            q, k, v = (correlated_tokens((B, 2, n, 64), rho, g, device=dev) for _ in range(3))
+            r = pool_landmarks(q, m, layout="1d")
+            rf, kf = r.reshape(B * 2, m, 64), k.reshape(B * 2, n, 64)
+
+            def topk(rf=rf, kf=kf, m=m):
+                return triton_routing.exact_topk(rf, kf, None, m)
+
+            def fwd(q=q, k=k, v=v, r=r, m=m):
+                return mita_attention(q, k, v, r, m, backend="triton")
+
+            first = None
+            with torch.no_grad():
+                for val in values:
+                    triton_routing.SCAN_CONFIG[key] = val
+                    st: dict = {}
+                    idx = triton_routing.exact_topk(rf, kf, None, m, stats=st)
+                    first = idx.clone() if first is None else first
+                    parts = []
+                    for t in timings:
+                        if t == "wall":
+                            topk_ms, fwd_ms = wall_time(topk, 1, args.reps)[0], wall_time(fwd, 1, args.reps)[0]
+                        else:
+                            topk_ms = time_ms(topk, t, warmup=1, reps=args.reps, max_s=5.0)[0]
+                            fwd_ms = time_ms(fwd, t, warmup=1, reps=args.reps, max_s=5.0)[0]
+                        parts.append(f"{t}: fwd {fwd_ms:.3f} ms, top-k {topk_ms:.3f} ms")
+                    print(
+                        f"N {n} B {B} m=k {m} rho {rho} {key}={val}: {'; '.join(parts)}; overflow rows "
+                        f"{int(st['overflow_rows'])}/{B * 2 * m}; same selection as the first value: "
+                        f"{torch.equal(idx, first)}",
+                        flush=True,
+                    )
+            triton_routing.SCAN_CONFIG[key] = default
+            del q, k, v, r
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
