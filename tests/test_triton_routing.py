@@ -203,17 +203,19 @@ def test_exact_topk_block_top_out_of_range(monkeypatch, bad):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
-def test_exact_topk_unknown_emit_mode(monkeypatch):
-    monkeypatch.setitem(tr.SCAN_CONFIG, "emit", "sorted")
+@pytest.mark.parametrize("bad", [-1, "2", 1.5])
+def test_exact_topk_bad_emit_rounds(monkeypatch, bad):
+    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_rounds", bad)
     r, k = _ints((1, 3, 32), -2, 3, 1), _ints((1, 700, 32), -2, 3, 2)
-    with pytest.raises(ValueError, match="emit"):
+    with pytest.raises(ValueError, match="emit_rounds"):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
-@pytest.mark.parametrize("emit", ["atomic", "loop"])
-def test_exact_topk_emit_modes_match(monkeypatch, emit):
-    """Both count + emit forms give the exact top-k, with massive ties (whole tiles of candidates per row)."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "emit", emit)
+@pytest.mark.parametrize("rounds", [0, 2, 64])
+def test_exact_topk_emit_forms_match(monkeypatch, rounds):
+    """The count + emit pass gives the exact top-k with its slots handed out at once (0), per round (64: always,
+    a tile has 64 keys) and mixed (2), with massive ties (whole tiles of candidates per row)."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_rounds", rounds)
     r, k = _ints((2, 5, 32), -1, 2, 3), _ints((2, 900, 32), -1, 2, 4)
     got = tr.exact_topk(r, k, None, 40, small_max_n=0, cap=512)
     assert torch.equal(got.cpu().long(), _ref_topk(r, k, None, 40).sort(-1).values.cpu())

@@ -1,6 +1,6 @@
 """Where the Triton MiTA forward spends its time: each stage timed alone (CUDA events, median).
 
-    python scripts/bench/profile_stages.py [--max-n 1048576]
+    python scripts/bench/profile_stages.py [--max-n 1048576] [--points deit_s,N65536,N65536xB16,...]
 
 For N above the on-chip top-k limit it also times each pass of the long-row exact top-k in place, twice: as
 called (the candidates of every row fit the list: the refinement passes exit at once on the device) and with
@@ -90,19 +90,27 @@ def profile_topk_passes(name: str, r, kk, k: int, reps: int = 5, cap: int | None
     print(f"{name:9s}   top-k: {'sum of passes':38s} {total:9.3f} ms", flush=True)
 
 
+POINTS = {
+    "deit_s": (256, 6, 197, 25, 25),
+    "N65536": (1, 2, 65536, 128, 128),
+    # Figure F's MiTA layer at 64K (batch 16): the top-k passes with 32 heads of rows, GPU-bound.
+    "N65536xB16": (16, 2, 65536, 128, 128),
+    "N262144": (1, 2, 1 << 18, 256, 256),
+    "N1048576": (1, 2, 1 << 20, 512, 512),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-n", type=int, default=1 << 20)
+    ap.add_argument("--points", default="deit_s,N65536,N262144,N1048576", help=f"names among {sorted(POINTS)}")
     args = ap.parse_args()
-    pts = [
-        ("deit_s", 256, 6, 197, 25, 25),
-        ("N65536", 1, 2, 65536, 128, 128),
-        ("N262144", 1, 2, 1 << 18, 256, 256),
-        ("N1048576", 1, 2, 1 << 20, 512, 512),
-    ]
-    for p in pts:
-        if p[3] <= args.max_n:
-            profile_point(*p)
+    for name in args.points.split(","):
+        if name not in POINTS:
+            raise SystemExit(f"unknown point {name!r}; known: {sorted(POINTS)}")
+        p = POINTS[name]
+        if p[2] <= args.max_n:
+            profile_point(name, *p)
             torch.cuda.empty_cache()
 
 

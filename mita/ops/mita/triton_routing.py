@@ -47,8 +47,11 @@ _SCAN_PROGRAMS = 2048
 # undoes the gain. Measured on the H200 (run 9, forward of B 1, H 2, d 64): AR(1)-correlated tokens (0.9) at 64K
 # 1.49 -> 0.89 ms and at 256K 3.90 -> 1.87 ms (t = 2: no row overflows); i.i.d. tokens 0.91 -> 0.90 ms and
 # 1.30 -> 1.36 ms; at 1M t = 2 and 4 were slower on both (the grouped start still overflows correlated rows).
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, block_top=None, emit="atomic")
-_EMIT_MODES = {"atomic": 0, "loop": 1}
+# emit_rounds: the count + emit pass hands out list slots one candidate per row and round while a key tile needs at
+# most this many rounds, else one atomic per candidate at once (0: always at once). Measured on the H200 (run 12,
+# B 1, H 2, d 64, top-k alone): per round only, i.i.d. 1M 2.99 ms against 4.08 at once, AR(1) 0.9 16.3 against 14.7
+# (256K: 1.05 against 0.74), so tiles with many candidates take the at-once form.
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, block_top=None, emit_rounds=2)
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
 
@@ -399,7 +402,7 @@ def _topk_scan_kernel(
     UP: tl.constexpr,
     EXACT: tl.constexpr,
     TOPT: tl.constexpr,
-    EMIT: tl.constexpr,
+    EMIT_ROUNDS: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: the TOPT largest scores of each key block per landmark (ties: distinct keys) -> CMAX [rows, NB]
@@ -505,19 +508,21 @@ def _topk_scan_kernel(
                             b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
                 elif MODE == 4:
                     m_c = need[:, None] & m_n[None, :] & (b_sc >= b_tf[:, None])
-                    if EMIT == 0:
-                        # Straight-line (the key loop stays software-pipelined): every candidate takes its own
-                        # slot of its row's list with one relaxed atomic; lanes without a candidate issue none.
-                        # (The offset of the masked-off lanes only keeps the pointer tile from being a broadcast,
-                        # which triton 3.8's layout pass rejects for atomics.)
+                    # Rounds the per-row form needs: the most candidates any row of the tile has.
+                    n_round = tl.max(tl.sum(m_c.to(tl.int32), 1), 0)
+                    if n_round > EMIT_ROUNDS:
+                        # Straight-line: every candidate takes its own slot of its row's list with one relaxed
+                        # atomic (lanes without a candidate issue none). (The offset of the masked-off lanes only
+                        # keeps the pointer tile from being a broadcast, which triton 3.8 rejects for atomics.)
                         o_off = OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :])
                         slot = tl.atomic_add(o_off, 1, mask=m_c, sem="relaxed")
                         packed = (_order_key(b_sc).to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
                         tl.store(CAND + row[:, None] * CAP + slot, packed, mask=m_c & (slot < CAP))
                     else:
-                        # EMIT 1: float compares only (no order key per score): each round takes every row's best
+                        # Float compares only (no order key per score): each round takes every row's best
                         # remaining candidate of the tile (first index on ties) and gives it the row's next slot.
-                        while tl.sum(m_c.to(tl.int32)) > 0:
+                        # Independent tokens give one or two candidates per tile, so one round, usually.
+                        for _ in range(n_round):
                             c_max = tl.max(tl.where(m_c, b_sc, float("-inf")), 1)
                             c_n = tl.min(tl.where(m_c & (b_sc == c_max[:, None]), o_n[None, :], N), 1)
                             m_w = c_n < N
@@ -686,9 +691,9 @@ def exact_topk(
     topt = int(topt) if topt is not None else (2 if NB * 2 <= _START_ENTRIES else 1)
     if topt < 1 or topt > bn:
         raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
-    if SCAN_CONFIG.get("emit", "atomic") not in _EMIT_MODES:
-        raise ValueError(f"SCAN_CONFIG['emit'] must be one of {sorted(_EMIT_MODES)}, got {SCAN_CONFIG.get('emit')!r}")
-    emit = _EMIT_MODES[SCAN_CONFIG.get("emit", "atomic")]
+    emit_rounds = SCAN_CONFIG.get("emit_rounds", 2)
+    if not isinstance(emit_rounds, int) or emit_rounds < 0:
+        raise ValueError(f"SCAN_CONFIG['emit_rounds'] must be an int >= 0, got {emit_rounds!r}")
     G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
     CH = _cdiv(_cdiv(N, G), bn) * bn
     G = _cdiv(N, CH)
@@ -715,8 +720,8 @@ def exact_topk(
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
             r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB * topt, cap, ksel, *lay, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=topt if mode == 0 else 1, EMIT=emit if mode == 4 else 0,
-            **common,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=topt if mode == 0 else 1,
+            EMIT_ROUNDS=emit_rounds if mode == 4 else 0, **common,
             num_warps=SCAN_CONFIG["emit_warps" if mode == 4 else "num_warps"],
         )  # fmt: skip
 
@@ -1259,11 +1264,11 @@ def _compile_cases() -> list:
     scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", CNT=i32, OFF=i32, CAND=i64)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
-        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, **sc), 4, scan),
-        ("topk_scan mode 4", _topk_scan_kernel, dict(MODE=4, SKIP=False, TOPT=1, **{**sc, "HAS_KV": True}),
-         4, scan),
-        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, **sc), 4, scan),
-        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, **sc), 4, scan),
+        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, EMIT_ROUNDS=0, **sc), 4, scan),
+        ("topk_scan mode 4", _topk_scan_kernel,
+         dict(MODE=4, SKIP=False, TOPT=1, EMIT_ROUNDS=2, **{**sc, "HAS_KV": True}), 4, scan),
+        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, EMIT_ROUNDS=0, **sc), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, EMIT_ROUNDS=0, **sc), 4, scan),
         ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
