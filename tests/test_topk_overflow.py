@@ -57,7 +57,7 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top):
     assert torch.equal(idx[0].cpu().long(), ref)
 
 
-@pytest.mark.parametrize("sweep,vals", [("block_top=1,2", ["1", "2"]), ("emit_rounds=0,64", ["0", "64"])])
+@pytest.mark.parametrize("sweep,vals", [("block_top=1,2", ["1", "2"]), ("num_warps=4,8", ["4", "8"])])
 def test_ab_script_runs_on_cpu(sweep, vals):
     """scripts/bench/ab_scan.py (the GPU A/B of one SCAN_CONFIG key) end to end on the CPU at one tiny long-row
     point: one line per value, the same selection at every value."""

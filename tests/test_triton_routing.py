@@ -203,22 +203,47 @@ def test_exact_topk_block_top_out_of_range(monkeypatch, bad):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
-@pytest.mark.parametrize("bad", [-1, "2", 1.5])
-def test_exact_topk_bad_emit_rounds(monkeypatch, bad):
-    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_rounds", bad)
+@pytest.mark.parametrize("bad", [8, 256])
+def test_exact_topk_block_size_out_of_range(monkeypatch, bad):
+    monkeypatch.setitem(tr.SCAN_CONFIG, "bn", bad)
     r, k = _ints((1, 3, 32), -2, 3, 1), _ints((1, 700, 32), -2, 3, 2)
-    with pytest.raises(ValueError, match="emit_rounds"):
+    with pytest.raises(ValueError, match="bn"):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
-@pytest.mark.parametrize("rounds", [0, 2, 64])
-def test_exact_topk_emit_forms_match(monkeypatch, rounds):
-    """The count + emit pass gives the exact top-k with its slots handed out at once (0), per round (64: always,
-    a tile has 64 keys) and mixed (2), with massive ties (whole tiles of candidates per row)."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_rounds", rounds)
+def test_exact_topk_whole_tiles_of_tied_candidates():
+    """Every block holds many keys at or above the start (massive ties): all of them are scored again."""
     r, k = _ints((2, 5, 32), -1, 2, 3), _ints((2, 900, 32), -1, 2, 4)
     got = tr.exact_topk(r, k, None, 40, small_max_n=0, cap=512)
     assert torch.equal(got.cpu().long(), _ref_topk(r, k, None, 40).sort(-1).values.cpu())
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_exact_topk_sparse_emit_single_and_rescanned_blocks(block_top, pad):
+    """The count + emit pass writes a block's one key at or above the start from the block tops alone and scores
+    again only blocks with two or more: keys planted so that one row has single-key blocks, one has blocks with
+    two (a tie at the maximum in one of them) and one a whole block of equal keys, over several key chunks, with
+    and without padding."""
+    BH, M, N, d = 2, 6, 3000, 32
+    r = _ints((BH, M, d), -1, 2, 5)
+    k = _ints((BH, N, d), -1, 2, 6) * 0.25  # background scores well below the planted keys
+    valid = None
+    if pad:
+        valid = torch.ones(BH, N, dtype=torch.bool, device=DEV)
+        valid[1, 2500:] = False
+    for h in range(BH):
+        for i in range(12):
+            k[h, 64 * (2 + 3 * i) + 5] = r[h, 0] * 2
+        for i in range(6):
+            k[h, 64 * (1 + 7 * i) + 9] = r[h, 1] * 2
+            k[h, 64 * (1 + 7 * i) + 40] = r[h, 1] * (2 if i == 0 else 1.5)
+        k[h, 64 * 30 : 64 * 31] = r[h, 2] * 2
+    st: dict = {}
+    got = tr.exact_topk(r, k, valid, 12, small_max_n=0, stats=st)
+    assert _same_sets(got, _ref_topk(r, k, valid, 12))
+    # Row 0 of each head: its start is the 12th planted key, reached by exactly those 12 (one per block).
+    counts = st["counts"].view(BH, M).cpu()
+    assert counts[:, 0].tolist() == [12, 12]
 
 
 def test_exact_topk_fully_padded_row(block_top):

@@ -8,8 +8,7 @@ For each (N, rho, value) prints the MiTA forward time (CUDA events, median) and 
 mode (eager: host launches included; cuda_graph: replays, GPU time only), how many landmark rows overflowed their
 candidate list (those take the refinement passes) and whether the selection is bitwise the first value's. Results
 print as they come, so a run cut short still reports its first points. Examples: ``--sweep block_top=1,2,4`` (start
-threshold), ``--sweep emit_rounds=0,2,64`` (count + emit pass: slots at once,
-mixed, per round).
+threshold), ``--sweep num_warps=4,8``.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ from mita.ops.mita import triton_small as ts  # noqa: E402
 _BF16 = {"Q", "K", "V", "R", "VT", "O", "DO", "DVT", "DK", "DV"}
 _I32 = {"IDX", "ROWS", "STARTS", "TILE_E", "TILE_RS", "TILE_RE", "ROUTE", "PERM", "PTR", "KK", "DONE", "OFF"}
 _I64 = {"LO", "HI", "CAND"}
-_I8 = {"KV"}
+_I8 = {"KV", "ARG"}
 _FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}
-_INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "CAP", "NC"}
+_INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "NBLK", "CAP", "NC"}
 _INT_SCALARS |= {"H", "SB", "SH", "SN", "DSB", "DSH", "DSN"}  # heads_layout (q, k, v; the upstream gradient)
 
 
@@ -142,12 +142,12 @@ def main() -> None:
                     BS=64,
                     BN=64,
                     EXACT=False,
-                    TOPT=1,
-                    EMIT_ROUNDS=2,
+                    TOPT=2,
+                    BB=16,
                     **common,
                 ),  # fmt: skip
                 4,
-                {"CMAX": "*fp32", "CNT": "*i32"},
+                {"CMAX": "*fp32", "ARG": "*i8", "CNT": "*i32"},
             )
         )
     small = {"MEMB": "*i8", "DQ": "*bf16", "PMEMB": "*bf16"}

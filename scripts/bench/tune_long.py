@@ -38,14 +38,13 @@ FWD_VARIANTS = [
     dict(bm_max=128, bn_max=None, num_warps=4, num_stages=None),
 ]
 SCAN_VARIANTS = [
-    dict(bn=64, bs=None, num_warps=4, emit_warps=4),
-    dict(bn=64, bs=None, num_warps=8, emit_warps=8),
-    dict(bn=64, bs=None, num_warps=4, emit_warps=8),
-    dict(bn=128, bs=None, num_warps=4, emit_warps=4),
-    dict(bn=128, bs=None, num_warps=8, emit_warps=8),
-    dict(bn=64, bs=128, num_warps=8, emit_warps=8),
-    dict(bn=32, bs=None, num_warps=4, emit_warps=4),
-    dict(bn=64, bs=32, num_warps=4, emit_warps=4),
+    dict(bn=64, bs=None, num_warps=4),
+    dict(bn=64, bs=None, num_warps=8),
+    dict(bn=128, bs=None, num_warps=4),
+    dict(bn=128, bs=None, num_warps=8),
+    dict(bn=64, bs=128, num_warps=8),
+    dict(bn=32, bs=None, num_warps=4),
+    dict(bn=64, bs=32, num_warps=4),
 ]
 
 

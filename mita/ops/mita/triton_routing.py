@@ -38,8 +38,9 @@ _P = 16
 _PASSES = 8
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
-# Long-row scan passes: keys per step, landmarks per tile (None: 64 for d <= 64, else 32), warps of the passes and
-# of the count + emit pass (scripts/bench/tune_long.py sweeps them on the GPU).
+# Long-row scan passes: keys per step (at most 128: where a block's maximum sits is kept as an int8), landmarks per
+# tile (None: 64 for d <= 64, else 32), warps of the passes (one setting for all: the passes that score keys again
+# must reproduce the block-top pass's scores to the bit; scripts/bench/tune_long.py sweeps them on the GPU).
 # block_top = t > 1: the block-maximum pass keeps the t largest scores of each key block instead of its maximum, and
 # the start threshold is the kk-th largest of all of them (still kk distinct keys reach it). When a landmark's top
 # keys cluster in few blocks (neighbouring tokens alike) this start is much tighter. None (default): 2 when the
@@ -47,11 +48,7 @@ _SCAN_PROGRAMS = 2048
 # undoes the gain. Measured on the H200 (run 9, forward of B 1, H 2, d 64): AR(1)-correlated tokens (0.9) at 64K
 # 1.49 -> 0.89 ms and at 256K 3.90 -> 1.87 ms (t = 2: no row overflows); i.i.d. tokens 0.91 -> 0.90 ms and
 # 1.30 -> 1.36 ms; at 1M t = 2 and 4 were slower on both (the grouped start still overflows correlated rows).
-# emit_rounds: the count + emit pass hands out list slots one candidate per row and round while a key tile needs at
-# most this many rounds, else one atomic per candidate at once (0: always at once). Measured on the H200 (run 12,
-# B 1, H 2, d 64, top-k alone): per round only, i.i.d. 1M 2.99 ms against 4.08 at once, AR(1) 0.9 16.3 against 14.7
-# (256K: 1.05 against 0.74), so tiles with many candidates take the at-once form.
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, emit_warps=4, block_top=None, emit_rounds=2)
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None)
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
 
@@ -298,6 +295,7 @@ def _topk_start_kernel(
     CAND,
     M,
     NB,
+    NBLK,
     CAP,
     ksel,
     nrows,
@@ -307,13 +305,15 @@ def _topk_start_kernel(
     P: tl.constexpr,
     CB: tl.constexpr,
 ):
-    # One row per program: lo = the largest order key t that kk maxima of groups of F key blocks reach (so kk
+    # One row per program: lo = the largest order key t that kk maxima of groups of F entries reach (so kk
     # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
-    # candidate list start empty.
+    # candidate list start empty. Entries: the NB = t * NBLK first of the block-top planes (t = 1: the block
+    # maxima; t = 2: also each block's second largest score), entry e in plane e // NBLK.
     row = tl.program_id(0).to(tl.int64)
     kk = _head_kk(KK, row // M, ksel, HAS_KV)
     o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
-    g = tl.max(tl.load(CMAX + row * NB + o_b, mask=o_b < NB, other=float("-inf")), 1)
+    e_ptr = CMAX + (o_b // NBLK).to(tl.int64) * nrows * NBLK + row * NBLK + o_b % NBLK
+    g = tl.max(tl.load(e_ptr, mask=o_b < NB, other=float("-inf")), 1)
     m_g = g > float("-inf")
     g_key = _order_key(g)
     lo = tl.full([], -2147483648, tl.int64)
@@ -375,6 +375,7 @@ def _topk_scan_kernel(
     HI,
     DONE,
     CMAX,
+    ARG,
     CNT,
     OFF,
     CAND,
@@ -382,7 +383,7 @@ def _topk_scan_kernel(
     M,
     CH,
     G,
-    NB,
+    NBLK,
     CAP,
     ksel,
     H,
@@ -402,14 +403,19 @@ def _topk_scan_kernel(
     UP: tl.constexpr,
     EXACT: tl.constexpr,
     TOPT: tl.constexpr,
-    EMIT_ROUNDS: tl.constexpr,
+    BB: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
-    # MODE 0: the TOPT largest scores of each key block per landmark (ties: distinct keys) -> CMAX [rows, NB]
-    #         (NB = key blocks x TOPT; TOPT = 1: each block's maximum).
+    # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
+    #         rows, NBLK] (plane t: the (t+1)-th largest), and where in its block the largest is -> ARG [rows, NBLK]
+    #         (int8; the first such key).
     # MODE 4: every key >= lo (slot 0) takes a slot of its row's list from the row's atomic counter OFF and is
     #         written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The
-    #         list's order does not matter: the final top-k orders by the packed value.
+    #         list's order does not matter: the final top-k orders by the packed value. Sparse: reads the block
+    #         tops of BB blocks at a time, not the keys. A block whose second largest score is below the
+    #         threshold holds at most one key at or above it, its maximum, written from (CMAX, ARG) as they are;
+    #         only blocks whose second score reaches it are scored again (the same dot as MODE 0, so the same
+    #         scores to the bit) for the rows that need it.
     # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
     # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P].
     # MODE 2: final state (slot _NPASS), empty candidate lists, per key chunk the count of keys >= hi and of keys
@@ -490,70 +496,92 @@ def _topk_scan_kernel(
         if active:
             b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
             K_h = _head_ptr(K, i_bh, H, SB, SH)
-            for n_b in range(n0, n1, BN):
-                o_n = n_b + tl.arange(0, BN)
-                m_n = o_n < n1
-                if HAS_KV:
-                    m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-                b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-                b_sc = _score(b_r, b_k, PREC, UP, EXACT)
-                if MODE == 0:
-                    b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
-                    for t in tl.static_range(TOPT):
-                        b_max = tl.max(b_x, 1)
-                        tl.store(CMAX + row * NB + (n_b // BN) * TOPT + t, b_max, mask=m_j)
-                        if t + 1 < TOPT:
-                            # Drop one key holding the maximum (the first), so ties count as the keys they are.
-                            c_n = tl.min(tl.where(b_x == b_max[:, None], o_n[None, :], N), 1)
-                            b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
-                elif MODE == 4:
-                    m_c = need[:, None] & m_n[None, :] & (b_sc >= b_tf[:, None])
-                    # Rounds the per-row form needs: the most candidates any row of the tile has.
-                    n_round = tl.max(tl.sum(m_c.to(tl.int32), 1), 0)
-                    if n_round > EMIT_ROUNDS:
-                        # Straight-line: every candidate takes its own slot of its row's list with one relaxed
-                        # atomic (lanes without a candidate issue none). (The offset of the masked-off lanes only
-                        # keeps the pointer tile from being a broadcast, which triton 3.8 rejects for atomics.)
-                        o_off = OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :])
-                        slot = tl.atomic_add(o_off, 1, mask=m_c, sem="relaxed")
-                        packed = (_order_key(b_sc).to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
-                        tl.store(CAND + row[:, None] * CAP + slot, packed, mask=m_c & (slot < CAP))
+            PS = nrows * NBLK  # plane stride of CMAX
+            if MODE == 4:
+                t_f = b_tf[:, None]
+                for b0 in range(n0 // BN, (n1 + BN - 1) // BN, BB):
+                    o_b = b0 + tl.arange(0, BB)
+                    m_e = need[:, None] & (o_b < (n1 + BN - 1) // BN)[None, :]
+                    e_at = row[:, None] * NBLK + o_b[None, :]
+                    e_max = tl.load(CMAX + e_at, mask=m_e, other=float("-inf"))
+                    e_sec = tl.load(CMAX + PS + e_at, mask=m_e, other=float("-inf"))
+                    # Blocks with exactly one key >= t: their maximum (the first key holding it; unique, as the
+                    # second score is below it). (The offset of masked-off lanes only keeps the pointer tile from
+                    # being a broadcast, which triton 3.8 rejects for atomics.)
+                    one = m_e & (e_max >= t_f) & (e_sec < t_f)
+                    e_n = o_b[None, :] * BN + tl.load(ARG + e_at, mask=one, other=0).to(tl.int32)
+                    slot = tl.atomic_add(
+                        OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed"
+                    )
+                    packed = (_order_key(e_max).to(tl.int64) << 32) + (0xFFFFFFFF - e_n.to(tl.int64))
+                    tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
+                    # Blocks with two or more: score them again, for the rows that need it.
+                    more = m_e & (e_sec >= t_f)
+                    n_more = tl.sum(more.to(tl.int32), 0)
+                    if tl.max(n_more, 0) > 0:
+                        for j in range(BB):
+                            m_row = tl.sum(tl.where(tl.arange(0, BB)[None, :] == j, more, 0), 1) > 0
+                            if tl.max(m_row.to(tl.int32), 0) > 0:
+                                o_n = (b0 + j) * BN + tl.arange(0, BN)
+                                m_n = o_n < n1
+                                if HAS_KV:
+                                    m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+                                b_k = tl.load(
+                                    K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0
+                                )
+                                b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                                m_c = m_row[:, None] & m_n[None, :] & (b_sc >= t_f)
+                                r_slot = tl.atomic_add(
+                                    OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :]), 1, mask=m_c, sem="relaxed"
+                                )
+                                r_packed = (_order_key(b_sc).to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[
+                                    None, :
+                                ]
+                                tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
+            if MODE != 4:
+                for n_b in range(n0, n1, BN):
+                    o_n = n_b + tl.arange(0, BN)
+                    m_n = o_n < n1
+                    if HAS_KV:
+                        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+                    b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+                    b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                    if MODE == 0:
+                        b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
+                        e_at = row * NBLK + n_b // BN
+                        for t in tl.static_range(TOPT):
+                            b_max = tl.max(b_x, 1)
+                            tl.store(CMAX + t * PS + e_at, b_max, mask=m_j)
+                            if t + 1 < TOPT:
+                                # Drop one key holding the maximum (the first), so ties count as the keys they are.
+                                c_n = tl.min(tl.where(b_x == b_max[:, None], o_n[None, :], N), 1)
+                                if t == 0:
+                                    tl.store(ARG + e_at, (c_n - n_b).to(tl.int8), mask=m_j)
+                                b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
                     else:
-                        # Float compares only (no order key per score): each round takes every row's best
-                        # remaining candidate of the tile (first index on ties) and gives it the row's next slot.
-                        # Independent tokens give one or two candidates per tile, so one round, usually.
-                        for _ in range(n_round):
-                            c_max = tl.max(tl.where(m_c, b_sc, float("-inf")), 1)
-                            c_n = tl.min(tl.where(m_c & (b_sc == c_max[:, None]), o_n[None, :], N), 1)
-                            m_w = c_n < N
-                            slot = tl.atomic_add(OFF + row, 1, mask=m_w, sem="relaxed")
-                            packed = (_order_key(c_max).to(tl.int64) << 32) + (0xFFFFFFFF - c_n.to(tl.int64))
-                            tl.store(CAND + row * CAP + slot, packed, mask=m_w & (slot < CAP))
-                            m_c = m_c & (o_n[None, :] != c_n[:, None])
-                else:
-                    b_key = _order_key(b_sc)
-                    m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
-                    if tl.sum(m_lo.to(tl.int32)) > 0:
-                        # (order key, reversed index): one int64 whose order is score desc, index asc.
-                        packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
-                        if MODE == 1:
-                            for p in tl.static_range(P):
-                                sel_p = (tl.arange(0, P) == p)[None, :]
-                                t_p = tl.sum(tl.where(sel_p, b_t, 0), 1)
-                                c_p = tl.sum((m_lo & (b_key >= t_p[:, None])).to(tl.int32), 1)
-                                b_cnt += tl.where(sel_p, c_p[:, None], 0)
-                        else:
-                            m_hi = m_lo & (b_key >= b_hi[:, None])
-                            m_band = m_lo & (b_key < b_hi[:, None])
-                            if MODE == 3:
-                                p_hi = w_hi + c_hi
-                                p_band = w_band + c_band
-                                r_hi = p_hi[:, None] + tl.cumsum(m_hi.to(tl.int32), 1) - 1
-                                r_band = p_band[:, None] + tl.cumsum(m_band.to(tl.int32), 1) - 1
-                                pos = tl.where(m_hi, r_hi, r_band)
-                                tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_lo & (pos < CAP))
-                            c_hi += tl.sum(m_hi.to(tl.int32), 1)
-                            c_band += tl.sum(m_band.to(tl.int32), 1)
+                        b_key = _order_key(b_sc)
+                        m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
+                        if tl.sum(m_lo.to(tl.int32)) > 0:
+                            # (order key, reversed index): one int64 whose order is score desc, index asc.
+                            packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
+                            if MODE == 1:
+                                for p in tl.static_range(P):
+                                    sel_p = (tl.arange(0, P) == p)[None, :]
+                                    t_p = tl.sum(tl.where(sel_p, b_t, 0), 1)
+                                    c_p = tl.sum((m_lo & (b_key >= t_p[:, None])).to(tl.int32), 1)
+                                    b_cnt += tl.where(sel_p, c_p[:, None], 0)
+                            else:
+                                m_hi = m_lo & (b_key >= b_hi[:, None])
+                                m_band = m_lo & (b_key < b_hi[:, None])
+                                if MODE == 3:
+                                    p_hi = w_hi + c_hi
+                                    p_band = w_band + c_band
+                                    r_hi = p_hi[:, None] + tl.cumsum(m_hi.to(tl.int32), 1) - 1
+                                    r_band = p_band[:, None] + tl.cumsum(m_band.to(tl.int32), 1) - 1
+                                    pos = tl.where(m_hi, r_hi, r_band)
+                                    tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_lo & (pos < CAP))
+                                c_hi += tl.sum(m_hi.to(tl.int32), 1)
+                                c_band += tl.sum(m_band.to(tl.int32), 1)
             if MODE == 1:
                 o_p2 = tl.arange(0, P)
                 tl.atomic_add(
@@ -691,9 +719,8 @@ def exact_topk(
     topt = int(topt) if topt is not None else (2 if NB * 2 <= _START_ENTRIES else 1)
     if topt < 1 or topt > bn:
         raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
-    emit_rounds = SCAN_CONFIG.get("emit_rounds", 2)
-    if not isinstance(emit_rounds, int) or emit_rounds < 0:
-        raise ValueError(f"SCAN_CONFIG['emit_rounds'] must be an int >= 0, got {emit_rounds!r}")
+    if not 16 <= bn <= 128:
+        raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
     G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
     CH = _cdiv(_cdiv(N, G), bn) * bn
     G = _cdiv(N, CH)
@@ -705,7 +732,10 @@ def exact_topk(
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
 
-    cmax = torch.empty(rows, NB * topt, device=dev, dtype=torch.float32)
+    # Block tops: plane t = each key block's (t+1)-th largest score per row (at least two planes: the count + emit
+    # pass needs the second), and where in the block the largest is.
+    cmax = torch.empty(max(topt, 2), rows, NB, device=dev, dtype=torch.float32)
+    arg = torch.empty(rows, NB, device=dev, dtype=torch.int8)
     # State slot i = (lo, hi, done) of each row before refinement pass i; slot _PASSES: the final state.
     lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
     hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
@@ -719,10 +749,9 @@ def exact_topk(
 
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
-            r, k, kv, kk, lo, hi, done, cmax, cnt, off, cand, N, M, CH, G, NB * topt, cap, ksel, *lay, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=topt if mode == 0 else 1,
-            EMIT_ROUNDS=emit_rounds if mode == 4 else 0, **common,
-            num_warps=SCAN_CONFIG["emit_warps" if mode == 4 else "num_warps"],
+            r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, i_pass,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=max(topt, 2) if mode == 0 else 1, BB=16, **common,
+            num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
 
     run("block maxima", lambda: scan(0))
@@ -732,13 +761,13 @@ def exact_topk(
     run(
         "start threshold",
         lambda: fast(_topk_start_kernel)[(rows,)](
-            cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, cap, ksel, rows,
+            cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
             HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024),
             num_warps=8 if gp * f >= 4096 else 4,
         ),
     )  # fmt: skip
     # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
-    run("count + emit (atomic slots)", lambda: scan(4))
+    run("count + emit (sparse, atomic slots)", lambda: scan(4))
     if stats is not None:
         stats["cap"] = cap
         stats["counts"] = off.clone()
@@ -1261,14 +1290,14 @@ def _compile_cases() -> list:
     """Kernels and constexpr settings (bf16, d 64) for scripts/bench/compile_check.py beyond its own list."""
     common = dict(D=64, PREC="tf32", UP=False)
     i32, i64 = "*i32", "*i64"
-    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", CNT=i32, OFF=i32, CAND=i64)
+    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
-        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, EMIT_ROUNDS=0, **sc), 4, scan),
+        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, BB=16, **sc), 4, scan),
         ("topk_scan mode 4", _topk_scan_kernel,
-         dict(MODE=4, SKIP=False, TOPT=1, EMIT_ROUNDS=2, **{**sc, "HAS_KV": True}), 4, scan),
-        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, EMIT_ROUNDS=0, **sc), 4, scan),
-        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, EMIT_ROUNDS=0, **sc), 4, scan),
+         dict(MODE=4, SKIP=False, TOPT=1, BB=16, **{**sc, "HAS_KV": True}), 4, scan),
+        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, BB=16, **sc), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, BB=16, **sc), 4, scan),
         ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
