@@ -144,6 +144,7 @@ def main() -> None:
                     EXACT=False,
                     TOPT=2,
                     BB=16,
+                    BG=8,
                     **common,
                 ),  # fmt: skip
                 4,

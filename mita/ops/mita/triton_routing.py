@@ -404,6 +404,7 @@ def _topk_scan_kernel(
     EXACT: tl.constexpr,
     TOPT: tl.constexpr,
     BB: tl.constexpr,
+    BG: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
@@ -509,19 +510,20 @@ def _topk_scan_kernel(
                     # second score is below it). (The offset of masked-off lanes only keeps the pointer tile from
                     # being a broadcast, which triton 3.8 rejects for atomics.)
                     one = m_e & (e_max >= t_f) & (e_sec < t_f)
-                    e_n = o_b[None, :] * BN + tl.load(ARG + e_at, mask=one, other=0).to(tl.int32)
+                    e_n = o_b[None, :] * BN + tl.load(ARG + e_at, mask=m_e, other=0).to(tl.int32)
                     slot = tl.atomic_add(
                         OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed"
                     )
                     packed = (_order_key(e_max).to(tl.int64) << 32) + (0xFFFFFFFF - e_n.to(tl.int64))
                     tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
                     # Blocks with two or more: score them again, for the rows that need it.
-                    more = m_e & (e_sec >= t_f)
-                    n_more = tl.sum(more.to(tl.int32), 0)
-                    if tl.max(n_more, 0) > 0:
+                    more = (m_e & (e_sec >= t_f)).to(tl.int32)
+                    b_more = tl.max(more, 0)  # [BB]: does any row need block j scored again
+                    if tl.max(b_more, 0) > 0:
+                        o_c = tl.arange(0, BB)
                         for j in range(BB):
-                            m_row = tl.sum(tl.where(tl.arange(0, BB)[None, :] == j, more, 0), 1) > 0
-                            if tl.max(m_row.to(tl.int32), 0) > 0:
+                            if tl.max(tl.where(o_c == j, b_more, 0), 0) > 0:
+                                m_row = tl.max(tl.where(o_c[None, :] == j, more, 0), 1) > 0
                                 o_n = (b0 + j) * BN + tl.arange(0, BN)
                                 m_n = o_n < n1
                                 if HAS_KV:
@@ -538,7 +540,46 @@ def _topk_scan_kernel(
                                     None, :
                                 ]
                                 tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
-            if MODE != 4:
+            if MODE == 0:
+                # BG key blocks per step: their tops gather in [BS, BG] registers and are stored at once (one store
+                # per row and plane instead of one per block).
+                o_c = tl.arange(0, BG)
+                nb1 = (n1 + BN - 1) // BN
+                for g0 in range(n0, n1, BN * BG):
+                    a_max = tl.full([BS, BG], float("-inf"), tl.float32)
+                    a_sec = tl.full([BS, BG], float("-inf"), tl.float32)
+                    a_arg = tl.zeros([BS, BG], tl.int32)
+                    for j in range(BG):
+                        n_b = g0 + j * BN
+                        o_n = n_b + tl.arange(0, BN)
+                        m_n = o_n < n1
+                        if HAS_KV:
+                            m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+                        b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+                        b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                        b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
+                        b_max = tl.max(b_x, 1)
+                        # Drop one key holding the maximum (the first), so ties count as the keys they are.
+                        c_n = tl.min(tl.where(b_x == b_max[:, None], o_n[None, :], N), 1)
+                        b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
+                        b_top = tl.max(b_x, 1)
+                        sel = o_c[None, :] == j
+                        a_max = tl.where(sel, b_max[:, None], a_max)
+                        a_sec = tl.where(sel, b_top[:, None], a_sec)
+                        a_arg = tl.where(sel, (c_n - n_b)[:, None], a_arg)
+                        for t in tl.static_range(2, TOPT):
+                            # Further planes (block_top > 2): stored per block.
+                            c_n = tl.min(tl.where(b_x == b_top[:, None], o_n[None, :], N), 1)
+                            b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
+                            b_top = tl.max(b_x, 1)
+                            tl.store(CMAX + t * PS + row * NBLK + n_b // BN, b_top, mask=m_j & (n_b < n1))
+                    o_e = g0 // BN + o_c
+                    e_at = row[:, None] * NBLK + o_e[None, :]
+                    m_e = m_j[:, None] & (o_e < nb1)[None, :]
+                    tl.store(CMAX + e_at, a_max, mask=m_e)
+                    tl.store(CMAX + PS + e_at, a_sec, mask=m_e)
+                    tl.store(ARG + e_at, a_arg.to(tl.int8), mask=m_e)
+            if MODE != 4 and MODE != 0:
                 for n_b in range(n0, n1, BN):
                     o_n = n_b + tl.arange(0, BN)
                     m_n = o_n < n1
@@ -546,42 +587,29 @@ def _topk_scan_kernel(
                         m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
                     b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
                     b_sc = _score(b_r, b_k, PREC, UP, EXACT)
-                    if MODE == 0:
-                        b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
-                        e_at = row * NBLK + n_b // BN
-                        for t in tl.static_range(TOPT):
-                            b_max = tl.max(b_x, 1)
-                            tl.store(CMAX + t * PS + e_at, b_max, mask=m_j)
-                            if t + 1 < TOPT:
-                                # Drop one key holding the maximum (the first), so ties count as the keys they are.
-                                c_n = tl.min(tl.where(b_x == b_max[:, None], o_n[None, :], N), 1)
-                                if t == 0:
-                                    tl.store(ARG + e_at, (c_n - n_b).to(tl.int8), mask=m_j)
-                                b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
-                    else:
-                        b_key = _order_key(b_sc)
-                        m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
-                        if tl.sum(m_lo.to(tl.int32)) > 0:
-                            # (order key, reversed index): one int64 whose order is score desc, index asc.
-                            packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
-                            if MODE == 1:
-                                for p in tl.static_range(P):
-                                    sel_p = (tl.arange(0, P) == p)[None, :]
-                                    t_p = tl.sum(tl.where(sel_p, b_t, 0), 1)
-                                    c_p = tl.sum((m_lo & (b_key >= t_p[:, None])).to(tl.int32), 1)
-                                    b_cnt += tl.where(sel_p, c_p[:, None], 0)
-                            else:
-                                m_hi = m_lo & (b_key >= b_hi[:, None])
-                                m_band = m_lo & (b_key < b_hi[:, None])
-                                if MODE == 3:
-                                    p_hi = w_hi + c_hi
-                                    p_band = w_band + c_band
-                                    r_hi = p_hi[:, None] + tl.cumsum(m_hi.to(tl.int32), 1) - 1
-                                    r_band = p_band[:, None] + tl.cumsum(m_band.to(tl.int32), 1) - 1
-                                    pos = tl.where(m_hi, r_hi, r_band)
-                                    tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_lo & (pos < CAP))
-                                c_hi += tl.sum(m_hi.to(tl.int32), 1)
-                                c_band += tl.sum(m_band.to(tl.int32), 1)
+                    b_key = _order_key(b_sc)
+                    m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
+                    if tl.sum(m_lo.to(tl.int32)) > 0:
+                        # (order key, reversed index): one int64 whose order is score desc, index asc.
+                        packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
+                        if MODE == 1:
+                            for p in tl.static_range(P):
+                                sel_p = (tl.arange(0, P) == p)[None, :]
+                                t_p = tl.sum(tl.where(sel_p, b_t, 0), 1)
+                                c_p = tl.sum((m_lo & (b_key >= t_p[:, None])).to(tl.int32), 1)
+                                b_cnt += tl.where(sel_p, c_p[:, None], 0)
+                        else:
+                            m_hi = m_lo & (b_key >= b_hi[:, None])
+                            m_band = m_lo & (b_key < b_hi[:, None])
+                            if MODE == 3:
+                                p_hi = w_hi + c_hi
+                                p_band = w_band + c_band
+                                r_hi = p_hi[:, None] + tl.cumsum(m_hi.to(tl.int32), 1) - 1
+                                r_band = p_band[:, None] + tl.cumsum(m_band.to(tl.int32), 1) - 1
+                                pos = tl.where(m_hi, r_hi, r_band)
+                                tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_lo & (pos < CAP))
+                            c_hi += tl.sum(m_hi.to(tl.int32), 1)
+                            c_band += tl.sum(m_band.to(tl.int32), 1)
             if MODE == 1:
                 o_p2 = tl.arange(0, P)
                 tl.atomic_add(
@@ -727,6 +755,7 @@ def exact_topk(
     cap = _next_pow2(max(cap or 2 * ksel, ksel, 64))
     rows = BH * M
     grid = (n_s, G, BH)
+    bg = min(8, _next_pow2(CH // bn))  # key blocks per step of the block-top pass
     common = dict(HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P)
 
     def run(name, fn):
@@ -750,7 +779,8 @@ def exact_topk(
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
             r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=max(topt, 2) if mode == 0 else 1, BB=16, **common,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=max(topt, 2) if mode == 0 else 1, BB=32,
+            BG=bg if mode == 0 else 1, **common,
             num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
 
@@ -1293,11 +1323,11 @@ def _compile_cases() -> list:
     scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
-        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, BB=16, **sc), 4, scan),
+        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, **sc), 4, scan),
         ("topk_scan mode 4", _topk_scan_kernel,
-         dict(MODE=4, SKIP=False, TOPT=1, BB=16, **{**sc, "HAS_KV": True}), 4, scan),
-        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, BB=16, **sc), 4, scan),
-        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, BB=16, **sc), 4, scan),
+         dict(MODE=4, SKIP=False, TOPT=1, BB=16, BG=1, **{**sc, "HAS_KV": True}), 4, scan),
+        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, **sc), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, **sc), 4, scan),
         ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
