@@ -558,15 +558,15 @@ def _topk_scan_kernel(
                         b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
                         b_sc = _score(b_r, b_k, PREC, UP, EXACT)
                         b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
-                        b_max = tl.max(b_x, 1)
-                        # Drop one key holding the maximum (the first), so ties count as the keys they are.
-                        c_n = tl.min(tl.where(b_x == b_max[:, None], o_n[None, :], N), 1)
-                        b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
+                        # The maximum and the first key holding it (one reduction); that key dropped, the second
+                        # largest (ties count as the keys they are).
+                        b_max, c_i = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
+                        b_x = tl.where(tl.arange(0, BN)[None, :] == c_i[:, None], float("-inf"), b_x)
                         b_top = tl.max(b_x, 1)
                         sel = o_c[None, :] == j
                         a_max = tl.where(sel, b_max[:, None], a_max)
                         a_sec = tl.where(sel, b_top[:, None], a_sec)
-                        a_arg = tl.where(sel, (c_n - n_b)[:, None], a_arg)
+                        a_arg = tl.where(sel, c_i[:, None], a_arg)
                         for t in tl.static_range(2, TOPT):
                             # Further planes (block_top > 2): stored per block.
                             c_n = tl.min(tl.where(b_x == b_top[:, None], o_n[None, :], N), 1)
