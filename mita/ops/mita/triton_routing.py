@@ -3,13 +3,15 @@
 - ``exact_topk``: per landmark, the k keys with the largest raw score ``R_i . k_j`` (ties to the lower key
   index), computed tile by tile without writing the [m, N] scores. Each score is mapped to an order-preserving
   int32 key. Short rows (N <= ``SMALL_N``) keep a [landmarks, N] tile on chip and find the k-th largest key by
-  bisection over the 2^32 key range (32 counting steps in registers). Long rows: block maxima; a start threshold
-  that at least k keys reach (bisection over group maxima, one program per row); one pass that gives every key
-  at or above it a slot of its row's [cap] candidate list from a per-row atomic counter (the list's order does
-  not matter: each entry is the packed int64 (order key, reversed index)); a top-k of that list (bisection and
-  ranks in one kernel). Rows with more than cap such keys (many ties, or a loose start) fall back on the device:
-  16-way refinement passes raise the threshold until at most cap keys reach it (or until it is the k-th key
-  itself), then a counting pass and an emitting pass write the keys in key order (ties truncated to the lowest
+  bisection over the 2^32 key range (32 counting steps in registers). Long rows: block tops (each key block's two
+  largest scores and where its maximum sits); a start threshold that at least k keys reach (bisection over group
+  maxima, one program per row); a sparse pass that gives every key at or above it a slot of its row's [cap]
+  candidate list from a per-row atomic counter (the list's order does not matter: each entry is the packed int64
+  (order key, reversed index)), reading the block tops: a block whose second score is below the threshold holds
+  at most one such key, its maximum, so only blocks with two or more are scored again; a top-k of that list
+  (bisection and ranks in one kernel). Rows with more than cap such keys (many ties, or a loose start) fall back
+  on the device: 16-way refinement passes raise the threshold until at most cap keys reach it (or until it is the
+  k-th key itself), then a counting pass and an emitting pass write the keys in key order (ties truncated to the lowest
   indices). The fallback launches exit at once when no row needs them: no host synchronisation, and the result
   is exact for any input.
 - ``route_topk``: per query, the S landmarks with the largest ``q_n . R_i`` (first maximum on ties), in order.
@@ -755,7 +757,9 @@ def exact_topk(
     cap = _next_pow2(max(cap or 2 * ksel, ksel, 64))
     rows = BH * M
     grid = (n_s, G, BH)
-    bg = min(8, _next_pow2(CH // bn))  # key blocks per step of the block-top pass
+    # Key blocks per step of the block-top pass (bg) and of the sparse count + emit pass (bb), at most a chunk's.
+    bg = min(8, _next_pow2(CH // bn))
+    bb = max(2, min(32, _next_pow2(CH // bn)))
     common = dict(HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P)
 
     def run(name, fn):
@@ -779,7 +783,7 @@ def exact_topk(
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
             r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=max(topt, 2) if mode == 0 else 1, BB=32,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=max(topt, 2) if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, **common,
             num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
