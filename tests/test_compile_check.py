@@ -40,3 +40,11 @@ def test_every_kernel_compiles_for_sm90():
     ):
         assert kernel in names, run.stdout
     assert len(lines) >= 30, run.stdout
+    # Compiled with the alignment a launch specialises on, the key loops of the block-top pass and of the fused
+    # attention are software-pipelined (asynchronous copies); a loop the pipeliner refuses (for example one that
+    # holds a data-dependent while loop) compiles with none.
+    cp_async = {
+        ln.split(" ok ")[0].strip(): int(ln.split("cp.async ")[1].split(",")[0]) for ln in lines if " ok " in ln
+    }
+    for kernel in ("topk_scan mode 0", "mita_fwd", "lv_fwd BS=128"):
+        assert cp_async[kernel] > 0, run.stdout
