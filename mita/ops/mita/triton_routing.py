@@ -499,7 +499,7 @@ def _topk_scan_kernel(
         if active:
             b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
             K_h = _head_ptr(K, i_bh, H, SB, SH)
-            PS = nrows * NBLK  # plane stride of CMAX
+            PS = (i_bh * 0 + nrows) * NBLK  # plane stride of CMAX (int64: rows x blocks may pass 2^31)
             if MODE == 4:
                 t_f = b_tf[:, None]
                 for b0 in range(n0 // BN, (n1 + BN - 1) // BN, BB):
