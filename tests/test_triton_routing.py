@@ -195,19 +195,11 @@ def test_exact_topk_long_rows_launches(monkeypatch):
     assert _same_sets(got, _ref_topk(r, k, None, 5))
 
 
-@pytest.mark.parametrize("bad", [0, 65])
-def test_exact_topk_block_top_out_of_range(monkeypatch, bad):
-    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bad)
+@pytest.mark.parametrize("key,bad", [("block_top", 0), ("block_top", 65), ("bn", 8), ("bn", 256)])
+def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
+    monkeypatch.setitem(tr.SCAN_CONFIG, key, bad)
     r, k = _ints((1, 3, 32), -2, 3, 1), _ints((1, 700, 32), -2, 3, 2)
-    with pytest.raises(ValueError, match="block_top"):
-        tr.exact_topk(r, k, None, 8, small_max_n=0)
-
-
-@pytest.mark.parametrize("bad", [8, 256])
-def test_exact_topk_block_size_out_of_range(monkeypatch, bad):
-    monkeypatch.setitem(tr.SCAN_CONFIG, "bn", bad)
-    r, k = _ints((1, 3, 32), -2, 3, 1), _ints((1, 700, 32), -2, 3, 2)
-    with pytest.raises(ValueError, match="bn"):
+    with pytest.raises(ValueError, match=key):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 

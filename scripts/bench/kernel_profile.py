@@ -32,6 +32,8 @@ POINTS = {
     "deit_s": dict(B=256, H=6, N=197, m=25, k=25),
     "N4096": dict(B=1, H=2, N=4096, m=32, k=32),
     "N65536": dict(B=1, H=2, N=65536, m=128, k=128),
+    # Figure F's MiTA layer at 64K (batch 16): 32 heads of rows, GPU-bound.
+    "N65536xB16": dict(B=16, H=2, N=65536, m=128, k=128),
     "N262144": dict(B=1, H=2, N=1 << 18, m=256, k=256),
     "N1048576": dict(B=1, H=2, N=1 << 20, m=512, k=512),
 }

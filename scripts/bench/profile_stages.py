@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from common import cuda_time  # noqa: E402
+from kernel_profile import POINTS  # noqa: E402
 
 from mita.ops.mita import triton_mita as tm  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
@@ -90,16 +91,6 @@ def profile_topk_passes(name: str, r, kk, k: int, reps: int = 5, cap: int | None
     print(f"{name:9s}   top-k: {'sum of passes':38s} {total:9.3f} ms", flush=True)
 
 
-POINTS = {
-    "deit_s": (256, 6, 197, 25, 25),
-    "N65536": (1, 2, 65536, 128, 128),
-    # Figure F's MiTA layer at 64K (batch 16): the top-k passes with 32 heads of rows, GPU-bound.
-    "N65536xB16": (16, 2, 65536, 128, 128),
-    "N262144": (1, 2, 1 << 18, 256, 256),
-    "N1048576": (1, 2, 1 << 20, 512, 512),
-}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-n", type=int, default=1 << 20)
@@ -109,8 +100,8 @@ def main() -> None:
         if name not in POINTS:
             raise SystemExit(f"unknown point {name!r}; known: {sorted(POINTS)}")
         p = POINTS[name]
-        if p[2] <= args.max_n:
-            profile_point(name, *p)
+        if p["N"] <= args.max_n:
+            profile_point(name, p["B"], p["H"], p["N"], p["m"], p["k"])
             torch.cuda.empty_cache()
 
 

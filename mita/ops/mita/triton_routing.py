@@ -368,6 +368,18 @@ def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, 
 
 
 @triton.jit
+def _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    # Scores of the landmark tile b_r against the key block o_n (keys below n1, and valid with padding) -> (valid
+    # keys [BN], scores [BS, BN]). Every pass that scores keys calls this, so equal launches give equal bits.
+    m_n = o_n < n1
+    if HAS_KV:
+        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+    return m_n, _score(b_r, b_k, PREC, UP, EXACT)
+
+
+@triton.jit
 def _topk_scan_kernel(
     R,
     K,
@@ -527,13 +539,9 @@ def _topk_scan_kernel(
                             if tl.max(tl.where(o_c == j, b_more, 0), 0) > 0:
                                 m_row = tl.max(tl.where(o_c[None, :] == j, more, 0), 1) > 0
                                 o_n = (b0 + j) * BN + tl.arange(0, BN)
-                                m_n = o_n < n1
-                                if HAS_KV:
-                                    m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-                                b_k = tl.load(
-                                    K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0
+                                m_n, b_sc = _key_block_scores(
+                                    b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT
                                 )
-                                b_sc = _score(b_r, b_k, PREC, UP, EXACT)
                                 m_c = m_row[:, None] & m_n[None, :] & (b_sc >= t_f)
                                 r_slot = tl.atomic_add(
                                     OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :]), 1, mask=m_c, sem="relaxed"
@@ -554,11 +562,7 @@ def _topk_scan_kernel(
                     for j in range(BG):
                         n_b = g0 + j * BN
                         o_n = n_b + tl.arange(0, BN)
-                        m_n = o_n < n1
-                        if HAS_KV:
-                            m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-                        b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-                        b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                        m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
                         b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
                         # The maximum and the first key holding it (one reduction); that key dropped, the second
                         # largest (ties count as the keys they are).
@@ -584,11 +588,7 @@ def _topk_scan_kernel(
             if MODE != 4 and MODE != 0:
                 for n_b in range(n0, n1, BN):
                     o_n = n_b + tl.arange(0, BN)
-                    m_n = o_n < n1
-                    if HAS_KV:
-                        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-                    b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-                    b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                    m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
                     b_key = _order_key(b_sc)
                     m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
                     if tl.sum(m_lo.to(tl.int32)) > 0:
