@@ -195,7 +195,10 @@ def test_exact_topk_long_rows_launches(monkeypatch):
     assert _same_sets(got, _ref_topk(r, k, None, 5))
 
 
-@pytest.mark.parametrize("key,bad", [("block_top", 0), ("block_top", 65), ("bn", 8), ("bn", 256)])
+@pytest.mark.parametrize(
+    "key,bad",
+    [("block_top", 0), ("block_top", 65), ("bn", 8), ("bn", 256), ("emit_top", 1), ("emit_top", 4), ("select", "sort")],
+)
 def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
     monkeypatch.setitem(tr.SCAN_CONFIG, key, bad)
     r, k = _ints((1, 3, 32), -2, 3, 1), _ints((1, 700, 32), -2, 3, 2)
@@ -203,19 +206,24 @@ def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
-def test_exact_topk_whole_tiles_of_tied_candidates():
-    """Every block holds many keys at or above the start (massive ties): all of them are scored again."""
+@pytest.mark.parametrize("select", ["radix", "bisect"])
+def test_exact_topk_whole_tiles_of_tied_candidates(monkeypatch, select):
+    """Every block holds many keys at or above the start (massive ties): all of them are scored again; the start
+    and the final top-k find the k-th key (and the lowest indices among its ties) by radix select and by bisection."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "select", select)
     r, k = _ints((2, 5, 32), -1, 2, 3), _ints((2, 900, 32), -1, 2, 4)
     got = tr.exact_topk(r, k, None, 40, small_max_n=0, cap=512)
     assert torch.equal(got.cpu().long(), _ref_topk(r, k, None, 40).sort(-1).values.cpu())
 
 
+@pytest.mark.parametrize("emit_top", [2, 3])
 @pytest.mark.parametrize("pad", [False, True])
-def test_exact_topk_sparse_emit_single_and_rescanned_blocks(block_top, pad):
-    """The count + emit pass writes a block's one key at or above the start from the block tops alone and scores
-    again only blocks with two or more: keys planted so that one row has single-key blocks, one has blocks with
-    two (a tie at the maximum in one of them) and one a whole block of equal keys, over several key chunks, with
-    and without padding."""
+def test_exact_topk_sparse_emit_single_and_rescanned_blocks(monkeypatch, block_top, pad, emit_top):
+    """The count + emit pass writes a block's one key at or above the start from the block tops alone (emit_top 3:
+    also a block's two) and scores again only the other blocks: keys planted so that one row has single-key
+    blocks, one has blocks with two (a tie at the maximum in one of them) and one a whole block of equal keys, over
+    several key chunks, with and without padding."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_top", emit_top)
     BH, M, N, d = 2, 6, 3000, 32
     r = _ints((BH, M, d), -1, 2, 5)
     k = _ints((BH, N, d), -1, 2, 6) * 0.25  # background scores well below the planted keys

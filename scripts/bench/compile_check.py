@@ -145,6 +145,7 @@ def main() -> None:
                     TOPT=2,
                     BB=16,
                     BG=8,
+                    E3=0,
                     **common,
                 ),  # fmt: skip
                 4,

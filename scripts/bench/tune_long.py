@@ -1,7 +1,7 @@
 """Sweep the launch settings of the general (long-sequence) path at the Figure F shapes: the fused attention
 forward (triton_mita.FWD_CONFIG) and the long-row top-k scan passes (triton_routing.SCAN_CONFIG).
 
-    python scripts/bench/tune_long.py [--points N262144,N1048576]
+    python scripts/bench/tune_long.py [--points N262144,N1048576] [--parts fwd,topk]
 
 Each setting is checked against the default before its time is printed: the top-k indices bitwise, the attention
 output closely (max relative error). Times are CUDA-event medians of the stage alone (bf16, d 64, B 1, H 2).
@@ -36,6 +36,7 @@ FWD_VARIANTS = [
     dict(bm_max=128, bn_max=None, num_warps=8, num_stages=2),
     dict(bm_max=128, bn_max=128, num_warps=8, num_stages=2),
     dict(bm_max=128, bn_max=None, num_warps=4, num_stages=None),
+    dict(bm_max=32, bn_max=None, num_warps=4, num_stages=None),
 ]
 SCAN_VARIANTS = [
     dict(bn=64, bs=None, num_warps=4),
@@ -48,7 +49,7 @@ SCAN_VARIANTS = [
 ]
 
 
-def tune_point(name: str) -> None:
+def tune_point(name: str, parts: tuple[str, ...] = ("fwd", "topk")) -> None:
     """Time every variant at one point and restore the default settings."""
     fwd_default, scan_default = copy.deepcopy(tm.FWD_CONFIG), copy.deepcopy(tr.SCAN_CONFIG)
     p = POINTS[name]
@@ -60,7 +61,8 @@ def tune_point(name: str) -> None:
     route = tr.route_topk(q, r, 1)
     vt, _ = tr.landmark_values_fwd(r, kk, v, None, d**-0.5)
     o_ref = None
-    for var in FWD_VARIANTS:
+    for var in FWD_VARIANTS if "fwd" in parts else []:
+        tm.FWD_CONFIG.update(fwd_default)
         tm.FWD_CONFIG.update(var)
         try:
             plan = tm.build_plan(idx_ref, route, m)
@@ -77,7 +79,8 @@ def tune_point(name: str) -> None:
         except Exception as e:  # noqa: BLE001 (a setting that does not compile or fit is reported, not fatal)
             print(f"{name:9s} fwd  {str(var):70s} FAILED {str(e).splitlines()[0][:100]}", flush=True)
     tm.FWD_CONFIG.update(fwd_default)
-    for var in SCAN_VARIANTS:
+    for var in SCAN_VARIANTS if "topk" in parts else []:
+        tr.SCAN_CONFIG.update(scan_default)
         tr.SCAN_CONFIG.update(var)
         try:
 
@@ -95,9 +98,13 @@ def tune_point(name: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default="N262144,N1048576")
+    ap.add_argument("--parts", default="fwd,topk", help="comma-separated: fwd (FWD_VARIANTS), topk (SCAN_VARIANTS)")
     args = ap.parse_args()
+    parts = tuple(args.parts.split(","))
+    if not parts or any(p not in ("fwd", "topk") for p in parts):
+        raise SystemExit(f"--parts takes fwd and/or topk, got {args.parts!r}")
     for name in args.points.split(","):
-        tune_point(name)
+        tune_point(name, parts)
         torch.cuda.empty_cache()
 
 

@@ -50,7 +50,12 @@ _SCAN_PROGRAMS = 2048
 # undoes the gain. Measured on the H200 (run 9, forward of B 1, H 2, d 64): AR(1)-correlated tokens (0.9) at 64K
 # 1.49 -> 0.89 ms and at 256K 3.90 -> 1.87 ms (t = 2: no row overflows); i.i.d. tokens 0.91 -> 0.90 ms and
 # 1.30 -> 1.36 ms; at 1M t = 2 and 4 were slower on both (the grouped start still overflows correlated rows).
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None)
+# emit_top = 3: the block-top pass also keeps each block's third largest score and where its second sits, so the
+# count + emit pass writes blocks with two keys at or above the start from the block tops too and scores again only
+# blocks with three or more; 2: only blocks with one are written directly. None (default): _emit_top.
+# select: how the start and the final top-k find a row's k-th largest key: "radix" (four 8-bit histogram rounds) or
+# "bisect" (32 halving steps, each a count over the row).
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, select="radix")
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
 
@@ -287,6 +292,49 @@ def _narrow(lo, hi, p, P: tl.constexpr):
 
 
 @triton.jit
+def _kth_largest_u32(u, valid, kk):
+    # The kk-th largest of the values u (int64 in [0, 2^32), 1-D) among the entries valid, 1 <= kk <= count(valid):
+    # radix select, four rounds of 8 bits from the top (a histogram of the current digit among the entries that
+    # share the digits chosen so far, then the digit whose bin holds the kk-th largest).
+    o_b = tl.arange(0, 256)
+    need = kk
+    pre = tl.full([], 0, tl.int64)
+    cand = valid
+    for r in tl.static_range(4):
+        dig = ((u >> (24 - 8 * r)) & 255).to(tl.int32)
+        h = tl.histogram(dig, 256, mask=cand)
+        c_le = tl.cumsum(h, 0)
+        tot = tl.sum(h, 0)
+        # Entries with a digit >= b: tot - c_le + h; the chosen digit is the largest b where they reach need.
+        b_sel = tl.max(tl.where(tot - c_le + h >= need, o_b, 0), 0)
+        need = need - (tot - tl.sum(tl.where(o_b == b_sel, c_le, 0), 0))
+        pre = pre * 256 + b_sel
+        cand = cand & (dig == b_sel)
+    return pre
+
+
+@triton.jit
+def _kth_largest_key(key, valid, kk, RADIX: tl.constexpr):
+    # The largest t with count(valid & key >= t) >= kk for int32 order keys (1-D), i.e. the kk-th largest key;
+    # -2^31 when fewer than kk entries are valid, 2^31 - 1 when kk <= 0 (int64). RADIX: radix select, else
+    # bisection (32 steps).
+    if RADIX:
+        n_v = tl.sum(valid.to(tl.int32), 0)
+        t = _kth_largest_u32(key.to(tl.int64) + 2147483648, valid, tl.maximum(tl.minimum(kk, n_v), 1)) - 2147483648
+        t = tl.where(n_v < kk, -2147483648, t)
+        t = tl.where(kk <= 0, 2147483647, t)
+    else:
+        t = tl.full([], -2147483648, tl.int64)
+        hi = tl.full([], 2147483648, tl.int64)
+        for _ in range(32):
+            mid = t + (hi - t) // 2
+            ok = tl.sum((valid & (key >= mid)).to(tl.int32), 0) >= kk
+            t = tl.where(ok, mid, t)
+            hi = tl.where(ok, hi, mid)
+    return t
+
+
+@triton.jit
 def _topk_start_kernel(
     CMAX,
     KK,
@@ -306,6 +354,7 @@ def _topk_start_kernel(
     GP: tl.constexpr,
     P: tl.constexpr,
     CB: tl.constexpr,
+    RADIX: tl.constexpr,
 ):
     # One row per program: lo = the largest order key t that kk maxima of groups of F entries reach (so kk
     # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
@@ -318,13 +367,7 @@ def _topk_start_kernel(
     g = tl.max(tl.load(e_ptr, mask=o_b < NB, other=float("-inf")), 1)
     m_g = g > float("-inf")
     g_key = _order_key(g)
-    lo = tl.full([], -2147483648, tl.int64)
-    hi = tl.full([], 2147483648, tl.int64)
-    for _ in range(32):
-        mid = lo + (hi - lo) // 2
-        ok = tl.sum((m_g & (g_key >= mid)).to(tl.int32), 0) >= kk
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
+    lo = _kth_largest_key(g_key, m_g, kk, RADIX)
     r_max = tl.max(tl.where(m_g, g_key, _KEY_NEG_INF), 0)
     tl.store(LO + row, lo)
     tl.store(HI + row, r_max.to(tl.int64) + 1)
@@ -419,18 +462,21 @@ def _topk_scan_kernel(
     TOPT: tl.constexpr,
     BB: tl.constexpr,
     BG: tl.constexpr,
+    E3: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
     #         rows, NBLK] (plane t: the (t+1)-th largest), and where in its block the largest is -> ARG [rows, NBLK]
-    #         (int8; the first such key).
+    #         (int8; the first such key). E3 (TOPT >= 3): also where the second largest is -> ARG plane 1.
     # MODE 4: every key >= lo (slot 0) takes a slot of its row's list from the row's atomic counter OFF and is
     #         written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The
     #         list's order does not matter: the final top-k orders by the packed value. Sparse: reads the block
     #         tops of BB blocks at a time, not the keys. A block whose second largest score is below the
     #         threshold holds at most one key at or above it, its maximum, written from (CMAX, ARG) as they are;
     #         only blocks whose second score reaches it are scored again (the same dot as MODE 0, so the same
-    #         scores to the bit) for the rows that need it.
+    #         scores to the bit) for the rows that need it. E3: a block whose third largest score is below the
+    #         threshold holds at most two such keys, also written from the block tops; only blocks with three or
+    #         more are scored again.
     # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
     # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P].
     # MODE 2: final state (slot _NPASS), empty candidate lists, per key chunk the count of keys >= hi and of keys
@@ -525,13 +571,31 @@ def _topk_scan_kernel(
                     # being a broadcast, which triton 3.8 rejects for atomics.)
                     one = m_e & (e_max >= t_f) & (e_sec < t_f)
                     e_n = o_b[None, :] * BN + tl.load(ARG + e_at, mask=m_e, other=0).to(tl.int32)
-                    slot = tl.atomic_add(
-                        OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed"
-                    )
                     packed = (_order_key(e_max).to(tl.int64) << 32) + (0xFFFFFFFF - e_n.to(tl.int64))
-                    tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
-                    # Blocks with two or more: score them again, for the rows that need it.
-                    more = (m_e & (e_sec >= t_f)).to(tl.int32)
+                    if E3:
+                        # ... and blocks with exactly two: their maximum and their second (two slots at once).
+                        e_thr = tl.load(CMAX + 2 * PS + e_at, mask=m_e, other=float("-inf"))
+                        two = m_e & (e_sec >= t_f) & (e_thr < t_f)
+                        emit = one | two
+                        slot = tl.atomic_add(
+                            OFF + row[:, None] + tl.where(emit, 0, o_b[None, :]),
+                            tl.where(two, 2, 1),
+                            mask=emit,
+                            sem="relaxed",
+                        )
+                        tl.store(CAND + row[:, None] * CAP + slot, packed, mask=emit & (slot < CAP))
+                        e_n2 = o_b[None, :] * BN + tl.load(ARG + PS + e_at, mask=m_e, other=0).to(tl.int32)
+                        packed2 = (_order_key(e_sec).to(tl.int64) << 32) + (0xFFFFFFFF - e_n2.to(tl.int64))
+                        tl.store(CAND + row[:, None] * CAP + slot + 1, packed2, mask=two & (slot + 1 < CAP))
+                        # Blocks with three or more: score them again, for the rows that need it.
+                        more = (m_e & (e_thr >= t_f)).to(tl.int32)
+                    else:
+                        slot = tl.atomic_add(
+                            OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed"
+                        )
+                        tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
+                        # Blocks with two or more: score them again, for the rows that need it.
+                        more = (m_e & (e_sec >= t_f)).to(tl.int32)
                     b_more = tl.max(more, 0)  # [BB]: does any row need block j scored again
                     if tl.max(b_more, 0) > 0:
                         o_c = tl.arange(0, BB)
@@ -559,6 +623,9 @@ def _topk_scan_kernel(
                     a_max = tl.full([BS, BG], float("-inf"), tl.float32)
                     a_sec = tl.full([BS, BG], float("-inf"), tl.float32)
                     a_arg = tl.zeros([BS, BG], tl.int32)
+                    if E3:
+                        a_thr = tl.full([BS, BG], float("-inf"), tl.float32)
+                        a_arg2 = tl.zeros([BS, BG], tl.int32)
                     for j in range(BG):
                         n_b = g0 + j * BN
                         o_n = n_b + tl.arange(0, BN)
@@ -568,12 +635,21 @@ def _topk_scan_kernel(
                         # largest (ties count as the keys they are).
                         b_max, c_i = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
                         b_x = tl.where(tl.arange(0, BN)[None, :] == c_i[:, None], float("-inf"), b_x)
-                        b_top = tl.max(b_x, 1)
                         sel = o_c[None, :] == j
+                        if E3:
+                            # The second with its position; that key dropped too, the third.
+                            b_sec, c_2 = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
+                            b_x = tl.where(tl.arange(0, BN)[None, :] == c_2[:, None], float("-inf"), b_x)
+                            b_top = tl.max(b_x, 1)
+                            a_thr = tl.where(sel, b_top[:, None], a_thr)
+                            a_arg2 = tl.where(sel, c_2[:, None], a_arg2)
+                        else:
+                            b_sec = tl.max(b_x, 1)
+                            b_top = b_sec
                         a_max = tl.where(sel, b_max[:, None], a_max)
-                        a_sec = tl.where(sel, b_top[:, None], a_sec)
+                        a_sec = tl.where(sel, b_sec[:, None], a_sec)
                         a_arg = tl.where(sel, c_i[:, None], a_arg)
-                        for t in tl.static_range(2, TOPT):
+                        for t in tl.static_range(2 + E3, TOPT):
                             # Further planes (block_top > 2): stored per block.
                             c_n = tl.min(tl.where(b_x == b_top[:, None], o_n[None, :], N), 1)
                             b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
@@ -585,6 +661,9 @@ def _topk_scan_kernel(
                     tl.store(CMAX + e_at, a_max, mask=m_e)
                     tl.store(CMAX + PS + e_at, a_sec, mask=m_e)
                     tl.store(ARG + e_at, a_arg.to(tl.int8), mask=m_e)
+                    if E3:
+                        tl.store(CMAX + 2 * PS + e_at, a_thr, mask=m_e)
+                        tl.store(ARG + PS + e_at, a_arg2.to(tl.int8), mask=m_e)
             if MODE != 4 and MODE != 0:
                 for n_b in range(n0, n1, BN):
                     o_n = n_b + tl.arange(0, BN)
@@ -627,10 +706,11 @@ def _topk_scan_kernel(
 
 
 @triton.jit
-def _topk_final_kernel(CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr):
+def _topk_final_kernel(CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, RADIX: tl.constexpr):
     # One row per program: the KSEL largest packed entries of the candidate list (score desc, index asc; fewer
-    # when the list holds fewer valid keys), their key indices ascending, then -1. Bisection, no sort: the
-    # threshold key t (32 steps), then among the entries at t the lowest indices (32 steps on the low word).
+    # when the list holds fewer valid keys), their key indices ascending, then -1. No sort: the threshold key t
+    # (_kth_largest_key), then, unless every entry at t is taken, the lowest indices among them (the same select
+    # on the low word).
     row = tl.program_id(0).to(tl.int64)
     o_c = tl.arange(0, CP)
     c = tl.load(CAND + row * CAP + o_c, mask=o_c < CAP, other=_EMPTY)
@@ -638,23 +718,22 @@ def _topk_final_kernel(CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr,
     n_sel = tl.minimum(tl.sum(valid.to(tl.int32), 0), KSEL)
     c_key = c >> 32
     c_low = c & 0xFFFFFFFF
-    lo = tl.full([], -2147483648, tl.int64)
-    hi = tl.full([], 2147483648, tl.int64)
-    for _ in range(32):
-        mid = lo + (hi - lo) // 2
-        ok = tl.sum((valid & (c_key >= mid)).to(tl.int32), 0) >= n_sel
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
+    lo = _kth_largest_key(c_key.to(tl.int32), valid, n_sel, RADIX)
     m_gt = valid & (c_key > lo)
     m_tie = valid & (c_key == lo)
     n_tie = n_sel - tl.sum(m_gt.to(tl.int32), 0)
+    # lo2: the n_tie-th largest low word among the ties (0, i.e. all of them, when every tie is taken).
     lo2 = tl.full([], 0, tl.int64)
-    hi2 = tl.full([], 4294967296, tl.int64)
-    for _ in range(32):
-        mid = lo2 + (hi2 - lo2) // 2
-        ok = tl.sum((m_tie & (c_low >= mid)).to(tl.int32), 0) >= n_tie
-        lo2 = tl.where(ok, mid, lo2)
-        hi2 = tl.where(ok, hi2, mid)
+    if n_tie < tl.sum(m_tie.to(tl.int32), 0):
+        if RADIX:
+            lo2 = _kth_largest_u32(c_low, m_tie, n_tie)
+        else:
+            hi2 = tl.full([], 4294967296, tl.int64)
+            for _ in range(32):
+                mid = lo2 + (hi2 - lo2) // 2
+                ok = tl.sum((m_tie & (c_low >= mid)).to(tl.int32), 0) >= n_tie
+                lo2 = tl.where(ok, mid, lo2)
+                hi2 = tl.where(ok, hi2, mid)
     sel = m_gt | (m_tie & (c_low >= lo2))
     # Compact the n_sel chosen indices into the output row (list order), then write each at its rank.
     base = IDX + row * KSEL
@@ -671,6 +750,13 @@ def _topk_final_kernel(CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr,
     tl.debug_barrier()
     tl.store(base + rank, x, mask=o_k < n_sel)
     tl.store(base + o_k, tl.full([KP], -1, tl.int32), mask=(o_k >= n_sel) & (o_k < KSEL))
+
+
+def _emit_top(N: int, ksel: int, bn: int) -> int:
+    """Default block tops the count + emit pass reads (SCAN_CONFIG["emit_top"] None): 3 where blocks with two
+    candidates are common, i.e. where a row's ~ksel candidates among N / bn blocks often share one (ksel >= N / (16
+    bn)); else 2, which saves the block-top pass a reduction."""
+    return 3 if ksel * 16 * bn >= N else 2
 
 
 def _valid_counts(key_valid: torch.Tensor, ksel: int) -> torch.Tensor:
@@ -749,6 +835,14 @@ def exact_topk(
     topt = int(topt) if topt is not None else (2 if NB * 2 <= _START_ENTRIES else 1)
     if topt < 1 or topt > bn:
         raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
+    e_top = SCAN_CONFIG.get("emit_top")
+    e_top = int(e_top) if e_top is not None else _emit_top(N, ksel, bn)
+    if e_top not in (2, 3):
+        raise ValueError(f"SCAN_CONFIG['emit_top'] must be 2, 3 or None, got {e_top}")
+    e3 = int(e_top == 3)
+    if SCAN_CONFIG.get("select", "radix") not in ("radix", "bisect"):
+        raise ValueError(f"SCAN_CONFIG['select'] must be 'radix' or 'bisect', got {SCAN_CONFIG['select']!r}")
+    radix = SCAN_CONFIG.get("select", "radix") == "radix"
     if not 16 <= bn <= 128:
         raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
     G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
@@ -767,8 +861,9 @@ def exact_topk(
 
     # Block tops: plane t = each key block's (t+1)-th largest score per row (at least two planes: the count + emit
     # pass needs the second), and where in the block the largest is.
-    cmax = torch.empty(max(topt, 2), rows, NB, device=dev, dtype=torch.float32)
-    arg = torch.empty(rows, NB, device=dev, dtype=torch.int8)
+    planes = max(topt, 2 + e3)
+    cmax = torch.empty(planes, rows, NB, device=dev, dtype=torch.float32)
+    arg = torch.empty(1 + e3, rows, NB, device=dev, dtype=torch.int8)
     # State slot i = (lo, hi, done) of each row before refinement pass i; slot _PASSES: the final state.
     lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
     hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
@@ -783,8 +878,8 @@ def exact_topk(
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
             r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=max(topt, 2) if mode == 0 else 1, BB=bb,
-            BG=bg if mode == 0 else 1, **common,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
+            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, **common,
             num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
 
@@ -796,7 +891,7 @@ def exact_topk(
         "start threshold",
         lambda: fast(_topk_start_kernel)[(rows,)](
             cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
-            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024),
+            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), RADIX=radix,
             num_warps=8 if gp * f >= 4096 else 4,
         ),
     )  # fmt: skip
@@ -814,7 +909,15 @@ def exact_topk(
     run(
         "top-k of the candidate list",
         lambda: fast(_topk_final_kernel)[(rows,)](
-            cand, idx, ksel, cap, CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), num_warps=4 if cap <= 512 else 8
+            cand,
+            idx,
+            ksel,
+            cap,
+            CP=cap,
+            KP=kp,
+            CB=max(1, min(64, 8192 // kp)),
+            RADIX=radix,
+            num_warps=4 if cap <= 512 else 8,
         ),
     )
     return idx
@@ -1327,16 +1430,27 @@ def _compile_cases() -> list:
     scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
-        ("topk_scan mode 0 top-4", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, **sc), 4, scan),
+        ("topk_scan mode 0 top-4", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=0, **sc), 4, scan),
+        ("topk_scan mode 0 e3", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **sc), 4, scan),
+        ("topk_scan mode 0 e3 top-4", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=1, **sc), 4, scan),
         ("topk_scan mode 4", _topk_scan_kernel,
-         dict(MODE=4, SKIP=False, TOPT=1, BB=16, BG=1, **{**sc, "HAS_KV": True}), 4, scan),
-        ("topk_scan mode 1 skip", _topk_scan_kernel, dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, **sc), 4, scan),
-        ("topk_scan mode 3 skip", _topk_scan_kernel, dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, **sc), 4, scan),
-        ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
+         dict(MODE=4, SKIP=False, TOPT=1, BB=16, BG=1, E3=0, **{**sc, "HAS_KV": True}), 4, scan),
+        ("topk_scan mode 4 e3", _topk_scan_kernel, dict(MODE=4, SKIP=False, TOPT=1, BB=32, BG=1, E3=1, **sc), 4, scan),
+        ("topk_scan mode 1 skip", _topk_scan_kernel,
+         dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel,
+         dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
+        ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, RADIX=True), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
+        ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256, RADIX=True), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
+        ("topk_start bisect", _topk_start_kernel, dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, RADIX=False), 4,
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
+        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, RADIX=True), 8, dict(CAND=i64, IDX=i32)),
+        ("topk_final bisect", _topk_final_kernel, dict(CP=256, KP=128, CB=64, RADIX=False), 4,
+         dict(CAND=i64, IDX=i32)),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, **common), 8, None),
         ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, **common), 4, None),
         ("lv_fwd BS=128", _lv_fwd_kernel, dict(HAS_KV=False, DIRECT=False, BS=128, BN=64, **common), 8,
