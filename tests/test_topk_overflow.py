@@ -57,20 +57,29 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top):
     assert torch.equal(idx[0].cpu().long(), ref)
 
 
-@pytest.mark.parametrize("sweep,vals", [("block_top=1,2", ["1", "2"]), ("num_warps=4,8", ["4", "8"])])
-def test_ab_script_runs_on_cpu(sweep, vals):
-    """scripts/bench/ab_scan.py (the GPU A/B of one SCAN_CONFIG key) end to end on the CPU at one tiny long-row
-    point: one line per value, the same selection at every value."""
+@pytest.mark.parametrize(
+    "sweep,vals,extra",
+    [
+        ("block_top=1,2", ["1", "2"], []),
+        ("num_warps=4,8", ["4", "8"], []),
+        ("fwd.bm_max=16,32", ["16", "32"], ["--backward"]),
+    ],
+)
+def test_ab_script_runs_on_cpu(sweep, vals, extra):
+    """scripts/bench/ab_scan.py (the GPU A/B of one SCAN_CONFIG or FWD_CONFIG key) end to end on the CPU at one tiny
+    long-row point: one line per value, the same selection at every value (and a forward + backward time with
+    --backward)."""
     import os
     import subprocess
 
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run(
         [sys.executable, str(BENCH / "ab_scan.py"), "--device", "cpu", "--points", "640:4", "--rho", "0.9",
-         "--sweep", sweep, "--reps", "1"],
+         "--sweep", sweep, "--reps", "1", *extra],
         capture_output=True, text=True, env=env, timeout=600, check=True,
     ).stdout  # fmt: skip
     lines = [ln for ln in out.splitlines() if ln.startswith("N 640")]
     key = sweep.split("=")[0]
     assert [ln.split(f"{key}=")[1].split(":")[0] for ln in lines] == vals
     assert all(ln.endswith("same selection as the first value: True") for ln in lines)
+    assert all(("fwd+bwd" in ln) == bool(extra) for ln in lines)

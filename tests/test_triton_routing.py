@@ -197,7 +197,7 @@ def test_exact_topk_long_rows_launches(monkeypatch):
 
 @pytest.mark.parametrize(
     "key,bad",
-    [("block_top", 0), ("block_top", 65), ("bn", 8), ("bn", 256), ("emit_top", 1), ("emit_top", 4), ("select", "sort")],
+    [("block_top", 0), ("block_top", 65), ("bn", 8), ("bn", 256), ("emit_top", 1), ("emit_top", 4)],
 )
 def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
     monkeypatch.setitem(tr.SCAN_CONFIG, key, bad)
@@ -206,11 +206,8 @@ def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
-@pytest.mark.parametrize("select", ["radix", "bisect"])
-def test_exact_topk_whole_tiles_of_tied_candidates(monkeypatch, select):
-    """Every block holds many keys at or above the start (massive ties): all of them are scored again; the start
-    and the final top-k find the k-th key (and the lowest indices among its ties) by radix select and by bisection."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "select", select)
+def test_exact_topk_whole_tiles_of_tied_candidates():
+    """Every block holds many keys at or above the start (massive ties): all of them are scored again."""
     r, k = _ints((2, 5, 32), -1, 2, 3), _ints((2, 900, 32), -1, 2, 4)
     got = tr.exact_topk(r, k, None, 40, small_max_n=0, cap=512)
     assert torch.equal(got.cpu().long(), _ref_topk(r, k, None, 40).sort(-1).values.cpu())

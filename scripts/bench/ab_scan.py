@@ -2,13 +2,14 @@
 process, on i.i.d. and on correlated tokens (AR(1) along N, as bench_op.py --rho).
 
     python scripts/bench/ab_scan.py [--points 1048576:512,65536:128] [--rho 0.9,0] [--sweep block_top=1,2,4]
-        [--batch 1] [--timing eager,cuda_graph]
+        [--batch 1] [--timing eager,cuda_graph] [--backward]
 
 For each (N, rho, value) prints the MiTA forward time (CUDA events, median) and the top-k alone, in each timing
 mode (eager: host launches included; cuda_graph: replays, GPU time only), how many landmark rows overflowed their
 candidate list (those take the refinement passes) and whether the selection is bitwise the first value's. Results
 print as they come, so a run cut short still reports its first points. Examples: ``--sweep block_top=1,2,4`` (start
-threshold), ``--sweep num_warps=4,8``.
+threshold), ``--sweep num_warps=4,8``, ``--sweep fwd.bm_max=64,128 --backward`` (the fused attention's query tile,
+forward and forward + backward).
 """
 
 from __future__ import annotations
@@ -25,15 +26,22 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from common import correlated_tokens, environment, time_ms, wall_time  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
-from mita.ops.mita import triton_routing  # noqa: E402
+from mita.ops.mita import triton_mita, triton_routing  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
 
 
-def parse_sweep(text: str) -> tuple[str, list]:
-    """``key=v1,v2`` -> (key, [v1, v2]) with ints as ints and ``None`` as None; the key must be a SCAN_CONFIG key."""
+def parse_sweep(text: str) -> tuple[dict, str, list]:
+    """``key=v1,v2`` -> (config, key, [v1, v2]) with ints as ints and ``None`` as None; the key is a SCAN_CONFIG key,
+    or ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG."""
     key, _, vals = text.partition("=")
-    if key not in triton_routing.SCAN_CONFIG or not vals:
-        raise SystemExit(f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)}: {text!r}")
+    cfg = triton_routing.SCAN_CONFIG
+    if key.startswith("fwd."):
+        cfg, key = triton_mita.FWD_CONFIG, key[4:]
+    if key not in cfg or not vals:
+        raise SystemExit(
+            f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)} or fwd.<key> with one of "
+            f"{sorted(triton_mita.FWD_CONFIG)}: {text!r}"
+        )
 
     def conv(x: str):
         if x == "None":
@@ -43,7 +51,7 @@ def parse_sweep(text: str) -> tuple[str, list]:
         except ValueError:
             return x
 
-    return key, [conv(x) for x in vals.split(",")]
+    return cfg, key, [conv(x) for x in vals.split(",")]
 
 
 def main() -> None:
@@ -55,12 +63,14 @@ def main() -> None:
     ap.add_argument("--timing", default="eager", help="comma-separated: eager, cuda_graph")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (wall-clock times)")
+    ap.add_argument("--backward", action="store_true", help="also time forward + backward")
     args = ap.parse_args()
-    key, values = parse_sweep(args.sweep)
+    cfg, key, values = parse_sweep(args.sweep)
+    label = args.sweep.partition("=")[0]
     timings = args.timing.split(",") if args.device == "cuda" else ["wall"]
     dev, B = args.device, args.batch
     print(environment(), flush=True)
-    default = triton_routing.SCAN_CONFIG[key]
+    default = cfg[key]
     for point in args.points.split(","):
         n, m = (int(x) for x in point.split(":"))
         for rho in (float(x) for x in args.rho.split(",")):
@@ -75,10 +85,18 @@ def main() -> None:
             def fwd(q=q, k=k, v=v, r=r, m=m):
                 return mita_attention(q, k, v, r, m, backend="triton")
 
+            qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+            do = torch.randn_like(q)
+
+            def fwd_bwd(m=m, ins=(qg, kg, vg), do=do):
+                for t in ins:
+                    t.grad = None
+                mita_attention(*ins, pool_landmarks(ins[0], m, layout="1d"), m, backend="triton").backward(do)
+
             first = None
             with torch.no_grad():
                 for val in values:
-                    triton_routing.SCAN_CONFIG[key] = val
+                    cfg[key] = val
                     st: dict = {}
                     idx = triton_routing.exact_topk(rf, kf, None, m, stats=st)
                     first = idx.clone() if first is None else first
@@ -90,14 +108,21 @@ def main() -> None:
                             topk_ms = time_ms(topk, t, warmup=1, reps=args.reps, max_s=5.0)[0]
                             fwd_ms = time_ms(fwd, t, warmup=1, reps=args.reps, max_s=5.0)[0]
                         parts.append(f"{t}: fwd {fwd_ms:.3f} ms, top-k {topk_ms:.3f} ms")
+                        if args.backward:
+                            with torch.enable_grad():
+                                if t == "wall":
+                                    fb_ms = wall_time(fwd_bwd, 1, args.reps)[0]
+                                else:
+                                    fb_ms = time_ms(fwd_bwd, t, warmup=1, reps=args.reps, max_s=5.0)[0]
+                            parts[-1] += f", fwd+bwd {fb_ms:.3f} ms"
                     print(
-                        f"N {n} B {B} m=k {m} rho {rho} {key}={val}: {'; '.join(parts)}; overflow rows "
+                        f"N {n} B {B} m=k {m} rho {rho} {label}={val}: {'; '.join(parts)}; overflow rows "
                         f"{int(st['overflow_rows'])}/{B * 2 * m}; same selection as the first value: "
                         f"{torch.equal(idx, first)}",
                         flush=True,
                     )
-            triton_routing.SCAN_CONFIG[key] = default
-            del q, k, v, r
+            cfg[key] = default
+            del q, k, v, r, qg, kg, vg, do
             if dev == "cuda":
                 torch.cuda.empty_cache()
 

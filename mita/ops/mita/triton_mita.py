@@ -790,6 +790,12 @@ def _num_warps(bm: int, d: int) -> int:
     return 4 if bm * d <= 64 * 64 else 8
 
 
+def _fwd_num_warps(bm: int, d: int) -> int:
+    # The forward keeps 4 warps for 128-row tiles at d <= 64 (tune_long.py, run 13: bm 128 with 8 warps 1.3-1.4x
+    # slower than with 4 at 64K x 16 and 1M).
+    return 4 if d <= 64 and bm <= 128 else _num_warps(bm, d)
+
+
 def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float):
     """Fused forward. q, k, v: ``[BH, N, d]`` or ``[B, H, N, d]``, one layout (:func:`heads_layout`: any batch, head
     and row strides); r, vt: ``[BH, m, d]``.
@@ -843,7 +849,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         BS=bs,
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
-        num_warps=FWD_CONFIG["num_warps"] or _num_warps(plan.bm, D),
+        num_warps=FWD_CONFIG["num_warps"] or _fwd_num_warps(plan.bm, D),
         **({"num_stages": FWD_CONFIG["num_stages"]} if FWD_CONFIG["num_stages"] else {}),
     )
     if direct:
