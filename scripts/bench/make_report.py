@@ -17,12 +17,15 @@ PAPER_FIGF_SPEEDUP = {65536: 19.0, 262144: 56.0, 1048576: 159.0}
 def read(paths: list[str]) -> list[dict]:
     """Rows of the CSVs, each with ``run`` (the folder: the kernel version it was measured with) and ``timing``
     (``eager`` for CSVs written before the column existed, which all timed eager calls; ``+compile`` appended for
-    Figure F rows of models run through torch.compile)."""
+    Figure F rows of models run through torch.compile, ``+compile(<mode>)`` for a mode other than the default)."""
     rows = []
     for p in paths:
         with open(p) as f:
             for r in csv.DictReader(f):
-                timing = (r.get("timing") or "eager") + ("+compile" if r.get("model") == "compiled" else "")
+                model = r.get("model") or ""
+                # "compiled" -> +compile; "compiled (<mode>)" -> +compile(<mode>)
+                comp = "+compile" + model[len("compiled") :].replace(" ", "") if model.startswith("compiled") else ""
+                timing = (r.get("timing") or "eager") + comp
                 rows.append(dict(r, run=os.path.basename(os.path.dirname(p)) or p, timing=timing))
     return rows
 
@@ -42,7 +45,8 @@ def cell(r: dict, key: str, digits: int = 3) -> str:
 TIMING_NOTE = (
     "timing: eager = each call launches its kernels from Python (host overhead included); "
     "cuda_graph = replays of one captured call (GPU time without launch overhead); +compile (Figure F) = both "
-    "models run through torch.compile (bench_figf.py --compile)."
+    "models run through torch.compile (bench_figf.py --compile); +compile(max-autotune-no-cudagraphs) = the same with "
+    "inductor's GEMM autotuning (--compile-mode)."
 )
 
 
