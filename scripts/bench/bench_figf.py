@@ -14,9 +14,9 @@ graph as its ``torch.library`` custom ops) and writes figf_compiled.csv. In eage
 adds and head split/merge copies of this dim-128 model run as separate, slow memory-bound kernels that take most of
 MiTA's forward (``kernel_profile.py --figf``); dense attention hides them. The batch search then starts at
 ``--compile-start-tokens`` / N and tries at most three batch sizes (each one is a recompilation).
-``--compile-mode max-autotune-no-cudagraphs`` compiles both models with inductor's GEMM autotuning, which can fuse
-the GELU into the first MLP projection (figf_compiled_max_autotune.csv); it changes only the layers around attention,
-the same for both models, and matters only where they weigh, i.e. for MiTA.
+``--compile-mode max-autotune-no-cudagraphs`` compiles both models with inductor's GEMM autotuning (where it picks a
+Triton GEMM, pointwise ops such as the GELU may fuse into it; figf_compiled_max_autotune.csv); it changes only the
+layers around attention, the same for both models, and matters only where they weigh, i.e. for MiTA.
 
     python scripts/bench/bench_figf.py --out results/bench [--max-n 1048576] [--heads 2] [--graph] [--compile]
 """

@@ -824,8 +824,8 @@ def exact_topk(
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
 
-    # Block tops: plane t = each key block's (t+1)-th largest score per row (at least two planes: the count + emit
-    # pass needs the second), and where in the block the largest is.
+    # Block tops: plane t = each key block's (t+1)-th largest score per row (at least two planes, three with emit_top
+    # 3: the count + emit pass reads them), and where in the block the largest is (with emit_top 3 also the second).
     planes = max(topt, 2 + e3)
     cmax = torch.empty(planes, rows, NB, device=dev, dtype=torch.float32)
     arg = torch.empty(1 + e3, rows, NB, device=dev, dtype=torch.int8)

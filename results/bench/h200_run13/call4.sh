@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run 13, call 4: Figure F with both models compiled by inductor's max-autotune-no-cudagraphs mode (GEMM autotuning,
-# GELU fused into the first MLP projection), 64K to 256K; the kernels are call 3's.
+# Run 13, call 4: Figure F with both models compiled by inductor's max-autotune-no-cudagraphs mode (GEMM autotuning),
+# 64K to 256K; the kernels are call 3's.
 set -u
 export PYTHONPATH=$PWD
 O=$OUT/call4; mkdir -p "$O"
