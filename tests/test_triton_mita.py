@@ -135,6 +135,26 @@ def test_matches_naive(poison, path, B, H, N, d, m, topk, dtype, S, shared, pad_
 @pytest.mark.parametrize(
     "B,H,N,d,m,topk,dtype,S,shared,pad_from",
     [
+        CPU_CASES[0],
+        CPU_CASES[1],
+        CPU_CASES[4],
+        (2, 1, 70, 32, 5, 7, torch.float16, 1, True, (70, 33)),
+        (1, 2, 130, 64, 40, 9, torch.bfloat16, 2, True, None),
+    ],
+)
+def test_general_forward_shared_in_route_matches_naive(
+    poison, monkeypatch, B, H, N, d, m, topk, dtype, S, shared, pad_from
+):
+    """FWD_CONFIG shared_in_route: the route kernel also writes each query's attention over the shared entries and
+    the fused attention continues from it (S = 1; S = 2 keeps the shared loop), forward and backward."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setitem(tm.FWD_CONFIG, "shared_in_route", True)
+    _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
+
+
+@pytest.mark.parametrize(
+    "B,H,N,d,m,topk,dtype,S,shared,pad_from",
+    [
         (2, 2, 197, 64, 25, 25, torch.bfloat16, 1, True, None),
         (2, 1, 100, 64, 7, 30, torch.float32, 2, True, (100, 3)),
         (1, 1, 50, 32, 3, 8, torch.float16, 1, True, (0,)),
@@ -327,6 +347,18 @@ def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
 )
 def test_gpu_variants(poison, N, m, topk, dtype, S, shared, pad_from, imbalanced):
     _check(2, 2, N, 64, m, topk, dtype, S, shared, pad_from, imbalanced)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "N,m,topk,pad_from", [(1025, 49, 24, (1025, 700)), (4097, 64, 32, None), (65536, 128, 128, None)]
+)
+def test_gpu_shared_in_route_matches_naive(poison, monkeypatch, N, m, topk, pad_from):
+    """FWD_CONFIG shared_in_route on the GPU: the route kernel's shared-entry attention, the fused attention after."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setitem(tm.FWD_CONFIG, "shared_in_route", True)
+    _check(1, 2, N, 64, m, topk, torch.bfloat16, 1, True, pad_from)
 
 
 @pytest.mark.gpu

@@ -79,7 +79,20 @@ def main() -> None:
     target = GPUTarget("cuda", 90, 32)
     common = dict(D=64, PREC="tf32", UP=False)
     cases = [
-        ("mita_fwd", tm._mita_fwd_kernel, dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, **common), 4, None),
+        (
+            "mita_fwd",
+            tm._mita_fwd_kernel,
+            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, INIT=False, **common),
+            4,
+            None,
+        ),
+        (
+            "mita_fwd init",
+            tm._mita_fwd_kernel,
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=True, **common),
+            4,
+            {"O": "*bf16"},
+        ),
         (
             "mita_bwd_dq",
             tm._mita_bwd_dq_kernel,

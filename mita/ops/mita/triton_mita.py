@@ -95,7 +95,11 @@ def _mita_fwd_kernel(
     BS: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
+    INIT: tl.constexpr,
 ):
+    # INIT (S = 1, DIRECT, SHARED): the route kernel already wrote each query's attention over the shared entries
+    # into O and LSE; start the online softmax from that state (max = its LSE, sum 1, accumulator = its output)
+    # instead of scoring the shared entries again.
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     e = tl.load(TILE_E + i_bh * T + i_t)
@@ -112,10 +116,17 @@ def _mita_fwd_kernel(
         b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
         K_h = _head_ptr(K, i_bh, H, SB, SH)
         V_h = _head_ptr(V, i_bh, H, SB, SH)
-        b_m = tl.full([BM], float("-inf"), tl.float32)
-        b_l = tl.zeros([BM], tl.float32)
-        b_acc = tl.zeros([BM, D], tl.float32)
-        if SHARED:
+        if INIT:
+            b_m = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=float("-inf"))
+            b_l = tl.where(m_r, 1.0, 0.0)
+            b_acc = tl.load(
+                _out_ptr(O, i_bh, H, N, D) + o_n[:, None] * (H * D) + o_d[None, :], mask=m_r[:, None], other=0.0
+            ).to(tl.float32)
+        else:
+            b_m = tl.full([BM], float("-inf"), tl.float32)
+            b_l = tl.zeros([BM], tl.float32)
+            b_acc = tl.zeros([BM, D], tl.float32)
+        if SHARED and not INIT:
             for j0 in range(0, M, BS):
                 o_j = j0 + tl.arange(0, BS)
                 m_j = o_j < M
@@ -712,8 +723,10 @@ _PLAN_OFFSETS_BLOCK = 4096
 
 # Launch settings of the general path's attention kernels (scripts/bench/tune_long.py sweeps them on the GPU):
 # query rows per tile at most bm_max; keys / landmarks per step at most bn_max (None: 64 for d <= 64, else 32);
-# warps and pipeline stages of the forward (None: by tile size / Triton's default).
-FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None)
+# warps and pipeline stages of the forward (None: by tile size / Triton's default). shared_in_route (S = 1 with the
+# shared expert; not yet timed on the GPU, so off): the route kernel also computes each query's attention over the
+# shared entries from the scores it computes anyway, and the fused attention reads only the routed entries.
+FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False)
 
 
 def plan_shape(nrows: int, m: int) -> tuple[int, int]:
@@ -796,9 +809,11 @@ def _fwd_num_warps(bm: int, d: int) -> int:
     return 4 if d <= 64 and bm <= 128 else _num_warps(bm, d)
 
 
-def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float):
+def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float, init=None):
     """Fused forward. q, k, v: ``[BH, N, d]`` or ``[B, H, N, d]``, one layout (:func:`heads_layout`: any batch, head
-    and row strides); r, vt: ``[BH, m, d]``.
+    and row strides); r, vt: ``[BH, m, d]``. init: None, or (S = 1 with the shared expert) ``(o, lse)`` holding each
+    query's attention over the shared entries (``route_topk(shared_out=...)``): the kernel continues from it and
+    writes the result into the same buffers.
 
     Returns:
         ``(o, lse [BH, N] float32 in log2 units)``; o in q's dtype: ``[BH, N, d]`` for flattened heads, else
@@ -813,7 +828,11 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
     T = plan.tile_e.shape[1]
     bn, bs = _blocks(m, ksel, D)
     direct = S == 1
-    if direct:
+    if init is not None and not (direct and shared):
+        raise ValueError("mita_fwd: init needs S = 1 and the shared expert")
+    if init is not None:
+        o, lse = init
+    elif direct:
         o = out_layout(q)
         lse = torch.empty(BH, N, device=q.device, dtype=torch.float32)
     else:
@@ -849,6 +868,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         BS=bs,
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
+        INIT=init is not None,
         num_warps=FWD_CONFIG["num_warps"] or _fwd_num_warps(plan.bm, D),
         **({"num_stages": FWD_CONFIG["num_stages"]} if FWD_CONFIG["num_stages"] else {}),
     )
@@ -1113,24 +1133,36 @@ def mita_bwd(
 
 
 class _MiTAFn(torch.autograd.Function):
-    """Landmark values and the fused attention as one autograd node: one backward writes dq, dk, dv, dR once."""
+    """Routing, landmark values and the fused attention as one autograd node: one backward writes dq, dk, dv, dR
+    once."""
 
     @staticmethod
-    def fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale):
-        """``(o, vt, lse, lv_lse)``: output, landmark values (zeros without the shared expert), the attention's
-        LSE and the landmark values' LSE (None without the shared expert)."""
-        if shared:
-            # softmax(R k^T s) v: split-key kernels; zeros for a row with no valid key, as the reference gives.
-            vt, lv_lse = landmark_values_fwd(r, k, v, key_valid, scale)
-        else:
-            vt = torch.zeros_like(r)
-            lv_lse = None
-        o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale)
-        return o, vt, lse, lv_lse
+    def fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale):
+        """``(o, vt, lse, lv_lse, plan)``: output, landmark values (zeros without the shared expert), the attention's
+        LSE, the landmark values' LSE (None without the shared expert) and the routing plan. No host sync."""
+        m = r.shape[1]
+        with torch.no_grad():
+            # Exact top-k per landmark, scores computed tile by tile, never stored.
+            idx = exact_topk(r, k, key_valid, ksel)
+            if shared:
+                # softmax(R k^T s) v: split-key kernels; zeros for a row with no valid key, as the reference gives.
+                vt, lv_lse = landmark_values_fwd(r, k, v, key_valid, scale)
+            else:
+                vt = torch.zeros_like(r)
+                lv_lse = None
+            if FWD_CONFIG["shared_in_route"] and S == 1 and shared:
+                # The route kernel's scores q R^T also give each query's shared-entry attention (into o, lse).
+                init = (out_layout(q), torch.empty(r.shape[0], q.shape[-2], device=q.device, dtype=torch.float32))
+                plan = build_plan(idx, route_topk(q, r, 1, shared_out=(vt, *init, sscale)), m)
+                o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, init=init)
+            else:
+                plan = build_plan(idx, route_topk(q, r, S), m)
+                o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale)
+        return o, vt, lse, lv_lse, plan
 
     @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, plan, S, shared, scale, sscale):
-        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale)
+    def forward(ctx, q, k, v, r, key_valid, ksel, S, shared, scale, sscale):
+        o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
         ctx.save_for_backward(q, k, v, r, vt, o, lse, lv_lse)
         ctx.key_valid, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, plan, S, shared, scale, sscale
         return o
@@ -1153,12 +1185,6 @@ def kernel_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         return q, k, v
     except ValueError:
         return q.contiguous(), k.contiguous(), v.contiguous()
-
-
-def route_and_plan(q, k, r, key_valid, ksel: int, S: int) -> RoutingPlan:
-    """Top-k per landmark, top-S routing per query and the routing plan (no autograd, no host synchronisation)."""
-    with torch.no_grad():
-        return build_plan(exact_topk(r, k, key_valid, ksel), route_topk(q, r, S), r.shape[1])
 
 
 def triton_mita(
@@ -1213,9 +1239,8 @@ def triton_mita(
     if short:
         # Image sizes: routing, landmark values and attention in one launch per (batch, head), see triton_small.py.
         return SmallMiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
-    # Exact top-k per landmark and top-S routing per query, scores computed tile by tile, never stored.
-    plan = route_and_plan(q, k, rf, key_valid, ksel, S)
-    return _MiTAFn.apply(q, k, v, rf, key_valid, plan, S, shared, scale, sscale)
+    # Exact top-k per landmark, top-S routing per query, landmark values and the fused attention (_MiTAFn.fwd).
+    return _MiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
 
 
 def pooled_short_supported(q: torch.Tensor, m: int) -> bool:

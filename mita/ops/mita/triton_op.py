@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, mita_bwd, plan_shape, route_and_plan
+from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, mita_bwd, plan_shape
 from mita.ops.mita.triton_routing import out_layout
 from mita.ops.mita.triton_small import _pads, small_bwd, small_fwd
 
@@ -46,8 +46,7 @@ def triton_fwd(
             vt, lvlse = q.new_empty(0), q.new_empty(0, dtype=torch.float32)
         return [o, lse, memb, route, vt, lvlse]
     with torch.no_grad():
-        plan = route_and_plan(q, k, r, key_valid, ksel, S)
-        o, vt, lse, lv_lse = _MiTAFn.fwd(q, k, v, r, key_valid, plan, S, shared, scale, sscale)
+        o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
     lv = lv_lse if lv_lse is not None else q.new_empty(0, dtype=torch.float32)
     return [o, lse, vt, lv, plan.idx, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re]
 

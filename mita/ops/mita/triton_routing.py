@@ -897,12 +897,16 @@ def _route_kernel(
     Q,
     R,
     ROUTE,
+    VT,
+    O,
+    LSE,
     N,
     M,
     H,
     SB,
     SH,
     SN,
+    sscale_log2,
     S: tl.constexpr,
     D: tl.constexpr,
     BM: tl.constexpr,
@@ -910,7 +914,12 @@ def _route_kernel(
     PREC: tl.constexpr,
     UP: tl.constexpr,
     EXACT: tl.constexpr,
+    SH_OUT: tl.constexpr,
 ):
+    # Top-S landmarks of each query (ROUTE). SH_OUT (S = 1): from the same scores, also the query's attention over
+    # the m shared entries (landmark keys R, values VT, logits scaled by sscale): its normalised output into O
+    # ([B, N, H, D] order, _out_ptr) and its log-sum-exp (log2 units) into LSE [BH, N], the state the fused
+    # attention (INIT) continues from.
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
@@ -924,6 +933,10 @@ def _route_kernel(
         # across tiles a later tile only on a strictly larger score. Landmark 0 if every score is NaN.
         best_s = tl.full([BM], float("-inf"), tl.float32)
         best_i = tl.zeros([BM], tl.int32)
+        if SH_OUT:
+            b_m = tl.full([BM], float("-inf"), tl.float32)
+            b_l = tl.zeros([BM], tl.float32)
+            b_acc = tl.zeros([BM, D], tl.float32)
         for j0 in range(0, M, BS):
             o_j = j0 + tl.arange(0, BS)
             b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
@@ -935,7 +948,17 @@ def _route_kernel(
             upd = t_max > best_s
             best_s = tl.where(upd, t_max, best_s)
             best_i = tl.where(upd, t_arg, best_i)
+            if SH_OUT:
+                b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
+                b_ss = tl.where((o_j < M)[None, :], b_sc * sscale_log2, float("-inf"))
+                b_m, b_l, b_acc = _softmax_step(b_ss, b_vt, b_m, b_l, b_acc, PREC, UP)
         tl.store(ROUTE + i_bh * N + o_n.to(tl.int64), best_i, mask=m_n)
+        if SH_OUT:
+            O_h = _out_ptr(O, i_bh, H, N, D)
+            b_o = b_acc / b_l[:, None]
+            o_n64 = o_n.to(tl.int64)
+            tl.store(O_h + o_n64[:, None] * (H * D) + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_n[:, None])
+            tl.store(LSE + i_bh * N + o_n64, b_m + tl.log2(b_l), mask=m_n)
     else:
         prev_s = tl.full([BM], float("inf"), tl.float32)
         prev_i = tl.full([BM], -1, tl.int32)
@@ -962,13 +985,16 @@ def _route_kernel(
             prev_i = best_i
 
 
-def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
+def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | None = None) -> torch.Tensor:
     """Per query, the S landmarks with the largest raw score ``q_n . R_i`` (ties to the lower index), best first.
 
     Args:
         q: ``[BH, N, d]`` or ``[B, H, N, d]`` queries (any layout :func:`heads_layout` takes).
         r: ``[BH, m, d]`` landmarks.
         S: experts per query, ``1 <= S <= m``.
+        shared_out: None, or (S = 1) ``(vt [BH, m, d], o, lse [BH, N] float32, sscale)``: from the same scores, also
+            each query's attention over the shared entries (keys r, values vt, logits ``q . R_i * sscale``): its
+            output written into o (:func:`out_layout` of q) and its log-sum-exp (log2 units) into lse.
 
     Returns:
         ``[BH, N * S]`` int32: entry ``n * S + s`` is query n's s-th landmark.
@@ -976,6 +1002,9 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
     BH, M, D = r.shape
     N = q.shape[-2]
     route = torch.empty(BH, N * S, device=q.device, dtype=torch.int32)
+    if shared_out is not None and S != 1:
+        raise ValueError(f"route_topk: shared_out needs S = 1, got S = {S}")
+    vt, o, lse, sscale = shared_out if shared_out is not None else (r, route, route, 1.0)
     # S = 1: 128 queries x up to 128 landmarks per step (fewer reloads of R; a max and a first-index min per
     # score). S > 1: 64 x 64 (the ordered passes keep more state per score).
     bm = 128 if S == 1 else 64
@@ -984,9 +1013,13 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
         q,
         r,
         route,
+        vt,
+        o,
+        lse,
         N,
         M,
         *heads_layout(q),
+        sscale * LOG2E,
         S=S,
         D=D,
         BM=bm,
@@ -994,6 +1027,7 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
         EXACT=_interpreting(),
+        SH_OUT=shared_out is not None,
         num_warps=8 if bm * bs >= 128 * 128 else 4,
     )
     return route
@@ -1411,8 +1445,10 @@ def _compile_cases() -> list:
         ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
-        ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, **common), 8, None),
-        ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, **common), 4, None),
+        ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, **common), 8, None),
+        ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, **common), 8,
+         dict(VT="*bf16", O="*bf16", LSE="*fp32", sscale_log2="fp32")),
+        ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, SH_OUT=False, **common), 4, None),
         ("lv_fwd BS=128", _lv_fwd_kernel, dict(HAS_KV=False, DIRECT=False, BS=128, BN=64, **common), 8,
          dict(PM="*fp32", PL="*fp32", PACC="*fp32", VT="*bf16", LSE="*fp32")),
         ("lv_fwd BS=64 direct", _lv_fwd_kernel, dict(HAS_KV=True, DIRECT=True, BS=64, BN=64, **common), 4,
