@@ -36,11 +36,14 @@ def _inputs(N, m, d=32, B=2, H=1, pad=False, dtype=torch.float32, seed=0):
     return (q, k, v, r), mask
 
 
-@pytest.mark.parametrize("short", [True, False])
-@pytest.mark.parametrize("case", CASES)
-def test_compiled_op_matches_eager_without_graph_break(monkeypatch, short, case):
+@pytest.mark.parametrize(
+    "short,case,fold", [(s, c, False) for s in (True, False) for c in CASES] + [(False, CASES[0], True)]
+)
+def test_compiled_op_matches_eager_without_graph_break(monkeypatch, short, case, fold):
+    """The compiled custom op against the eager autograd path, bitwise (fold: FWD_CONFIG shared_in_route)."""
     N, m, k, S, shared, pad = case
     monkeypatch.setattr(tm, "SHORT_PATH", short)
+    monkeypatch.setitem(tm.FWD_CONFIG, "shared_in_route", fold)
     torch._dynamo.reset()
     (q, kk, v, r), mask = _inputs(N, m, pad=pad, seed=N)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
