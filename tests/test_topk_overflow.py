@@ -63,6 +63,7 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top):
         ("block_top=1,2", ["1", "2"], []),
         ("num_warps=4,8", ["4", "8"], []),
         ("fwd.bm_max=16,32", ["16", "32"], ["--backward"]),
+        ("fwd.shared_in_route=0,1", ["0", "1"], []),
     ],
 )
 def test_ab_script_runs_on_cpu(sweep, vals, extra):
@@ -83,3 +84,5 @@ def test_ab_script_runs_on_cpu(sweep, vals, extra):
     assert [ln.split(f"{key}=")[1].split(":")[0] for ln in lines] == vals
     assert all(ln.endswith("same selection as the first value: True") for ln in lines)
     assert all(("fwd+bwd" in ln) == bool(extra) for ln in lines)
+    diffs = [float(ln.split("rel. diff ")[1].split(";")[0]) for ln in lines]
+    assert diffs[0] == 0.0 and all(0.0 <= x < 0.05 for x in diffs)

@@ -5,8 +5,9 @@ process, on i.i.d. and on correlated tokens (AR(1) along N, as bench_op.py --rho
         [--batch 1] [--timing eager,cuda_graph] [--backward]
 
 For each (N, rho, value) prints the MiTA forward time (CUDA events, median) and the top-k alone, in each timing
-mode (eager: host launches included; cuda_graph: replays, GPU time only), how many landmark rows overflowed their
-candidate list (those take the refinement passes) and whether the selection is bitwise the first value's. Results
+mode (eager: host launches included; cuda_graph: replays, GPU time only), the forward output's relative difference
+to the first value's, how many landmark rows overflowed their candidate list (those take the refinement passes) and
+whether the selection is bitwise the first value's. Results
 print as they come, so a run cut short still reports its first points. Examples: ``--sweep block_top=1,2,4`` (start
 threshold), ``--sweep num_warps=4,8``, ``--sweep fwd.bm_max=64,128 --backward`` (the fused attention's query tile,
 forward and forward + backward).
@@ -93,13 +94,16 @@ def main() -> None:
                     t.grad = None
                 mita_attention(*ins, pool_landmarks(ins[0], m, layout="1d"), m, backend="triton").backward(do)
 
-            first = None
+            first = first_out = None
             with torch.no_grad():
                 for val in values:
                     cfg[key] = val
                     st: dict = {}
                     idx = triton_routing.exact_topk(rf, kf, None, m, stats=st)
                     first = idx.clone() if first is None else first
+                    out = fwd().float()
+                    first_out = out if first_out is None else first_out
+                    diff = ((out - first_out).norm() / first_out.norm()).item()
                     parts = []
                     for t in timings:
                         if t == "wall":
@@ -116,7 +120,8 @@ def main() -> None:
                                     fb_ms = time_ms(fwd_bwd, t, warmup=1, reps=args.reps, max_s=5.0)[0]
                             parts[-1] += f", fwd+bwd {fb_ms:.3f} ms"
                     print(
-                        f"N {n} B {B} m=k {m} rho {rho} {label}={val}: {'; '.join(parts)}; overflow rows "
+                        f"N {n} B {B} m=k {m} rho {rho} {label}={val}: {'; '.join(parts)}; output against the first "
+                        f"value: rel. diff {diff:.1e}; overflow rows "
                         f"{int(st['overflow_rows'])}/{B * 2 * m}; same selection as the first value: "
                         f"{torch.equal(idx, first)}",
                         flush=True,
