@@ -290,12 +290,13 @@ def _narrow(lo, hi, p, P: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest_key(key, valid, kk):
-    # The largest t with count(valid & key >= t) >= kk for int32 order keys (1-D), i.e. the kk-th largest key, by
-    # bisection (32 steps); -2^31 when fewer than kk entries are valid, 2^31 - 1 when kk <= 0 (int64). (A radix
-    # select by four 8-bit tl.histogram rounds was slower on the H200: run 13.)
-    t = tl.full([], -2147483648, tl.int64)
-    hi = tl.full([], 2147483648, tl.int64)
+def _kth_largest_key(key, valid, kk, LO: tl.constexpr, HI: tl.constexpr):
+    # The largest t in [LO, HI) (a range of 2^32 values: int32 order keys, or 32-bit words) with count(valid &
+    # key >= t) >= kk, i.e. the kk-th largest key of the 1-D entries valid, by bisection (32 steps); LO when fewer
+    # than kk entries are valid, HI - 1 when kk <= 0 (int64). (A radix select by four 8-bit tl.histogram rounds was
+    # slower on the H200: run 13.)
+    t = tl.full([], LO, tl.int64)
+    hi = tl.full([], HI, tl.int64)
     for _ in range(32):
         mid = t + (hi - t) // 2
         ok = tl.sum((valid & (key >= mid)).to(tl.int32), 0) >= kk
@@ -336,7 +337,7 @@ def _topk_start_kernel(
     g = tl.max(tl.load(e_ptr, mask=o_b < NB, other=float("-inf")), 1)
     m_g = g > float("-inf")
     g_key = _order_key(g)
-    lo = _kth_largest_key(g_key, m_g, kk)
+    lo = _kth_largest_key(g_key, m_g, kk, -2147483648, 2147483648)
     r_max = tl.max(tl.where(m_g, g_key, _KEY_NEG_INF), 0)
     tl.store(LO + row, lo)
     tl.store(HI + row, r_max.to(tl.int64) + 1)
@@ -678,8 +679,8 @@ def _topk_scan_kernel(
 def _topk_final_kernel(CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr):
     # One row per program: the KSEL largest packed entries of the candidate list (score desc, index asc; fewer
     # when the list holds fewer valid keys), their key indices ascending, then -1. No sort: the threshold key t
-    # (_kth_largest_key), then, unless every entry at t is taken, the lowest indices among them (the same bisection
-    # on the low word).
+    # (_kth_largest_key), then, unless every entry at t is taken, the lowest indices among them (the same helper on
+    # the low word).
     row = tl.program_id(0).to(tl.int64)
     o_c = tl.arange(0, CP)
     c = tl.load(CAND + row * CAP + o_c, mask=o_c < CAP, other=_EMPTY)
@@ -687,19 +688,14 @@ def _topk_final_kernel(CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr,
     n_sel = tl.minimum(tl.sum(valid.to(tl.int32), 0), KSEL)
     c_key = c >> 32
     c_low = c & 0xFFFFFFFF
-    lo = _kth_largest_key(c_key.to(tl.int32), valid, n_sel)
+    lo = _kth_largest_key(c_key.to(tl.int32), valid, n_sel, -2147483648, 2147483648)
     m_gt = valid & (c_key > lo)
     m_tie = valid & (c_key == lo)
     n_tie = n_sel - tl.sum(m_gt.to(tl.int32), 0)
     # lo2: the n_tie-th largest low word among the ties (0, i.e. all of them, when every tie is taken).
     lo2 = tl.full([], 0, tl.int64)
     if n_tie < tl.sum(m_tie.to(tl.int32), 0):
-        hi2 = tl.full([], 4294967296, tl.int64)
-        for _ in range(32):
-            mid = lo2 + (hi2 - lo2) // 2
-            ok = tl.sum((m_tie & (c_low >= mid)).to(tl.int32), 0) >= n_tie
-            lo2 = tl.where(ok, mid, lo2)
-            hi2 = tl.where(ok, hi2, mid)
+        lo2 = _kth_largest_key(c_low, m_tie, n_tie, 0, 4294967296)
     sel = m_gt | (m_tie & (c_low >= lo2))
     # Compact the n_sel chosen indices into the output row (list order), then write each at its rank.
     base = IDX + row * KSEL
