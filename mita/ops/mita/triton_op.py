@@ -45,8 +45,7 @@ def triton_fwd(
         if not shared:  # small_fwd hands back r and lse there: outputs may not alias inputs or each other
             vt, lvlse = q.new_empty(0), q.new_empty(0, dtype=torch.float32)
         return [o, lse, memb, route, vt, lvlse]
-    with torch.no_grad():
-        o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
+    o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)  # runs under no_grad
     lv = lv_lse if lv_lse is not None else q.new_empty(0, dtype=torch.float32)
     return [o, lse, vt, lv, plan.idx, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re]
 
