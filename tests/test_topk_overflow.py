@@ -64,6 +64,7 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top):
         ("num_warps=4,8", ["4", "8"], []),
         ("fwd.bm_max=16,32", ["16", "32"], ["--backward"]),
         ("fwd.shared_in_route=0,1", ["0", "1"], []),
+        ("route.bm=32,64", ["32", "64"], ["--set", "fwd.shared_in_route=1;route.bs=16"]),
     ],
 )
 def test_ab_script_runs_on_cpu(sweep, vals, extra):
@@ -83,6 +84,8 @@ def test_ab_script_runs_on_cpu(sweep, vals, extra):
     key = sweep.split("=")[0]
     assert [ln.split(f"{key}=")[1].split(":")[0] for ln in lines] == vals
     assert all(ln.endswith("same selection as the first value: True") for ln in lines)
-    assert all(("fwd+bwd" in ln) == bool(extra) for ln in lines)
+    assert all(("fwd+bwd" in ln) == ("--backward" in extra) for ln in lines)
+    if "--set" in extra:
+        assert "fixed settings: shared_in_route=1, bs=16" in out
     diffs = [float(ln.split("rel. diff ")[1].split(";")[0]) for ln in lines]
     assert diffs[0] == 0.0 and all(0.0 <= x < 0.05 for x in diffs)

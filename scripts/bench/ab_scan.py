@@ -2,7 +2,7 @@
 process, on i.i.d. and on correlated tokens (AR(1) along N, as bench_op.py --rho).
 
     python scripts/bench/ab_scan.py [--points 1048576:512,65536:128] [--rho 0.9,0] [--sweep block_top=1,2,4]
-        [--batch 1] [--timing eager,cuda_graph] [--backward]
+        [--batch 1] [--timing eager,cuda_graph] [--backward] [--set "fwd.shared_in_route=1;route.bs=64"]
 
 For each (N, rho, value) prints the MiTA forward time (CUDA events, median) and the top-k alone, in each timing
 mode (eager: host launches included; cuda_graph: replays, GPU time only), the forward output's relative difference
@@ -10,7 +10,7 @@ to the first value's, how many landmark rows overflowed their candidate list (th
 whether the selection is bitwise the first value's. Results
 print as they come, so a run cut short still reports its first points. Examples: ``--sweep block_top=1,2,4`` (start
 threshold), ``--sweep num_warps=4,8``, ``--sweep fwd.bm_max=64,128 --backward`` (the fused attention's query tile,
-forward and forward + backward).
+forward and forward + backward), ``--sweep route.bm=64,128`` (the routing kernel's query tile).
 """
 
 from __future__ import annotations
@@ -33,15 +33,19 @@ from mita.ops.mita.api import mita_attention  # noqa: E402
 
 def parse_sweep(text: str) -> tuple[dict, str, list]:
     """``key=v1,v2`` -> (config, key, [v1, v2]) with ints as ints and ``None`` as None; the key is a SCAN_CONFIG key,
-    or ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG."""
+    ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG or ``route.<key>`` for one of the routing kernel's
+    ROUTE_CONFIG."""
     key, _, vals = text.partition("=")
     cfg = triton_routing.SCAN_CONFIG
     if key.startswith("fwd."):
         cfg, key = triton_mita.FWD_CONFIG, key[4:]
+    elif key.startswith("route."):
+        cfg, key = triton_routing.ROUTE_CONFIG, key[6:]
     if key not in cfg or not vals:
         raise SystemExit(
-            f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)} or fwd.<key> with one of "
-            f"{sorted(triton_mita.FWD_CONFIG)}: {text!r}"
+            f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)}, fwd.<key> with one of "
+            f"{sorted(triton_mita.FWD_CONFIG)} or route.<key> with one of {sorted(triton_routing.ROUTE_CONFIG)}: "
+            f"{text!r}"
         )
 
     def conv(x: str):
@@ -65,12 +69,22 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (wall-clock times)")
     ap.add_argument("--backward", action="store_true", help="also time forward + backward")
+    ap.add_argument("--set", default="", help="fixed settings for the whole run, ';'-separated key=value (same keys)")
     args = ap.parse_args()
+    fixed = []
+    for item in filter(None, args.set.split(";")):
+        scfg, skey, sval = parse_sweep(item)
+        if len(sval) != 1:
+            raise SystemExit(f"--set takes one value per key: {item!r}")
+        scfg[skey] = sval[0]
+        fixed.append(f"{skey}={sval[0]}")
     cfg, key, values = parse_sweep(args.sweep)
     label = args.sweep.partition("=")[0]
     timings = args.timing.split(",") if args.device == "cuda" else ["wall"]
     dev, B = args.device, args.batch
     print(environment(), flush=True)
+    if fixed:
+        print("fixed settings: " + ", ".join(fixed), flush=True)
     default = cfg[key]
     for point in args.points.split(","):
         n, m = (int(x) for x in point.split(":"))

@@ -56,6 +56,9 @@ _SCAN_PROGRAMS = 2048
 SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None, emit_top=None)
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
+# The routing kernel's tile (queries bm x landmarks bs) and warps; None: by S (route_topk). For GPU A/B runs
+# (scripts/bench/ab_scan.py --sweep route.bm=64,128); every value gives the same routes.
+ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None)
 
 
 def _interpreting() -> bool:
@@ -1003,8 +1006,9 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
     vt, o, lse, sscale = shared_out if shared_out is not None else (r, route, route, 1.0)
     # S = 1: 128 queries x up to 128 landmarks per step (fewer reloads of R; a max and a first-index min per
     # score). S > 1: 64 x 64 (the ordered passes keep more state per score).
-    bm = 128 if S == 1 else 64
-    bs = int(min(128 if S == 1 else 64, max(16, _next_pow2(M))))
+    bm = ROUTE_CONFIG["bm"] or (128 if S == 1 else 64)
+    bs = int(min(ROUTE_CONFIG["bs"] or (128 if S == 1 else 64), max(16, _next_pow2(M))))
+    warps = ROUTE_CONFIG["num_warps"] or (8 if bm * bs >= 128 * 128 else 4)
     fast(_route_kernel)[(_cdiv(N, bm), BH)](
         q,
         r,
@@ -1024,7 +1028,7 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
         UP=_upcast(q.dtype),
         EXACT=_interpreting(),
         SH_OUT=shared_out is not None,
-        num_warps=8 if bm * bs >= 128 * 128 else 4,
+        num_warps=warps,
     )
     return route
 
