@@ -352,13 +352,13 @@ def test_gpu_variants(poison, N, m, topk, dtype, S, shared, pad_from, imbalanced
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize(
-    "N,m,topk,pad_from", [(1025, 49, 24, (1025, 700)), (4097, 64, 32, None), (65536, 128, 128, None)]
+    "B,N,m,topk,pad_from", [(2, 1025, 49, 24, (1025, 700)), (1, 4097, 64, 32, None), (1, 65536, 128, 128, None)]
 )
-def test_gpu_shared_in_route_matches_naive(poison, monkeypatch, N, m, topk, pad_from):
+def test_gpu_shared_in_route_matches_naive(poison, monkeypatch, B, N, m, topk, pad_from):
     """FWD_CONFIG shared_in_route on the GPU: the route kernel's shared-entry attention, the fused attention after."""
     monkeypatch.setattr(tm, "SHORT_PATH", False)
     monkeypatch.setitem(tm.FWD_CONFIG, "shared_in_route", True)
-    _check(1, 2, N, 64, m, topk, torch.bfloat16, 1, True, pad_from)
+    _check(B, 2, N, 64, m, topk, torch.bfloat16, 1, True, pad_from)
 
 
 @pytest.mark.gpu

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -53,7 +54,10 @@ _SCAN_PROGRAMS = 2048
 # emit_top = 3: the block-top pass also keeps each block's third largest score and where its second sits, so the
 # count + emit pass writes blocks with two keys at or above the start from the block tops too and scores again only
 # blocks with three or more; 2: only blocks with one are written directly. None (default): _emit_top.
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None, emit_top=None)
+# fb_programs: programs of the fallback passes (refinement, recount, ordered emit), each taking key chunks in turn
+# and all returning at once when no row overflowed its list; None (default): 4 per SM; 0: one program per (landmark
+# tile, key chunk), each looking at its own rows (the layout before run 14).
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, fb_programs=None)
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
 # The routing kernel's tile (queries bm x landmarks bs) and warps; None: by S (route_topk). For GPU A/B runs
@@ -323,6 +327,7 @@ def _topk_start_kernel(
     CAP,
     ksel,
     nrows,
+    FLAG,
     HAS_KV: tl.constexpr,
     F: tl.constexpr,
     GP: tl.constexpr,
@@ -331,9 +336,12 @@ def _topk_start_kernel(
 ):
     # One row per program: lo = the largest order key t that kk maxima of groups of F entries reach (so kk
     # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
-    # candidate list start empty. Entries: the NB = t * NBLK first of the block-top planes (t = 1: the block
-    # maxima; t = 2: also each block's second largest score), entry e in plane e // NBLK.
+    # candidate list start empty; row 0 also lowers the overflow flag FLAG (the count + emit pass raises it).
+    # Entries: the NB = t * NBLK first of the block-top planes (t = 1: the block maxima; t = 2: also each block's
+    # second largest score), entry e in plane e // NBLK.
     row = tl.program_id(0).to(tl.int64)
+    if row == 0:
+        tl.store(FLAG, 0)
     kk = _head_kk(KK, row // M, ksel, HAS_KV)
     o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
     e_ptr = CMAX + (o_b // NBLK).to(tl.int64) * nrows * NBLK + row * NBLK + o_b % NBLK
@@ -396,7 +404,10 @@ def _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV: tl.conste
 
 
 @triton.jit
-def _topk_scan_kernel(
+def _topk_scan_item(
+    i_s,
+    i_g,
+    i_bh,
     R,
     K,
     KV,
@@ -436,6 +447,7 @@ def _topk_scan_kernel(
     BB: tl.constexpr,
     BG: tl.constexpr,
     E3: tl.constexpr,
+    FLAG,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
@@ -456,9 +468,7 @@ def _topk_scan_kernel(
     #         in [lo, hi) -> CNT tail [rows, G, 2].
     # MODE 3: write the candidates (>= hi first, then [lo, hi), both in key order, truncated at CAP).
     # SKIP (modes 1-3): landmark tiles without a fallback row do nothing.
-    i_s = tl.program_id(0)
-    i_g = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
+    i_bh = i_bh.to(tl.int64)
     o_d = tl.arange(0, D)
     o_j = i_s * BS + tl.arange(0, BS)
     m_j = o_j < M
@@ -533,6 +543,9 @@ def _topk_scan_kernel(
             PS = (i_bh * 0 + nrows) * NBLK  # plane stride of CMAX (int64: rows x blocks may pass 2^31)
             if MODE == 4:
                 t_f = b_tf[:, None]
+                # Slots this program took past CAP (an atomic whose slots end beyond it): the row overflowed.
+                a_ovf = tl.zeros([BS, BB], tl.int32)
+                r_ovf = tl.zeros([BS, BN], tl.int32)
                 for b0 in range(n0 // BN, (n1 + BN - 1) // BN, BB):
                     o_b = b0 + tl.arange(0, BB)
                     m_e = need[:, None] & (o_b < (n1 + BN - 1) // BN)[None, :]
@@ -557,6 +570,7 @@ def _topk_scan_kernel(
                             sem="relaxed",
                         )
                         tl.store(CAND + row[:, None] * CAP + slot, packed, mask=emit & (slot < CAP))
+                        a_ovf |= (emit & (slot + tl.where(two, 2, 1) > CAP)).to(tl.int32)
                         e_n2 = o_b[None, :] * BN + tl.load(ARG + PS + e_at, mask=m_e, other=0).to(tl.int32)
                         packed2 = (_order_key(e_sec).to(tl.int64) << 32) + (0xFFFFFFFF - e_n2.to(tl.int64))
                         tl.store(CAND + row[:, None] * CAP + slot + 1, packed2, mask=two & (slot + 1 < CAP))
@@ -567,6 +581,7 @@ def _topk_scan_kernel(
                             OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed"
                         )
                         tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
+                        a_ovf |= (one & (slot >= CAP)).to(tl.int32)
                         # Blocks with two or more: score them again, for the rows that need it.
                         more = (m_e & (e_sec >= t_f)).to(tl.int32)
                     b_more = tl.max(more, 0)  # [BB]: does any row need block j scored again
@@ -587,6 +602,9 @@ def _topk_scan_kernel(
                                     None, :
                                 ]
                                 tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
+                                r_ovf |= (m_c & (r_slot >= CAP)).to(tl.int32)
+                if tl.maximum(tl.max(tl.max(a_ovf, 1), 0), tl.max(tl.max(r_ovf, 1), 0)) > 0:
+                    tl.atomic_max(FLAG, 1, sem="relaxed")
             if MODE == 0:
                 # BG key blocks per step: their tops gather in [BS, BG] registers and are stored at once (one store
                 # per row and plane instead of one per block).
@@ -676,6 +694,152 @@ def _topk_scan_kernel(
                 CC2 = CNT + _NPASS * nrows * P
                 tl.store(CC2 + (row * G + i_g) * 2, c_hi, mask=need)
                 tl.store(CC2 + (row * G + i_g) * 2 + 1, c_band, mask=need)
+
+
+@triton.jit
+def _topk_scan_kernel(
+    R,
+    K,
+    KV,
+    KK,
+    LO,
+    HI,
+    DONE,
+    CMAX,
+    ARG,
+    CNT,
+    OFF,
+    CAND,
+    N,
+    M,
+    CH,
+    G,
+    NBLK,
+    CAP,
+    ksel,
+    H,
+    SB,
+    SH,
+    SN,
+    nrows,
+    i_pass,
+    FLAG,
+    n_items,
+    MODE: tl.constexpr,
+    P: tl.constexpr,
+    SKIP: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BN: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+    EXACT: tl.constexpr,
+    TOPT: tl.constexpr,
+    BB: tl.constexpr,
+    BG: tl.constexpr,
+    E3: tl.constexpr,
+    PERSIST: tl.constexpr,
+):
+    # One (landmark tile, key chunk, batch-head) item per program (grid [n_s, G, BH]), or PERSIST (modes 1-3): a
+    # grid of fewer programs taking the n_items items in turn (landmark tile fastest), all of them nothing unless
+    # the count + emit pass raised FLAG (some row's keys >= the start did not fit its list): the common case then
+    # costs a launch of few programs instead of thousands that each look at their rows and exit.
+    if PERSIST:
+        if tl.load(FLAG) != 0:
+            n_s = tl.cdiv(M, BS)
+            for w in range(tl.program_id(0), n_items, tl.num_programs(0)):
+                _topk_scan_item(
+                    w % n_s,
+                    (w // n_s) % G,
+                    w // (n_s * G),
+                    R,
+                    K,
+                    KV,
+                    KK,
+                    LO,
+                    HI,
+                    DONE,
+                    CMAX,
+                    ARG,
+                    CNT,
+                    OFF,
+                    CAND,
+                    N,
+                    M,
+                    CH,
+                    G,
+                    NBLK,
+                    CAP,
+                    ksel,
+                    H,
+                    SB,
+                    SH,
+                    SN,
+                    nrows,
+                    i_pass,
+                    MODE,
+                    P,
+                    SKIP,
+                    HAS_KV,
+                    D,
+                    BS,
+                    BN,
+                    PREC,
+                    UP,
+                    EXACT,
+                    TOPT,
+                    BB,
+                    BG,
+                    E3,
+                    FLAG,
+                )
+    else:
+        _topk_scan_item(
+            tl.program_id(0),
+            tl.program_id(1),
+            tl.program_id(2),
+            R,
+            K,
+            KV,
+            KK,
+            LO,
+            HI,
+            DONE,
+            CMAX,
+            ARG,
+            CNT,
+            OFF,
+            CAND,
+            N,
+            M,
+            CH,
+            G,
+            NBLK,
+            CAP,
+            ksel,
+            H,
+            SB,
+            SH,
+            SN,
+            nrows,
+            i_pass,
+            MODE,
+            P,
+            SKIP,
+            HAS_KV,
+            D,
+            BS,
+            BN,
+            PREC,
+            UP,
+            EXACT,
+            TOPT,
+            BB,
+            BG,
+            E3,
+            FLAG,
+        )
 
 
 @triton.jit
@@ -839,11 +1003,21 @@ def exact_topk(
     cand = torch.empty(rows, cap, device=dev, dtype=torch.int64)
     idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
 
+    # The overflow flag (lowered by the start kernel, raised by the count + emit pass) gates the persistent
+    # fallback passes (SCAN_CONFIG fb_programs).
+    flag = torch.empty(1, device=dev, dtype=torch.int32)
+    n_items = n_s * G * BH
+    fbp = SCAN_CONFIG["fb_programs"]
+    fbp = (4 * _sm_count(dev) if fbp is None else int(fbp)) if n_items > 1 else 0
+    if fbp < 0:
+        raise ValueError(f"SCAN_CONFIG['fb_programs'] must be None or >= 0, got {fbp}")
+
     def scan(mode, i_pass=0):
-        fast(_topk_scan_kernel)[grid](
+        persist = mode in (1, 2, 3) and fbp > 0
+        fast(_topk_scan_kernel)[(min(fbp, n_items),) if persist else grid](
             r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
-            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, **common,
+            flag, n_items, MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
+            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, PERSIST=persist, **common,
             num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
 
@@ -854,7 +1028,7 @@ def exact_topk(
     run(
         "start threshold",
         lambda: fast(_topk_start_kernel)[(rows,)](
-            cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
+            cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows, flag,
             HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024),
             num_warps=8 if gp * f >= 4096 else 4,
         ),
@@ -865,6 +1039,7 @@ def exact_topk(
         stats["cap"] = cap
         stats["counts"] = off.clone()
         stats["overflow_rows"] = (off > cap).sum()
+        stats["flag"] = flag
     for i in range(_PASSES):
         run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
     run("recount (fallback rows)", lambda: scan(2))
@@ -982,6 +1157,18 @@ def _route_kernel(
             tl.store(ROUTE + i_bh * N * S + o_n.to(tl.int64) * S + s, best_i, mask=m_n)
             prev_s = best_s
             prev_i = best_i
+
+
+def _sm_count(dev: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 elsewhere: the interpreter runs programs one by one)."""
+    if dev.type != "cuda":
+        return 4
+    return _cuda_sm_count(torch.cuda.current_device() if dev.index is None else dev.index)
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | None = None) -> torch.Tensor:
@@ -1425,25 +1612,29 @@ def _compile_cases() -> list:
     """Kernels and constexpr settings (bf16, d 64) for scripts/bench/compile_check.py beyond its own list."""
     common = dict(D=64, PREC="tf32", UP=False)
     i32, i64 = "*i32", "*i64"
-    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64)
+    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64, FLAG=i32)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
         ("topk_scan mode 0 top-4", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=0, **sc), 4, scan),
-        ("topk_scan mode 0 e3", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **sc), 4, scan),
+         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=0, PERSIST=False, **sc), 4, scan),
+        ("topk_scan mode 0 e3", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, PERSIST=False, **sc), 4, scan),
         ("topk_scan mode 0 e3 top-4", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=1, **sc), 4, scan),
+         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=1, PERSIST=False, **sc), 4, scan),
         ("topk_scan mode 4", _topk_scan_kernel,
-         dict(MODE=4, SKIP=False, TOPT=1, BB=16, BG=1, E3=0, **{**sc, "HAS_KV": True}), 4, scan),
-        ("topk_scan mode 4 e3", _topk_scan_kernel, dict(MODE=4, SKIP=False, TOPT=1, BB=32, BG=1, E3=1, **sc), 4, scan),
+         dict(MODE=4, SKIP=False, TOPT=1, BB=16, BG=1, E3=0, PERSIST=False, **{**sc, "HAS_KV": True}), 4, scan),
+        ("topk_scan mode 4 e3", _topk_scan_kernel,
+         dict(MODE=4, SKIP=False, TOPT=1, BB=32, BG=1, E3=1, PERSIST=False, **sc), 4, scan),
         ("topk_scan mode 1 skip", _topk_scan_kernel,
-         dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
-        ("topk_scan mode 3 skip", _topk_scan_kernel,
-         dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
+         dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, PERSIST=False, **sc), 4, scan),
+        ("topk_scan mode 2 persistent", _topk_scan_kernel,
+         dict(MODE=2, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, PERSIST=True, **sc), 4, scan),
+        ("topk_scan mode 3 persistent", _topk_scan_kernel,
+         dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, PERSIST=True, **sc), 4, scan),
         ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64, FLAG=i32)),
         ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64, FLAG=i32)),
         ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, **common), 8, None),
         ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, **common), 8,
