@@ -336,12 +336,14 @@ def _topk_start_kernel(
 ):
     # One row per program: lo = the largest order key t that kk maxima of groups of F entries reach (so kk
     # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
-    # candidate list start empty; row 0 also lowers the overflow flag FLAG (the count + emit pass raises it).
+    # candidate list start empty; row 0 also lowers the overflow flag FLAG[0] (the count + emit pass raises it)
+    # and zeroes the fallback passes' item counters FLAG[1:].
     # Entries: the NB = t * NBLK first of the block-top planes (t = 1: the block maxima; t = 2: also each block's
     # second largest score), entry e in plane e // NBLK.
     row = tl.program_id(0).to(tl.int64)
     if row == 0:
-        tl.store(FLAG, 0)
+        o_f = tl.arange(0, 16)
+        tl.store(FLAG + o_f, tl.zeros([16], tl.int32), mask=o_f < _NPASS + 3)
     kk = _head_kk(KK, row // M, ksel, HAS_KV)
     o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
     e_ptr = CMAX + (o_b // NBLK).to(tl.int64) * nrows * NBLK + row * NBLK + o_b % NBLK
@@ -742,13 +744,17 @@ def _topk_scan_kernel(
     PERSIST: tl.constexpr,
 ):
     # One (landmark tile, key chunk, batch-head) item per program (grid [n_s, G, BH]), or PERSIST (modes 1-3): a
-    # grid of fewer programs taking the n_items items in turn (landmark tile fastest), all of them nothing unless
-    # the count + emit pass raised FLAG (some row's keys >= the start did not fit its list): the common case then
-    # costs a launch of few programs instead of thousands that each look at their rows and exit.
+    # grid of fewer programs taking the n_items items one at a time from a counter (landmark tile fastest), all of
+    # them nothing unless the count + emit pass raised FLAG (some row's keys >= the start did not fit its list):
+    # the common case then costs a launch of few programs instead of thousands that each look at their rows.
     if PERSIST:
         if tl.load(FLAG) != 0:
+            # Items are handed out by this launch's counter (FLAG[1 + launch]), so programs that start late, or
+            # finish early, balance the work.
+            ctr = FLAG + 1 + tl.where(MODE == 1, i_pass, tl.where(MODE == 2, _NPASS, _NPASS + 1))
             n_s = tl.cdiv(M, BS)
-            for w in range(tl.program_id(0), n_items, tl.num_programs(0)):
+            w = tl.atomic_add(ctr, 1, sem="relaxed")
+            while w < n_items:
                 _topk_scan_item(
                     w % n_s,
                     (w // n_s) % G,
@@ -794,6 +800,7 @@ def _topk_scan_kernel(
                     E3,
                     FLAG,
                 )
+                w = tl.atomic_add(ctr, 1, sem="relaxed")
     else:
         _topk_scan_item(
             tl.program_id(0),
@@ -1004,8 +1011,8 @@ def exact_topk(
     idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
 
     # The overflow flag (lowered by the start kernel, raised by the count + emit pass) gates the persistent
-    # fallback passes (SCAN_CONFIG fb_programs).
-    flag = torch.empty(1, device=dev, dtype=torch.int32)
+    # fallback passes (SCAN_CONFIG fb_programs); then one item counter per fallback launch.
+    flag = torch.empty(_PASSES + 3, device=dev, dtype=torch.int32)
     n_items = n_s * G * BH
     fbp = SCAN_CONFIG["fb_programs"]
     fbp = (4 * _sm_count(dev) if fbp is None else int(fbp)) if n_items > 1 else 0
@@ -1039,7 +1046,7 @@ def exact_topk(
         stats["cap"] = cap
         stats["counts"] = off.clone()
         stats["overflow_rows"] = (off > cap).sum()
-        stats["flag"] = flag
+        stats["flag"] = flag[0]
     for i in range(_PASSES):
         run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
     run("recount (fallback rows)", lambda: scan(2))
