@@ -54,9 +54,9 @@ _SCAN_PROGRAMS = 2048
 # emit_top = 3: the block-top pass also keeps each block's third largest score and where its second sits, so the
 # count + emit pass writes blocks with two keys at or above the start from the block tops too and scores again only
 # blocks with three or more; 2: only blocks with one are written directly. None (default): _emit_top.
-# fb_programs: programs of the fallback passes (refinement, recount, ordered emit), each taking key chunks in turn
-# and all returning at once when no row overflowed its list; None (default): 4 per SM; 0: one program per (landmark
-# tile, key chunk), each looking at its own rows (the layout before run 14).
+# fb_programs: programs of the fallback passes (refinement, recount, ordered emit), taking (landmark tile, key chunk)
+# items from a counter; None (default): 4 per SM; 0: one program per item. Either way every program returns at once
+# unless the overflow flag is raised (some row's keys at or above the start overflowed its list).
 SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, fb_programs=None)
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -801,7 +801,8 @@ def _topk_scan_kernel(
                     FLAG,
                 )
                 w = tl.atomic_add(ctr, 1, sem="relaxed")
-    else:
+    elif not SKIP or tl.load(FLAG) != 0:
+        # (Fallback passes, SKIP, in this layout: every program returns at once unless FLAG is raised.)
         _topk_scan_item(
             tl.program_id(0),
             tl.program_id(1),
