@@ -547,9 +547,6 @@ def _topk_scan_item(
             PS = (i_bh * 0 + nrows) * NBLK  # plane stride of CMAX (int64: rows x blocks may pass 2^31)
             if MODE == 4:
                 t_f = b_tf[:, None]
-                # Slots this program took past CAP (an atomic whose slots end beyond it): the row overflowed.
-                a_ovf = tl.zeros([BS, BB], tl.int32)
-                r_ovf = tl.zeros([BS, BN], tl.int32)
                 for b0 in range(n0 // BN, (n1 + BN - 1) // BN, BB):
                     o_b = b0 + tl.arange(0, BB)
                     m_e = need[:, None] & (o_b < (n1 + BN - 1) // BN)[None, :]
@@ -574,7 +571,6 @@ def _topk_scan_item(
                             sem="relaxed",
                         )
                         tl.store(CAND + row[:, None] * CAP + slot, packed, mask=emit & (slot < CAP))
-                        a_ovf |= (emit & (slot + tl.where(two, 2, 1) > CAP)).to(tl.int32)
                         e_n2 = o_b[None, :] * BN + tl.load(ARG + PS + e_at, mask=m_e, other=0).to(tl.int32)
                         packed2 = (_order_key(e_sec).to(tl.int64) << 32) + (0xFFFFFFFF - e_n2.to(tl.int64))
                         tl.store(CAND + row[:, None] * CAP + slot + 1, packed2, mask=two & (slot + 1 < CAP))
@@ -585,7 +581,6 @@ def _topk_scan_item(
                             OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed"
                         )
                         tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
-                        a_ovf |= (one & (slot >= CAP)).to(tl.int32)
                         # Blocks with two or more: score them again, for the rows that need it.
                         more = (m_e & (e_sec >= t_f)).to(tl.int32)
                     b_more = tl.max(more, 0)  # [BB]: does any row need block j scored again
@@ -606,8 +601,12 @@ def _topk_scan_item(
                                     None, :
                                 ]
                                 tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
-                                r_ovf |= (m_c & (r_slot >= CAP)).to(tl.int32)
-                if tl.maximum(tl.max(tl.max(a_ovf, 1), 0), tl.max(tl.max(r_ovf, 1), 0)) > 0:
+                # A row whose count passed CAP overflowed its list: raise FLAG. The counters only grow, and the
+                # program whose slots crossed CAP reads its rows' counters after its own atomics (barrier; from L2,
+                # past L1), so at least that program sees it.
+                tl.debug_barrier()
+                c_end = tl.load(OFF + row, mask=need, other=0, cache_modifier=".cg")
+                if tl.max((c_end > CAP).to(tl.int32), 0) > 0:
                     tl.atomic_max(FLAG, 1, sem="relaxed")
             if MODE == 0:
                 # BG key blocks per step: their tops gather in [BS, BG] registers and are stored at once (one store
