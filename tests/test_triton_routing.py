@@ -437,14 +437,13 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, bt):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("bt,fbp", [(1, None), (2, None), (1, 0)])
-def test_gpu_exact_topk_correlated_tokens(monkeypatch, bt, fbp):
+@pytest.mark.parametrize("bt", [1, 2])
+def test_gpu_exact_topk_correlated_tokens(monkeypatch, bt):
     """Correlated tokens (every row overflows the block-maximum start) at 64K, bf16: exact with block maxima and
     with two scores per key block, which admits fewer keys (CPU model: median 715 against 1439; the list holds
     256, so the rows still overflow). Integer tokens (a moving average of noise, rounded to [-8, 8]) keep the
-    scores exact in float32, with ties. The fallback passes persistent (fbp None) and one program per chunk (0)."""
+    scores exact in float32, with ties."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fb_programs", fbp)
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(2, 65536 + 63, 64, generator=g).unfold(1, 64, 1).mean(-1) * 32).round().clamp(-8, 8)
     k = x.to(DEV, torch.bfloat16)
@@ -452,7 +451,7 @@ def test_gpu_exact_topk_correlated_tokens(monkeypatch, bt, fbp):
     st = {}
     got = tr.exact_topk(r, k, None, 128, stats=st)
     assert _same_sets(got, _ref_topk(r, k, None, 128))
-    assert int(st["overflow_rows"]) > 200 and int(st["flag"].item()) == 1
+    assert int(st["overflow_rows"]) > 200
     median = st["counts"].float().median().item()
     assert (median < 1000) if bt == 2 else (median > 1300)
 

@@ -159,11 +159,10 @@ def main() -> None:
                     BB=16,
                     BG=8,
                     E3=0,
-                    PERSIST=mode in (1, 3),
                     **common,
                 ),  # fmt: skip
                 4,
-                {"CMAX": "*fp32", "ARG": "*i8", "CNT": "*i32", "FLAG": "*i32"},
+                {"CMAX": "*fp32", "ARG": "*i8", "CNT": "*i32"},
             )
         )
     small = {"MEMB": "*i8", "DQ": "*bf16", "PMEMB": "*bf16"}

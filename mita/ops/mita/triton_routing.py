@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -54,12 +53,7 @@ _SCAN_PROGRAMS = 2048
 # emit_top = 3: the block-top pass also keeps each block's third largest score and where its second sits, so the
 # count + emit pass writes blocks with two keys at or above the start from the block tops too and scores again only
 # blocks with three or more; 2: only blocks with one are written directly. None (default): _emit_top.
-# fb_programs: programs of the fallback passes (refinement, recount, ordered emit): 0 (default): one program per
-# (landmark tile, key chunk) item; n > 0: n programs taking items from a counter; None: 4 per SM. Either way every
-# program returns at once unless the overflow flag is raised (some row's keys at or above the start overflowed its
-# list). Measured on the H200 (run 14, forward, CUDA graph): the flag took 64K from 0.235 to 0.221 ms; 4 programs
-# per SM reach 0.214 but lose where rows overflow (AR(1) tokens at 64K: 0.388 against 0.348 ms).
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, fb_programs=0)
+SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None, emit_top=None)
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
 # The routing kernel's tile (queries bm x landmarks bs) and warps; None: by S (route_topk). For GPU A/B runs
@@ -329,7 +323,6 @@ def _topk_start_kernel(
     CAP,
     ksel,
     nrows,
-    FLAG,
     HAS_KV: tl.constexpr,
     F: tl.constexpr,
     GP: tl.constexpr,
@@ -338,14 +331,9 @@ def _topk_start_kernel(
 ):
     # One row per program: lo = the largest order key t that kk maxima of groups of F entries reach (so kk
     # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
-    # candidate list start empty; row 0 also lowers the overflow flag FLAG[0] (the count + emit pass raises it)
-    # and zeroes the fallback passes' item counters FLAG[1:].
-    # Entries: the NB = t * NBLK first of the block-top planes (t = 1: the block maxima; t = 2: also each block's
-    # second largest score), entry e in plane e // NBLK.
+    # candidate list start empty. Entries: the NB = t * NBLK first of the block-top planes (t = 1: the block
+    # maxima; t = 2: also each block's second largest score), entry e in plane e // NBLK.
     row = tl.program_id(0).to(tl.int64)
-    if row == 0:
-        o_f = tl.arange(0, 16)
-        tl.store(FLAG + o_f, tl.zeros([16], tl.int32), mask=o_f < _NPASS + 3)
     kk = _head_kk(KK, row // M, ksel, HAS_KV)
     o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
     e_ptr = CMAX + (o_b // NBLK).to(tl.int64) * nrows * NBLK + row * NBLK + o_b % NBLK
@@ -408,10 +396,7 @@ def _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV: tl.conste
 
 
 @triton.jit
-def _topk_scan_item(
-    i_s,
-    i_g,
-    i_bh,
+def _topk_scan_kernel(
     R,
     K,
     KV,
@@ -451,7 +436,6 @@ def _topk_scan_item(
     BB: tl.constexpr,
     BG: tl.constexpr,
     E3: tl.constexpr,
-    FLAG,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
@@ -472,7 +456,9 @@ def _topk_scan_item(
     #         in [lo, hi) -> CNT tail [rows, G, 2].
     # MODE 3: write the candidates (>= hi first, then [lo, hi), both in key order, truncated at CAP).
     # SKIP (modes 1-3): landmark tiles without a fallback row do nothing.
-    i_bh = i_bh.to(tl.int64)
+    i_s = tl.program_id(0)
+    i_g = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
     o_d = tl.arange(0, D)
     o_j = i_s * BS + tl.arange(0, BS)
     m_j = o_j < M
@@ -601,13 +587,6 @@ def _topk_scan_item(
                                     None, :
                                 ]
                                 tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
-                # A row whose count passed CAP overflowed its list: raise FLAG. The counters only grow, and the
-                # program whose slots crossed CAP reads its rows' counters after its own atomics (barrier; from L2,
-                # past L1), so at least that program sees it.
-                tl.debug_barrier()
-                c_end = tl.load(OFF + row, mask=need, other=0, cache_modifier=".cg")
-                if tl.max((c_end > CAP).to(tl.int32), 0) > 0:
-                    tl.atomic_max(FLAG, 1, sem="relaxed")
             if MODE == 0:
                 # BG key blocks per step: their tops gather in [BS, BG] registers and are stored at once (one store
                 # per row and plane instead of one per block).
@@ -697,158 +676,6 @@ def _topk_scan_item(
                 CC2 = CNT + _NPASS * nrows * P
                 tl.store(CC2 + (row * G + i_g) * 2, c_hi, mask=need)
                 tl.store(CC2 + (row * G + i_g) * 2 + 1, c_band, mask=need)
-
-
-@triton.jit
-def _topk_scan_kernel(
-    R,
-    K,
-    KV,
-    KK,
-    LO,
-    HI,
-    DONE,
-    CMAX,
-    ARG,
-    CNT,
-    OFF,
-    CAND,
-    N,
-    M,
-    CH,
-    G,
-    NBLK,
-    CAP,
-    ksel,
-    H,
-    SB,
-    SH,
-    SN,
-    nrows,
-    i_pass,
-    FLAG,
-    n_items,
-    MODE: tl.constexpr,
-    P: tl.constexpr,
-    SKIP: tl.constexpr,
-    HAS_KV: tl.constexpr,
-    D: tl.constexpr,
-    BS: tl.constexpr,
-    BN: tl.constexpr,
-    PREC: tl.constexpr,
-    UP: tl.constexpr,
-    EXACT: tl.constexpr,
-    TOPT: tl.constexpr,
-    BB: tl.constexpr,
-    BG: tl.constexpr,
-    E3: tl.constexpr,
-    PERSIST: tl.constexpr,
-):
-    # One (landmark tile, key chunk, batch-head) item per program (grid [n_s, G, BH]), or PERSIST (modes 1-3): a
-    # grid of fewer programs taking the n_items items one at a time from a counter (landmark tile fastest), all of
-    # them nothing unless the count + emit pass raised FLAG (some row's keys >= the start did not fit its list):
-    # the common case then costs a launch of few programs instead of thousands that each look at their rows.
-    if PERSIST:
-        if tl.load(FLAG) != 0:
-            # Items are handed out by this launch's counter (FLAG[1 + launch]), so programs that start late, or
-            # finish early, balance the work.
-            ctr = FLAG + 1 + tl.where(MODE == 1, i_pass, tl.where(MODE == 2, _NPASS, _NPASS + 1))
-            n_s = tl.cdiv(M, BS)
-            w = tl.atomic_add(ctr, 1, sem="relaxed")
-            while w < n_items:
-                _topk_scan_item(
-                    w % n_s,
-                    (w // n_s) % G,
-                    w // (n_s * G),
-                    R,
-                    K,
-                    KV,
-                    KK,
-                    LO,
-                    HI,
-                    DONE,
-                    CMAX,
-                    ARG,
-                    CNT,
-                    OFF,
-                    CAND,
-                    N,
-                    M,
-                    CH,
-                    G,
-                    NBLK,
-                    CAP,
-                    ksel,
-                    H,
-                    SB,
-                    SH,
-                    SN,
-                    nrows,
-                    i_pass,
-                    MODE,
-                    P,
-                    SKIP,
-                    HAS_KV,
-                    D,
-                    BS,
-                    BN,
-                    PREC,
-                    UP,
-                    EXACT,
-                    TOPT,
-                    BB,
-                    BG,
-                    E3,
-                    FLAG,
-                )
-                w = tl.atomic_add(ctr, 1, sem="relaxed")
-    elif not SKIP or tl.load(FLAG) != 0:
-        # (Fallback passes, SKIP, in this layout: every program returns at once unless FLAG is raised.)
-        _topk_scan_item(
-            tl.program_id(0),
-            tl.program_id(1),
-            tl.program_id(2),
-            R,
-            K,
-            KV,
-            KK,
-            LO,
-            HI,
-            DONE,
-            CMAX,
-            ARG,
-            CNT,
-            OFF,
-            CAND,
-            N,
-            M,
-            CH,
-            G,
-            NBLK,
-            CAP,
-            ksel,
-            H,
-            SB,
-            SH,
-            SN,
-            nrows,
-            i_pass,
-            MODE,
-            P,
-            SKIP,
-            HAS_KV,
-            D,
-            BS,
-            BN,
-            PREC,
-            UP,
-            EXACT,
-            TOPT,
-            BB,
-            BG,
-            E3,
-            FLAG,
-        )
 
 
 @triton.jit
@@ -1012,21 +839,11 @@ def exact_topk(
     cand = torch.empty(rows, cap, device=dev, dtype=torch.int64)
     idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
 
-    # The overflow flag (lowered by the start kernel, raised by the count + emit pass) gates the persistent
-    # fallback passes (SCAN_CONFIG fb_programs); then one item counter per fallback launch.
-    flag = torch.empty(_PASSES + 3, device=dev, dtype=torch.int32)
-    n_items = n_s * G * BH
-    fbp = SCAN_CONFIG["fb_programs"]
-    fbp = (4 * _sm_count(dev) if fbp is None else int(fbp)) if n_items > 1 else 0
-    if fbp < 0:
-        raise ValueError(f"SCAN_CONFIG['fb_programs'] must be None or >= 0, got {fbp}")
-
     def scan(mode, i_pass=0):
-        persist = mode in (1, 2, 3) and fbp > 0
-        fast(_topk_scan_kernel)[(min(fbp, n_items),) if persist else grid](
+        fast(_topk_scan_kernel)[grid](
             r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, i_pass,
-            flag, n_items, MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
-            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, PERSIST=persist, **common,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
+            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, **common,
             num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
 
@@ -1037,7 +854,7 @@ def exact_topk(
     run(
         "start threshold",
         lambda: fast(_topk_start_kernel)[(rows,)](
-            cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows, flag,
+            cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
             HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024),
             num_warps=8 if gp * f >= 4096 else 4,
         ),
@@ -1048,7 +865,6 @@ def exact_topk(
         stats["cap"] = cap
         stats["counts"] = off.clone()
         stats["overflow_rows"] = (off > cap).sum()
-        stats["flag"] = flag[0]
     for i in range(_PASSES):
         run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
     run("recount (fallback rows)", lambda: scan(2))
@@ -1166,18 +982,6 @@ def _route_kernel(
             tl.store(ROUTE + i_bh * N * S + o_n.to(tl.int64) * S + s, best_i, mask=m_n)
             prev_s = best_s
             prev_i = best_i
-
-
-def _sm_count(dev: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (4 elsewhere: the interpreter runs programs one by one)."""
-    if dev.type != "cuda":
-        return 4
-    return _cuda_sm_count(torch.cuda.current_device() if dev.index is None else dev.index)
-
-
-@functools.cache
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | None = None) -> torch.Tensor:
@@ -1621,29 +1425,25 @@ def _compile_cases() -> list:
     """Kernels and constexpr settings (bf16, d 64) for scripts/bench/compile_check.py beyond its own list."""
     common = dict(D=64, PREC="tf32", UP=False)
     i32, i64 = "*i32", "*i64"
-    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64, FLAG=i32)
+    scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
     return [
         ("topk_scan mode 0 top-4", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=0, PERSIST=False, **sc), 4, scan),
-        ("topk_scan mode 0 e3", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, PERSIST=False, **sc), 4, scan),
+         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=0, **sc), 4, scan),
+        ("topk_scan mode 0 e3", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **sc), 4, scan),
         ("topk_scan mode 0 e3 top-4", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=1, PERSIST=False, **sc), 4, scan),
+         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=1, **sc), 4, scan),
         ("topk_scan mode 4", _topk_scan_kernel,
-         dict(MODE=4, SKIP=False, TOPT=1, BB=16, BG=1, E3=0, PERSIST=False, **{**sc, "HAS_KV": True}), 4, scan),
-        ("topk_scan mode 4 e3", _topk_scan_kernel,
-         dict(MODE=4, SKIP=False, TOPT=1, BB=32, BG=1, E3=1, PERSIST=False, **sc), 4, scan),
+         dict(MODE=4, SKIP=False, TOPT=1, BB=16, BG=1, E3=0, **{**sc, "HAS_KV": True}), 4, scan),
+        ("topk_scan mode 4 e3", _topk_scan_kernel, dict(MODE=4, SKIP=False, TOPT=1, BB=32, BG=1, E3=1, **sc), 4, scan),
         ("topk_scan mode 1 skip", _topk_scan_kernel,
-         dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, PERSIST=False, **sc), 4, scan),
-        ("topk_scan mode 2 persistent", _topk_scan_kernel,
-         dict(MODE=2, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, PERSIST=True, **sc), 4, scan),
-        ("topk_scan mode 3 persistent", _topk_scan_kernel,
-         dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, PERSIST=True, **sc), 4, scan),
+         dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
+        ("topk_scan mode 3 skip", _topk_scan_kernel,
+         dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
         ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64, FLAG=i32)),
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64, FLAG=i32)),
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, **common), 8, None),
         ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, **common), 8,
