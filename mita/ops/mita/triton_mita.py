@@ -1151,14 +1151,13 @@ class _MiTAFn(torch.autograd.Function):
             else:
                 vt = torch.zeros_like(r)
                 lv_lse = None
+            init = None
             if FWD_CONFIG["shared_in_route"] and S == 1 and shared:
                 # The route kernel's scores q R^T also give each query's shared-entry attention (into o, lse).
                 init = (out_layout(q), torch.empty(r.shape[0], q.shape[-2], device=q.device, dtype=torch.float32))
-                plan = build_plan(idx, route_topk(q, r, 1, shared_out=(vt, *init, sscale)), m)
-                o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, init=init)
-            else:
-                plan = build_plan(idx, route_topk(q, r, S), m)
-                o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale)
+            route = route_topk(q, r, S, shared_out=None if init is None else (vt, *init, sscale))
+            plan = build_plan(idx, route, m)
+            o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, init=init)
         return o, vt, lse, lv_lse, plan
 
     @staticmethod
