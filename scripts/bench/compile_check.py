@@ -1,16 +1,23 @@
 """Compile the Triton MiTA kernels for sm_90 (H100/H200) without a GPU: catches compile errors before a device run.
 
-    python scripts/bench/compile_check.py
+    python scripts/bench/compile_check.py [--maxnreg 128] [--only mita_fwd,route]
 
 Each kernel is compiled (TTIR -> TTGIR -> PTX -> cubin with Triton's bundled ptxas) at the constexpr settings the
 launchers use for bf16, d 64, with 16-byte aligned pointers and strides as a launch specialises them; the shared
-memory of each, its asynchronous copies (cp.async: software-pipelined loads) and barriers are printed.
+memory of each, its asynchronous copies (cp.async: software-pipelined loads) and barriers are printed, with the
+registers per thread (from the cubin, by the bundled cuobjdump) and the programs one SM holds at once as registers,
+shared memory and warps allow (sm_90: 64K registers, 228 KiB shared memory, 64 warps): a kernel whose loads wait
+on global memory runs faster with more programs per SM.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
@@ -75,7 +82,34 @@ def _aligned(fn, sig: dict) -> dict:
     }
 
 
+def resources(c, warps: int) -> str:
+    """Registers per thread of a compiled kernel and its programs per SM (registers, shared memory and warps)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(c.asm["cubin"])
+        try:
+            out = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return "registers ?"
+    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    if m is None:
+        return "registers ?"
+    reg, stack = int(m.group(1)), int(m.group(2))
+    # Registers are allocated per warp in units of 256 (8 per thread).
+    per_warp = -(-reg * 32 // 256) * 256
+    by_reg = 65536 // (per_warp * warps)
+    by_smem = (228 * 1024) // max(1, c.metadata.shared + 1024)
+    per_sm = min(by_reg, by_smem, 64 // warps, 32)
+    return f"{reg} regs{f' (stack {stack} B)' if stack else ''}, {per_sm} programs/SM"
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--maxnreg", type=int, default=0, help="compile every kernel with this register cap (0: none)")
+    ap.add_argument("--only", default="", help="comma-separated name prefixes of the kernels to compile")
+    args = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
     common = dict(D=64, PREC="tf32", UP=False)
     cases = [
@@ -85,6 +119,13 @@ def main() -> None:
             dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, INIT=False, **common),
             4,
             None,
+        ),
+        (
+            "mita_fwd 64",
+            tm._mita_fwd_kernel,
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, **common),
+            4,
+            {"O": "*bf16"},
         ),
         (
             "mita_fwd init",
@@ -186,15 +227,19 @@ def main() -> None:
     if extra is not None:
         cases += extra()
     failed = 0
+    only = [x for x in args.only.split(",") if x]
     for name, fn, consts, warps, over in cases:
+        if only and not any(name.startswith(x) for x in only):
+            continue
         try:
             sig = _sig(fn, consts, over)
             src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=_aligned(fn, sig))
-            c = triton.compile(src, target=target, options=dict(num_warps=warps))
+            opts = dict(num_warps=warps, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
+            c = triton.compile(src, target=target, options=opts)
             ptx = c.asm["ptx"]
             print(
                 f"{name:28s} ok  shared {c.metadata.shared} B, cp.async {ptx.count('cp.async.')}, "
-                f"bar.sync {ptx.count('bar.sync')}",
+                f"bar.sync {ptx.count('bar.sync')}, {resources(c, warps)}",
                 flush=True,
             )
         except Exception as e:  # noqa: BLE001 (report every kernel, then fail)

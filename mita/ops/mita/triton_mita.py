@@ -45,6 +45,7 @@ from mita.ops.mita.triton_routing import (
     heads_layout,
     landmark_values_fwd,
     out_layout,
+    regs_cap,
     route_topk,
 )
 from mita.ops.mita.triton_small import SmallMiTAFn, small_supported
@@ -726,8 +727,10 @@ _PLAN_OFFSETS_BLOCK = 4096
 # warps and pipeline stages of the forward (None: by tile size / Triton's default). shared_in_route (S = 1 with the
 # shared expert): the route kernel also computes each query's attention over the shared entries from the scores it
 # computes anyway, and the fused attention reads only the routed entries. Off: no gain on the H200 (run 14, CUDA
-# graph forward: 64K 0.229 -> 0.239 ms, 1M 4.86 -> 4.81, Figure F's 64K x 16 layer 2.01 -> 2.21).
-FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False)
+# graph forward: 64K 0.229 -> 0.239 ms, 1M 4.86 -> 4.81, Figure F's 64K x 16 layer 2.01 -> 2.21). maxnreg caps the
+# forward's registers per thread (None: the compiler's choice; scripts/bench/compile_check.py prints registers and
+# programs per SM).
+FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None)
 
 
 def plan_shape(nrows: int, m: int) -> tuple[int, int]:
@@ -872,6 +875,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         INIT=init is not None,
         num_warps=FWD_CONFIG["num_warps"] or _fwd_num_warps(plan.bm, D),
         **({"num_stages": FWD_CONFIG["num_stages"]} if FWD_CONFIG["num_stages"] else {}),
+        **regs_cap(FWD_CONFIG["maxnreg"]),
     )
     if direct:
         return o, lse

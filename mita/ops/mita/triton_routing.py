@@ -53,12 +53,26 @@ _SCAN_PROGRAMS = 2048
 # emit_top = 3: the block-top pass also keeps each block's third largest score and where its second sits, so the
 # count + emit pass writes blocks with two keys at or above the start from the block tops too and scores again only
 # blocks with three or more; 2: only blocks with one are written directly. None (default): _emit_top.
-SCAN_CONFIG = dict(bn=64, bs=None, num_warps=4, block_top=None, emit_top=None)
+# maxnreg caps the block-top pass's registers per thread (more programs per SM; None: the compiler's choice);
+# start_warps / final_warps: warps of the start and final per-row kernels (None: by entries per row), final_maxnreg
+# the final kernel's register cap.
+SCAN_CONFIG = dict(
+    bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
+    final_maxnreg=None,
+)  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
 # The routing kernel's tile (queries bm x landmarks bs) and warps; None: by S (route_topk). For GPU A/B runs
 # (scripts/bench/ab_scan.py --sweep route.bm=64,128); every value gives the same routes.
-ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None)
+ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None, maxnreg=None)
+# Landmark-value forward kernel: warps (None: 8 for 128-landmark tiles, else 4) and register cap (None: the
+# compiler's choice).
+LV_CONFIG = dict(num_warps=None, maxnreg=None)
+
+
+def regs_cap(maxnreg) -> dict:
+    """Launch option capping a kernel's registers per thread (``maxnreg``), or none when the setting is None / 0."""
+    return {"maxnreg": int(maxnreg)} if maxnreg else {}
 
 
 def _interpreting() -> bool:
@@ -298,11 +312,16 @@ def _kth_largest_key(key, valid, kk, LO: tl.constexpr, HI: tl.constexpr):
     # key >= t) >= kk, i.e. the kk-th largest key of the 1-D entries valid, by bisection (32 steps); LO when fewer
     # than kk entries are valid, HI - 1 when kk <= 0 (int64). (A radix select by four 8-bit tl.histogram rounds was
     # slower on the H200: run 13.)
+    # With int32 keys (LO = -2^31) every midpoint fits int32 (mid < hi <= 2^31), so the entries are compared as
+    # int32: no int64 copy of the keys (registers, hence programs per SM).
     t = tl.full([], LO, tl.int64)
     hi = tl.full([], HI, tl.int64)
     for _ in range(32):
         mid = t + (hi - t) // 2
-        ok = tl.sum((valid & (key >= mid)).to(tl.int32), 0) >= kk
+        if LO == -2147483648:
+            ok = tl.sum((valid & (key >= mid.to(tl.int32))).to(tl.int32), 0) >= kk
+        else:
+            ok = tl.sum((valid & (key >= mid)).to(tl.int32), 0) >= kk
         t = tl.where(ok, mid, t)
         hi = tl.where(ok, hi, mid)
     return t
@@ -328,6 +347,7 @@ def _topk_start_kernel(
     GP: tl.constexpr,
     P: tl.constexpr,
     CB: tl.constexpr,
+    ONE_PLANE: tl.constexpr,
 ):
     # One row per program: lo = the largest order key t that kk maxima of groups of F entries reach (so kk
     # distinct keys reach it), hi = just above the row maximum; the row's slot counter, refinement counts and
@@ -336,7 +356,11 @@ def _topk_start_kernel(
     row = tl.program_id(0).to(tl.int64)
     kk = _head_kk(KK, row // M, ksel, HAS_KV)
     o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
-    e_ptr = CMAX + (o_b // NBLK).to(tl.int64) * nrows * NBLK + row * NBLK + o_b % NBLK
+    if ONE_PLANE:
+        # The block maxima only: one contiguous row (vector loads, no per-entry plane arithmetic).
+        e_ptr = CMAX + row * NBLK + o_b
+    else:
+        e_ptr = CMAX + (o_b // NBLK).to(tl.int64) * nrows * NBLK + row * NBLK + o_b % NBLK
     g = tl.max(tl.load(e_ptr, mask=o_b < NB, other=float("-inf")), 1)
     m_g = g > float("-inf")
     g_key = _order_key(g)
@@ -844,7 +868,7 @@ def exact_topk(
             r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, **common,
-            num_warps=SCAN_CONFIG["num_warps"],
+            num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
         )  # fmt: skip
 
     run("block maxima", lambda: scan(0))
@@ -855,8 +879,8 @@ def exact_topk(
         "start threshold",
         lambda: fast(_topk_start_kernel)[(rows,)](
             cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
-            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024),
-            num_warps=8 if gp * f >= 4096 else 4,
+            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1,
+            num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4),
         ),
     )  # fmt: skip
     # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
@@ -880,7 +904,8 @@ def exact_topk(
             CP=cap,
             KP=kp,
             CB=max(1, min(64, 8192 // kp)),
-            num_warps=4 if cap <= 512 else 8,
+            num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
+            **regs_cap(SCAN_CONFIG["final_maxnreg"]),
         ),
     )
     return idx
@@ -1029,6 +1054,7 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
         EXACT=_interpreting(),
         SH_OUT=shared_out is not None,
         num_warps=warps,
+        **regs_cap(ROUTE_CONFIG["maxnreg"]),
     )
     return route
 
@@ -1333,7 +1359,8 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
         BN=bn,
         PREC=_prec(r.dtype),
         UP=_upcast(r.dtype),
-        num_warps=8 if bs >= 128 else 4,
+        num_warps=LV_CONFIG["num_warps"] or (8 if bs >= 128 else 4),
+        **regs_cap(LV_CONFIG["maxnreg"]),
     )
     if not direct:
         fast(_lv_merge_kernel)[(M, BH)](pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4)
@@ -1440,11 +1467,14 @@ def _compile_cases() -> list:
          dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
         ("topk_scan mode 3 skip", _topk_scan_kernel,
          dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
-        ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024), 8,
+        ("topk_start", _topk_start_kernel, dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256), 4,
+        ("topk_start kv", _topk_start_kernel, dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256, ONE_PLANE=False), 4,
+         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
+        ("topk_start 64K", _topk_start_kernel, dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
+        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64), 4, dict(CAND=i64, IDX=i32)),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, **common), 8, None),
         ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, **common), 8,
          dict(VT="*bf16", O="*bf16", LSE="*fp32", sscale_log2="fp32")),
