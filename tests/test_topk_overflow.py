@@ -89,3 +89,24 @@ def test_ab_script_runs_on_cpu(sweep, vals, extra):
         assert "fixed settings: shared_in_route=1, bs=16" in out
     diffs = [float(ln.split("rel. diff ")[1].split(";")[0]) for ln in lines]
     assert diffs[0] == 0.0 and all(0.0 <= x < 0.05 for x in diffs)
+
+
+def test_ab_script_several_sweeps_on_cpu():
+    """Several --sweep options in one ab_scan.py run: each setting's values in turn on the same point, register caps
+    and the per-row kernels' warps included (launch options only: the same selection and output)."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    sweeps = ["lv.maxnreg=None,80", "start_warps=None,8", "fwd.maxnreg=None,96", "final_maxnreg=None,96"]
+    args = [a for sw in sweeps for a in ("--sweep", sw)]
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "ab_scan.py"), "--device", "cpu", "--points", "640:4", "--rho", "0",
+         "--reps", "1", *args],
+        capture_output=True, text=True, env=env, timeout=600, check=True,
+    ).stdout  # fmt: skip
+    lines = [ln for ln in out.splitlines() if ln.startswith("N 640")]
+    labels = [ln.split(" rho 0.0 ")[1].split(":")[0] for ln in lines]
+    assert labels == [f"{sw.split('=')[0]}={v}" for sw in sweeps for v in sw.split("=")[1].split(",")]
+    assert all(ln.endswith("same selection as the first value: True") for ln in lines)
+    assert all(float(ln.split("rel. diff ")[1].split(";")[0]) == 0.0 for ln in lines)

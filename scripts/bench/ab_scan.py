@@ -2,7 +2,8 @@
 process, on i.i.d. and on correlated tokens (AR(1) along N, as bench_op.py --rho).
 
     python scripts/bench/ab_scan.py [--points 1048576:512,65536:128] [--rho 0.9,0] [--sweep block_top=1,2,4]
-        [--batch 1] [--timing eager,cuda_graph] [--backward] [--set "fwd.shared_in_route=1;route.bs=64"]
+        [--sweep fwd.maxnreg=None,128 ...] [--batch 1] [--timing eager,cuda_graph] [--backward]
+        [--set "fwd.shared_in_route=1;route.bs=64"]
 
 For each (N, rho, value) prints the MiTA forward time (CUDA events, median) and the top-k alone, in each timing
 mode (eager: host launches included; cuda_graph: replays, GPU time only), the forward output's relative difference
@@ -10,7 +11,9 @@ to the first value's, how many landmark rows overflowed their candidate list (th
 whether the selection is bitwise the first value's. Results
 print as they come, so a run cut short still reports its first points. Examples: ``--sweep block_top=1,2,4`` (start
 threshold), ``--sweep num_warps=4,8``, ``--sweep fwd.bm_max=64,128 --backward`` (the fused attention's query tile,
-forward and forward + backward), ``--sweep route.bm=64,128`` (the routing kernel's query tile).
+forward and forward + backward), ``--sweep route.bm=64,128`` (the routing kernel's query tile), ``--sweep
+lv.maxnreg=None,80`` (the landmark-value kernel's LV_CONFIG). Several ``--sweep`` options run one after the other on
+the same inputs of each point (each from the defaults and ``--set``).
 """
 
 from __future__ import annotations
@@ -33,19 +36,21 @@ from mita.ops.mita.api import mita_attention  # noqa: E402
 
 def parse_sweep(text: str) -> tuple[dict, str, list]:
     """``key=v1,v2`` -> (config, key, [v1, v2]) with ints as ints and ``None`` as None; the key is a SCAN_CONFIG key,
-    ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG or ``route.<key>`` for one of the routing kernel's
-    ROUTE_CONFIG."""
+    ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG, ``route.<key>`` for one of the routing kernel's
+    ROUTE_CONFIG or ``lv.<key>`` for one of the landmark-value kernel's LV_CONFIG."""
     key, _, vals = text.partition("=")
     cfg = triton_routing.SCAN_CONFIG
     if key.startswith("fwd."):
         cfg, key = triton_mita.FWD_CONFIG, key[4:]
     elif key.startswith("route."):
         cfg, key = triton_routing.ROUTE_CONFIG, key[6:]
+    elif key.startswith("lv."):
+        cfg, key = triton_routing.LV_CONFIG, key[3:]
     if key not in cfg or not vals:
         raise SystemExit(
             f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)}, fwd.<key> with one of "
-            f"{sorted(triton_mita.FWD_CONFIG)} or route.<key> with one of {sorted(triton_routing.ROUTE_CONFIG)}: "
-            f"{text!r}"
+            f"{sorted(triton_mita.FWD_CONFIG)}, route.<key> with one of {sorted(triton_routing.ROUTE_CONFIG)} or "
+            f"lv.<key> with one of {sorted(triton_routing.LV_CONFIG)}: {text!r}"
         )
 
     def conv(x: str):
@@ -64,7 +69,7 @@ def main() -> None:
     ap.add_argument("--points", default="1048576:512,65536:128", help="N:m (m = k) pairs, H 2, d 64")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rho", default="0.9,0")
-    ap.add_argument("--sweep", default="block_top=1,2,4")
+    ap.add_argument("--sweep", action="append", help="key=v1,v2 (repeatable; default block_top=1,2,4)")
     ap.add_argument("--timing", default="eager", help="comma-separated: eager, cuda_graph")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (wall-clock times)")
@@ -78,14 +83,12 @@ def main() -> None:
             raise SystemExit(f"--set takes one value per key: {item!r}")
         scfg[skey] = sval[0]
         fixed.append(f"{skey}={sval[0]}")
-    cfg, key, values = parse_sweep(args.sweep)
-    label = args.sweep.partition("=")[0]
+    sweeps = [(*parse_sweep(text), text.partition("=")[0]) for text in (args.sweep or ["block_top=1,2,4"])]
     timings = args.timing.split(",") if args.device == "cuda" else ["wall"]
     dev, B = args.device, args.batch
     print(environment(), flush=True)
     if fixed:
         print("fixed settings: " + ", ".join(fixed), flush=True)
-    default = cfg[key]
     for point in args.points.split(","):
         n, m = (int(x) for x in point.split(":"))
         for rho in (float(x) for x in args.rho.split(",")):
@@ -108,42 +111,51 @@ def main() -> None:
                     t.grad = None
                 mita_attention(*ins, pool_landmarks(ins[0], m, layout="1d"), m, backend="triton").backward(do)
 
-            first = first_out = None
-            with torch.no_grad():
-                for val in values:
-                    cfg[key] = val
-                    st: dict = {}
-                    idx = triton_routing.exact_topk(rf, kf, None, m, stats=st)
-                    first = idx.clone() if first is None else first
-                    out = fwd().float()
-                    first_out = out if first_out is None else first_out
-                    diff = ((out - first_out).norm() / first_out.norm()).item()
-                    parts = []
-                    for t in timings:
-                        if t == "wall":
-                            topk_ms, fwd_ms = wall_time(topk, 1, args.reps)[0], wall_time(fwd, 1, args.reps)[0]
-                        else:
-                            topk_ms = time_ms(topk, t, warmup=1, reps=args.reps, max_s=5.0)[0]
-                            fwd_ms = time_ms(fwd, t, warmup=1, reps=args.reps, max_s=5.0)[0]
-                        parts.append(f"{t}: fwd {fwd_ms:.3f} ms, top-k {topk_ms:.3f} ms")
-                        if args.backward:
-                            with torch.enable_grad():
-                                if t == "wall":
-                                    fb_ms = wall_time(fwd_bwd, 1, args.reps)[0]
-                                else:
-                                    fb_ms = time_ms(fwd_bwd, t, warmup=1, reps=args.reps, max_s=5.0)[0]
-                            parts[-1] += f", fwd+bwd {fb_ms:.3f} ms"
-                    print(
-                        f"N {n} B {B} m=k {m} rho {rho} {label}={val}: {'; '.join(parts)}; output against the first "
-                        f"value: rel. diff {diff:.1e}; overflow rows "
-                        f"{int(st['overflow_rows'])}/{B * 2 * m}; same selection as the first value: "
-                        f"{torch.equal(idx, first)}",
-                        flush=True,
-                    )
-            cfg[key] = default
+            for cfg, key, values, label in sweeps:
+                run_sweep(cfg, key, values, label, args, timings, n, B, m, rho, rf, kf, topk, fwd, fwd_bwd)
             del q, k, v, r, qg, kg, vg, do
             if dev == "cuda":
                 torch.cuda.empty_cache()
+
+
+def run_sweep(cfg, key, values, label, args, timings, n, B, m, rho, rf, kf, topk, fwd, fwd_bwd) -> None:
+    """Time each value of one setting at one point (the setting goes back to its value before the sweep)."""
+    default = cfg[key]
+    first = first_out = None
+    try:
+        with torch.no_grad():
+            for val in values:
+                cfg[key] = val
+                st: dict = {}
+                idx = triton_routing.exact_topk(rf, kf, None, m, stats=st)
+                first = idx.clone() if first is None else first
+                out = fwd().float()
+                first_out = out if first_out is None else first_out
+                diff = ((out - first_out).norm() / first_out.norm()).item()
+                parts = []
+                for t in timings:
+                    if t == "wall":
+                        topk_ms, fwd_ms = wall_time(topk, 1, args.reps)[0], wall_time(fwd, 1, args.reps)[0]
+                    else:
+                        topk_ms = time_ms(topk, t, warmup=1, reps=args.reps, max_s=5.0)[0]
+                        fwd_ms = time_ms(fwd, t, warmup=1, reps=args.reps, max_s=5.0)[0]
+                    parts.append(f"{t}: fwd {fwd_ms:.3f} ms, top-k {topk_ms:.3f} ms")
+                    if args.backward:
+                        with torch.enable_grad():
+                            if t == "wall":
+                                fb_ms = wall_time(fwd_bwd, 1, args.reps)[0]
+                            else:
+                                fb_ms = time_ms(fwd_bwd, t, warmup=1, reps=args.reps, max_s=5.0)[0]
+                        parts[-1] += f", fwd+bwd {fb_ms:.3f} ms"
+                print(
+                    f"N {n} B {B} m=k {m} rho {rho} {label}={val}: {'; '.join(parts)}; output against the first "
+                    f"value: rel. diff {diff:.1e}; overflow rows "
+                    f"{int(st['overflow_rows'])}/{B * 2 * m}; same selection as the first value: "
+                    f"{torch.equal(idx, first)}",
+                    flush=True,
+                )
+    finally:
+        cfg[key] = default
 
 
 if __name__ == "__main__":
