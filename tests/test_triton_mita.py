@@ -152,6 +152,37 @@ def test_general_forward_shared_in_route_matches_naive(
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
 
 
+@pytest.mark.parametrize("dtype,S,pad_from", [(torch.float32, 1, None), (torch.bfloat16, 2, (300, 120))])
+def test_inference_plan_tile(poison, monkeypatch, dtype, S, pad_from):
+    """FWD_CONFIG bm_infer: a forward no backward follows (grad mode off, or no input needing a gradient) builds its
+    plan with bm_infer-row tiles; a forward that may be differentiated keeps bm_max's, and both match the
+    reference."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setitem(tm.FWD_CONFIG, "bm_max", 16)
+    monkeypatch.setitem(tm.FWD_CONFIG, "bm_infer", 64)
+    tiles = []
+    real_fwd = tm.mita_fwd
+
+    def spy(*a, **kw):
+        tiles.append(a[5].bm)
+        return real_fwd(*a, **kw)
+
+    monkeypatch.setattr(tm, "mita_fwd", spy)
+    (q, k, v, r), mask = _inputs(2, 1, 300, 32, 2, dtype, pad_from, seed=4)
+    kw = dict(experts_per_query=S, key_padding_mask=mask)
+    ref = naive_mita(q, k, v, r, 40, **kw)
+    with torch.no_grad():
+        out = tm.triton_mita(q, k, v, r, 40, **kw)
+    assert tiles == [64]
+    assert _rel(out, ref) < TOL[dtype]
+    detached = [t.detach() for t in (q, k, v, r)]
+    out = tm.triton_mita(*detached, 40, **kw)
+    assert tiles == [64, 64]
+    assert _rel(out, ref) < TOL[dtype]
+    _check(2, 1, 300, 32, 2, 40, dtype, S, True, pad_from, seed=4)
+    assert tiles[2:] == [16]
+
+
 @pytest.mark.parametrize(
     "B,H,N,d,m,topk,dtype,S,shared,pad_from",
     [

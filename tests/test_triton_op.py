@@ -78,11 +78,14 @@ def test_custom_op_opcheck(short, case):
 
 
 @pytest.mark.parametrize("heads", ["flat", "strided"])
-def test_fake_shapes_match_real_outputs(heads):
+def test_fake_shapes_match_real_outputs(heads, monkeypatch):
     """Every output's shape, dtype and strides from the fake implementation equal the real ones (both paths), for
     flattened heads and for q, k, v as the head split of one [B, N, 3, H, d] projection (output in [B, N, H, d]
-    order)."""
+    order); with and without a backward to follow (the plan's tile table then differs: bm_infer)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setitem(tm.FWD_CONFIG, "bm_max", 16)
+    monkeypatch.setitem(tm.FWD_CONFIG, "bm_infer", 32)
 
     for short in (True, False):
         for N, m, k, S, shared, pad in CASES:
@@ -95,16 +98,17 @@ def test_fake_shapes_match_real_outputs(heads):
                 qkv = [x[:, :, i].transpose(1, 2) for i in range(3)]
             args = [*qkv, r.reshape(B * H, m, d)]
             kv = None if mask is None else (~mask)[:, None, :].expand(B, H, N).reshape(B * H, N)
-            real = triton_op.triton_fwd(*args, kv, k, S, shared, d**-0.5, 1.0 / d, short)
-            with FakeTensorMode() as mode:
-                fk = [mode.from_tensor(t) for t in args]
-                fkv = None if kv is None else mode.from_tensor(kv)
-                fake = triton_op.triton_fwd(*fk, fkv, k, S, shared, d**-0.5, 1.0 / d, short)
+            for train in (True, False):
+                real = triton_op.triton_fwd(*args, kv, k, S, shared, d**-0.5, 1.0 / d, short, train)
+                with FakeTensorMode() as mode:
+                    fk = [mode.from_tensor(t) for t in args]
+                    fkv = None if kv is None else mode.from_tensor(kv)
+                    fake = triton_op.triton_fwd(*fk, fkv, k, S, shared, d**-0.5, 1.0 / d, short, train)
 
-            def meta(ts):
-                return [(t.shape, t.dtype, t.stride() if t.numel() else None) for t in ts]
+                def meta(ts):
+                    return [(t.shape, t.dtype, t.stride() if t.numel() else None) for t in ts]
 
-            assert meta(fake) == meta(real), (short, N)
+                assert meta(fake) == meta(real), (short, N, train)
 
 
 def test_compiled_mita_layer_matches_eager():

@@ -730,30 +730,44 @@ _PLAN_OFFSETS_BLOCK = 4096
 # graph forward: 64K 0.229 -> 0.239 ms, 1M 4.86 -> 4.81, Figure F's 64K x 16 layer 2.01 -> 2.21). maxnreg caps the
 # forward's registers per thread (None: the compiler's choice; scripts/bench/compile_check.py prints registers and
 # programs per SM).
-FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None)
+# bm_infer: bm_max of a forward that no backward follows (no input requires a gradient, or grad mode is off), which
+# can take larger query tiles than the backward wants (None: bm_max).
+FWD_CONFIG = dict(
+    bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None
+)
 
 
-def plan_shape(nrows: int, m: int) -> tuple[int, int]:
+def plan_bm_max(train: bool = True) -> int:
+    """Largest query tile of the routing plan: ``FWD_CONFIG["bm_max"]``, or ``bm_infer`` (when set) for a forward
+    without backward."""
+    if train or FWD_CONFIG["bm_infer"] is None:
+        return int(FWD_CONFIG["bm_max"])
+    return int(FWD_CONFIG["bm_infer"])
+
+
+def plan_shape(nrows: int, m: int, bm_max: int | None = None) -> tuple[int, int]:
     """``(bm, T)``: query rows per tile and the tile table's length (a static upper bound) for ``nrows = N * S``
-    routed rows over m experts."""
-    bm = int(min(FWD_CONFIG["bm_max"], max(16, _next_pow2(max(1, nrows // m)))))
+    routed rows over m experts; tiles of at most ``bm_max`` rows (None: :func:`plan_bm_max` of training)."""
+    cap = plan_bm_max() if bm_max is None else bm_max
+    bm = int(min(cap, max(16, _next_pow2(max(1, nrows // m)))))
     return bm, _cdiv(nrows, bm) + min(m, nrows)
 
 
-def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int) -> RoutingPlan:
+def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | None = None) -> RoutingPlan:
     """Build the routing plan from the expert key lists and the query routes (no host synchronisation).
 
     Args:
         idx: ``[BH, m, ksel]`` int32 key index of each routed slot, -1 for a slot with no valid key.
         route: ``[BH, N * S]`` int32 landmark of row ``n * S + s``, in ``[0, m)``.
         m: number of landmarks.
+        bm_max: largest query tile (None: :func:`plan_bm_max` of training).
 
     Returns:
         The :class:`RoutingPlan`.
     """
     BH, nrows = route.shape
     dev = route.device
-    bm, T = plan_shape(nrows, m)
+    bm, T = plan_shape(nrows, m, bm_max)
     mp = max(16, _next_pow2(m))
     i32 = torch.int32
     rows = torch.empty(BH, nrows, device=dev, dtype=i32)
@@ -1142,9 +1156,10 @@ class _MiTAFn(torch.autograd.Function):
     once."""
 
     @staticmethod
-    def fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale):
+    def fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, train=True):
         """``(o, vt, lse, lv_lse, plan)``: output, landmark values (zeros without the shared expert), the attention's
-        LSE, the landmark values' LSE (None without the shared expert) and the routing plan. No host sync."""
+        LSE, the landmark values' LSE (None without the shared expert) and the routing plan. No host sync. train:
+        whether a backward may follow (it decides the plan's query tile, :func:`plan_bm_max`)."""
         m = r.shape[1]
         with torch.no_grad():
             # Exact top-k per landmark, scores computed tile by tile, never stored.
@@ -1160,13 +1175,13 @@ class _MiTAFn(torch.autograd.Function):
                 # The route kernel's scores q R^T also give each query's shared-entry attention (into o, lse).
                 init = (out_layout(q), torch.empty(r.shape[0], q.shape[-2], device=q.device, dtype=torch.float32))
             route = route_topk(q, r, S, shared_out=None if init is None else (vt, *init, sscale))
-            plan = build_plan(idx, route, m)
+            plan = build_plan(idx, route, m, plan_bm_max(train))
             o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, init=init)
         return o, vt, lse, lv_lse, plan
 
     @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, ksel, S, shared, scale, sscale):
-        o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
+    def forward(ctx, q, k, v, r, key_valid, ksel, S, shared, scale, sscale, train=True):
+        o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, train)
         ctx.save_for_backward(q, k, v, r, vt, o, lse, lv_lse)
         ctx.key_valid, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, plan, S, shared, scale, sscale
         return o
@@ -1177,7 +1192,7 @@ class _MiTAFn(torch.autograd.Function):
         dq, dk, dv, dr = mita_bwd(
             do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.key_valid, lv_lse
         )
-        return dq, dk, dv, dr, None, None, None, None, None, None
+        return dq, dk, dv, dr, None, None, None, None, None, None, None
 
 
 def kernel_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -1237,14 +1252,16 @@ def triton_mita(
     # The forward kernels read q, k, v in place (any batch / head / row strides, e.g. the head split of a fused
     # qkv projection) and write the output in [B, N, H, d] order.
     q, k, v = kernel_layout(q, k, v)
+    # Whether a backward may follow (else the plan may take larger query tiles: FWD_CONFIG bm_infer).
+    train = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rf))
     if torch.compiler.is_compiling():
         # Inside torch.compile: the same kernels behind two opaque custom ops (triton_op.py), no graph break.
-        return torch.ops.mita.triton_fwd(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, short)[0]
+        return torch.ops.mita.triton_fwd(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, short, train)[0]
     if short:
         # Image sizes: routing, landmark values and attention in one launch per (batch, head), see triton_small.py.
         return SmallMiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
     # Exact top-k per landmark, top-S routing per query, landmark values and the fused attention (_MiTAFn.fwd).
-    return _MiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
+    return _MiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, train)
 
 
 def pooled_short_supported(q: torch.Tensor, m: int) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, mita_bwd, plan_shape
+from mita.ops.mita.triton_mita import RoutingPlan, _MiTAFn, mita_bwd, plan_bm_max, plan_shape
 from mita.ops.mita.triton_routing import out_layout
 from mita.ops.mita.triton_small import _pads, small_bwd, small_fwd
 
@@ -37,21 +37,23 @@ def triton_fwd(
     scale: float,
     sscale: float,
     short: bool,
+    train: bool = True,
 ) -> list[torch.Tensor]:
     """``[o, *aux]``; q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``), r ``[BH, m, d]``;
-    o shaped as q, stored in ``[B, N, H, d]`` order (``out_layout``). ``short``: the N <= 256 path."""
+    o shaped as q, stored in ``[B, N, H, d]`` order (``out_layout``). ``short``: the N <= 256 path. ``train``: a
+    backward may follow (the general path's plan then takes the backward's query tile, ``plan_bm_max``)."""
     if short:
         o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
         if not shared:  # small_fwd hands back r and lse there: outputs may not alias inputs or each other
             vt, lvlse = q.new_empty(0), q.new_empty(0, dtype=torch.float32)
         return [o, lse, memb, route, vt, lvlse]
-    o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)  # runs under no_grad
+    o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, train)  # no_grad
     lv = lv_lse if lv_lse is not None else q.new_empty(0, dtype=torch.float32)
     return [o, lse, vt, lv, plan.idx, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re]
 
 
 @triton_fwd.register_fake
-def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short):
+def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short, train=True):
     BH, m, D = r.shape
     N = q.shape[-2]
     f32, i32 = torch.float32, torch.int32
@@ -62,7 +64,7 @@ def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short):
         vt = torch.empty_like(r) if shared else q.new_empty(0)
         lvlse = q.new_empty(BH, m, dtype=f32) if shared else q.new_empty(0, dtype=f32)
         return [o, lse, q.new_empty(BH, MP, NP, dtype=torch.int8), q.new_empty(BH, N, S, dtype=i32), vt, lvlse]
-    _, T = plan_shape(N * S, m)
+    _, T = plan_shape(N * S, m, plan_bm_max(train))
     lv = q.new_empty(BH, m, dtype=f32) if shared else q.new_empty(0, dtype=f32)
     tiles = [q.new_empty(BH, T, dtype=i32) for _ in range(3)]
     return [
@@ -107,7 +109,7 @@ def _(do, q, k, v, r, key_valid, o, aux, S, shared, scale, sscale, short):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short = inputs
+    q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short, train = inputs
     ctx.has_kv = key_valid is not None
     ctx.save_for_backward(q, k, v, r, *output, *([key_valid] if ctx.has_kv else []))
     ctx.args = (S, shared, scale, sscale, short)
@@ -117,7 +119,7 @@ def _backward(ctx, grads):
     q, k, v, r, o, *aux = ctx.saved_tensors
     key_valid = aux.pop() if ctx.has_kv else None
     dq, dk, dv, dr = triton_bwd(grads[0], q, k, v, r, key_valid, o, aux, *ctx.args)
-    return dq, dk, dv, dr, None, None, None, None, None, None, None
+    return dq, dk, dv, dr, None, None, None, None, None, None, None, None
 
 
 triton_fwd.register_autograd(_backward, setup_context=_setup_context)
