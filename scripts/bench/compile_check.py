@@ -39,6 +39,7 @@ _I8 = {"KV", "ARG"}
 _FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}
 _INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "NBLK", "CAP", "NC"}
 _INT_SCALARS |= {"H", "SB", "SH", "SN", "DSB", "DSH", "DSN"}  # heads_layout (q, k, v; the upstream gradient)
+_INT_SCALARS |= {"R_OFF", "VT_OFF"}  # the one-loop forward's element offsets of R, VT from K, V
 
 
 def _sig(fn, consts: dict, overrides: dict | None = None) -> dict:
@@ -68,7 +69,9 @@ def _sig(fn, consts: dict, overrides: dict | None = None) -> dict:
 
 
 # Strides a launch passes as multiples of 16 (d = 64 rows): Triton specialises on that, as on 16-byte aligned pointers.
-_STRIDES = {"SB", "SH", "SN", "DSB", "DSH", "DSN"}
+# The one-loop forward's offsets between allocations are too (allocations are 512-byte aligned; k, v at multiples
+# of d within a fused projection).
+_STRIDES = {"SB", "SH", "SN", "DSB", "DSH", "DSN", "R_OFF", "VT_OFF"}
 
 
 def _aligned(fn, sig: dict) -> dict:
@@ -116,23 +119,30 @@ def main() -> None:
         (
             "mita_fwd",
             tm._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, INIT=False, **common),
+            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, INIT=False, ONE_LOOP=False, **common),
             4,
             None,
         ),
         (
             "mita_fwd 64",
             tm._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, **common),
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, ONE_LOOP=False, **common),
             4,
             {"O": "*bf16"},
         ),
         (
             "mita_fwd init",
             tm._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=True, **common),
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=True, ONE_LOOP=False, **common),
             4,
             {"O": "*bf16"},
+        ),
+        (
+            "mita_fwd one_loop",
+            tm._mita_fwd_kernel,
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, ONE_LOOP=True, **common),
+            4,
+            {"O": "*bf16", "R_OFF": "i64", "VT_OFF": "i64"},
         ),
         (
             "mita_bwd_dq",
