@@ -64,7 +64,6 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top):
         ("num_warps=4,8", ["4", "8"], []),
         ("fwd.bm_max=16,32", ["16", "32"], ["--backward"]),
         ("fwd.shared_in_route=0,1", ["0", "1"], []),
-        ("fwd.one_loop=0,1", ["0", "1"], []),
         ("route.bm=32,64", ["32", "64"], ["--set", "fwd.shared_in_route=1;route.bs=16"]),
     ],
 )

@@ -37,18 +37,13 @@ def _inputs(N, m, d=32, B=2, H=1, pad=False, dtype=torch.float32, seed=0):
 
 
 @pytest.mark.parametrize(
-    "short,case,fwd",
-    [(s, c, {}) for s in (True, False) for c in CASES]
-    + [(False, CASES[0], {"shared_in_route": True}), (False, CASES[0], {"one_loop": True})]
-    + [(False, CASES[1], {"one_loop": True})],
+    "short,case,fold", [(s, c, False) for s in (True, False) for c in CASES] + [(False, CASES[0], True)]
 )
-def test_compiled_op_matches_eager_without_graph_break(monkeypatch, short, case, fwd):
-    """The compiled custom op against the eager autograd path, bitwise (fwd: FWD_CONFIG settings, e.g. the
-    one-loop forward, whose landmark offsets from k and v the custom op computes from its own tensors)."""
+def test_compiled_op_matches_eager_without_graph_break(monkeypatch, short, case, fold):
+    """The compiled custom op against the eager autograd path, bitwise (fold: FWD_CONFIG shared_in_route)."""
     N, m, k, S, shared, pad = case
     monkeypatch.setattr(tm, "SHORT_PATH", short)
-    for key, val in fwd.items():
-        monkeypatch.setitem(tm.FWD_CONFIG, key, val)
+    monkeypatch.setitem(tm.FWD_CONFIG, "shared_in_route", fold)
     torch._dynamo.reset()
     (q, kk, v, r), mask = _inputs(N, m, pad=pad, seed=N)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)

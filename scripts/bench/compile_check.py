@@ -39,7 +39,6 @@ _I8 = {"KV", "ARG"}
 _FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}
 _INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "NBLK", "CAP", "NC"}
 _INT_SCALARS |= {"H", "SB", "SH", "SN", "DSB", "DSH", "DSN"}  # heads_layout (q, k, v; the upstream gradient)
-_INT_SCALARS |= {"R_OFF", "VT_OFF"}  # the one-loop forward's element offsets of R, VT from K, V
 
 
 def _sig(fn, consts: dict, overrides: dict | None = None) -> dict:
@@ -69,9 +68,7 @@ def _sig(fn, consts: dict, overrides: dict | None = None) -> dict:
 
 
 # Strides a launch passes as multiples of 16 (d = 64 rows): Triton specialises on that, as on 16-byte aligned pointers.
-# The one-loop forward's offsets between allocations are too (allocations are 512-byte aligned; k, v at multiples
-# of d within a fused projection).
-_STRIDES = {"SB", "SH", "SN", "DSB", "DSH", "DSN", "R_OFF", "VT_OFF"}
+_STRIDES = {"SB", "SH", "SN", "DSB", "DSH", "DSN"}
 
 
 def _aligned(fn, sig: dict) -> dict:
@@ -119,30 +116,23 @@ def main() -> None:
         (
             "mita_fwd",
             tm._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, INIT=False, ONE_LOOP=False, **common),
+            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, INIT=False, **common),
             4,
             None,
         ),
         (
             "mita_fwd 64",
             tm._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, ONE_LOOP=False, **common),
-            4,
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, **common),
+            tm._fwd_launch(64, 64, 64),
             {"O": "*bf16"},
         ),
         (
             "mita_fwd init",
             tm._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=True, ONE_LOOP=False, **common),
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=True, **common),
             4,
             {"O": "*bf16"},
-        ),
-        (
-            "mita_fwd one_loop",
-            tm._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, ONE_LOOP=True, **common),
-            4,
-            {"O": "*bf16", "R_OFF": "i64", "VT_OFF": "i64"},
         ),
         (
             "mita_bwd_dq",
@@ -244,7 +234,11 @@ def main() -> None:
         try:
             sig = _sig(fn, consts, over)
             src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=_aligned(fn, sig))
-            opts = dict(num_warps=warps, **({"maxnreg": args.maxnreg} if args.maxnreg else {}))
+            # warps: the number of warps, or a launch's options (num_warps, num_stages, maxnreg).
+            opts = dict(warps) if isinstance(warps, dict) else dict(num_warps=warps)
+            warps = opts["num_warps"]
+            if args.maxnreg:
+                opts["maxnreg"] = args.maxnreg
             c = triton.compile(src, target=target, options=opts)
             ptx = c.asm["ptx"]
             print(

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from mita.ops.mita.checks import check_mita_args
-from mita.ops.mita.launch import _interpreting, fast
+from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
     _cdiv,
     _dot,
@@ -87,8 +87,6 @@ def _mita_fwd_kernel(
     SN,
     scale_log2,
     sscale_log2,
-    R_OFF,
-    VT_OFF,
     S: tl.constexpr,
     SHARED: tl.constexpr,
     DIRECT: tl.constexpr,
@@ -99,16 +97,10 @@ def _mita_fwd_kernel(
     PREC: tl.constexpr,
     UP: tl.constexpr,
     INIT: tl.constexpr,
-    ONE_LOOP: tl.constexpr,
 ):
     # INIT (S = 1, DIRECT, SHARED): the route kernel already wrote each query's attention over the shared entries
     # into O and LSE; start the online softmax from that state (max = its LSE, sum 1, accumulator = its output)
     # instead of scoring the shared entries again.
-    # ONE_LOOP (SHARED, not INIT): one loop over the shared blocks, then the routed ones (block BN for both), so
-    # the software pipeliner overlaps loads across the boundary of the two parts instead of filling and draining
-    # two short loops. R_OFF, VT_OFF: element offsets of R from K and of VT from V (host pointer differences; 0
-    # unless ONE_LOOP), so every block loads through the one base pointer K_h / V_h and only its row offsets differ
-    # (the pipeliner does not take a load whose pointer is a select of two bases).
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     e = tl.load(TILE_E + i_bh * T + i_t)
@@ -135,58 +127,29 @@ def _mita_fwd_kernel(
             b_m = tl.full([BM], float("-inf"), tl.float32)
             b_l = tl.zeros([BM], tl.float32)
             b_acc = tl.zeros([BM, D], tl.float32)
-        if ONE_LOOP:
-            # Row offsets from K_h / V_h of the head's landmark rows (int64: R_OFF may come as i32).
-            o_h = (i_bh // H) * SB + (i_bh % H) * SH
-            o_r = R_OFF.to(tl.int64) - o_h + i_bh * M * D
-            o_vt = VT_OFF.to(tl.int64) - o_h + i_bh * M * D
-            # Shared blocks cover [0, MB), routed ones [MB, MB + KSEL); each block is wholly one or the other.
-            MB = tl.cdiv(M, BN) * BN
-            for j0 in range(0, MB + KSEL, BN):
-                sh = j0 < MB
-                o_j = j0 + tl.arange(0, BN)
-                o_i = o_j - MB
-                # Masked off (no read) in a shared block.
-                b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_i, mask=(o_i >= 0) & (o_i < KSEL), other=-1)
-                m_j = tl.where(sh, o_j < M, b_idx >= 0)
-                # Row offsets: the routed rows' (0 in a shared block) plus sh1 (0 / 1) times the landmark rows'.
-                # Not a select of the two: Triton's axis analysis (3.8) gives a select of non-contiguous offsets
-                # divisibility 1, and loads it cannot prove aligned get no cp.async (no software pipelining).
-                o_k = tl.where(b_idx >= 0, b_idx, 0).to(tl.int64) * SN
-                sh1 = sh.to(tl.int64)
-                off_k = o_k + sh1 * (o_r + o_j * D)
-                off_v = o_k + sh1 * (o_vt + o_j * D)
-                # [BN, D]
-                b_k = tl.load(K_h + off_k[:, None] + o_d[None, :], mask=m_j[:, None], other=0.0)
-                b_v = tl.load(V_h + off_v[:, None] + o_d[None, :], mask=m_j[:, None], other=0.0)
-                # [BM, BN]; only slot 0 of a query scores the shared entries.
-                b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * tl.where(sh, sscale_log2, scale_log2)
-                b_s = tl.where(m_j[None, :] & ((slot == 0) | (j0 >= MB))[:, None], b_s, float("-inf"))
-                b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
-        else:
-            if SHARED and not INIT:
-                for j0 in range(0, M, BS):
-                    o_j = j0 + tl.arange(0, BS)
-                    m_j = o_j < M
-                    # [BS, D]
-                    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-                    b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-                    # [BM, BS]
-                    b_s = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
-                    b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
-                    b_m, b_l, b_acc = _softmax_step(b_s, b_vt, b_m, b_l, b_acc, PREC, UP)
-            for j0 in range(0, KSEL, BN):
-                o_j = j0 + tl.arange(0, BN)
-                b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
-                m_j = b_idx >= 0
-                o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
-                # [BN, D]
-                b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
-                b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
-                # [BM, BN]
-                b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
-                b_s = tl.where(m_j[None, :], b_s, float("-inf"))
-                b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
+        if SHARED and not INIT:
+            for j0 in range(0, M, BS):
+                o_j = j0 + tl.arange(0, BS)
+                m_j = o_j < M
+                # [BS, D]
+                b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                # [BM, BS]
+                b_s = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
+                b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
+                b_m, b_l, b_acc = _softmax_step(b_s, b_vt, b_m, b_l, b_acc, PREC, UP)
+        for j0 in range(0, KSEL, BN):
+            o_j = j0 + tl.arange(0, BN)
+            b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
+            m_j = b_idx >= 0
+            o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
+            # [BN, D]
+            b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+            b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+            # [BM, BN]
+            b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
+            b_s = tl.where(m_j[None, :], b_s, float("-inf"))
+            b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
         m_nz = b_l > 0
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
         b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
@@ -765,22 +728,13 @@ _PLAN_OFFSETS_BLOCK = 4096
 # shared expert): the route kernel also computes each query's attention over the shared entries from the scores it
 # computes anyway, and the fused attention reads only the routed entries. Off: no gain on the H200 (run 14, CUDA
 # graph forward: 64K 0.229 -> 0.239 ms, 1M 4.86 -> 4.81, Figure F's 64K x 16 layer 2.01 -> 2.21). maxnreg caps the
-# forward's registers per thread (None: the compiler's choice; scripts/bench/compile_check.py prints registers and
-# programs per SM). one_loop (with the shared expert, without shared_in_route's start state): the forward scores
-# the shared and the routed entries in one loop of equal key blocks instead of two short loops, so the software
-# pipeliner overlaps their loads (the landmark rows are read at their offset from k, see _one_loop_offsets; the
-# two-loop kernel where that does not fit). Off until timed on the H200.
+# forward's registers per thread and num_stages sets its pipeline depth: None for the default (_fwd_launch), 0 for
+# the compiler's choice / Triton's default (scripts/bench/compile_check.py prints registers and programs per SM).
 # bm_infer: bm_max of a forward that no backward follows (no input requires a gradient, or grad mode is off), which
-# can take larger query tiles than the backward wants (None: bm_max).
+# can take larger query tiles than the backward wants (None: bm_max; 128 was not faster on the H200, run 15: 64K x
+# 16 1.93 against 1.90 ms with 64-row tiles at 128 registers, 1M 4.74 against 4.65).
 FWD_CONFIG = dict(
-    bm_max=64,
-    bn_max=None,
-    num_warps=None,
-    num_stages=None,
-    shared_in_route=False,
-    maxnreg=None,
-    one_loop=False,
-    bm_infer=None,
+    bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None
 )
 
 
@@ -874,24 +828,23 @@ def _fwd_num_warps(bm: int, d: int) -> int:
     return 4 if d <= 64 and bm <= 128 else _num_warps(bm, d)
 
 
-def _one_loop_offsets(k: torch.Tensor, v: torch.Tensor, r: torch.Tensor, vt: torch.Tensor) -> tuple[int, int] | None:
-    """``(r_off, vt_off)``: where r and vt start, in elements, relative to k and v, for the one-loop forward, which
-    reads the landmark rows through k's and v's base pointers; None where that does not fit (other dtypes or
-    devices, r or vt not contiguous, a byte distance that is not a whole number of elements)."""
-    if r.dtype != k.dtype or vt.dtype != v.dtype or r.device != k.device or vt.device != v.device:
-        return None
-    if not (r.is_contiguous() and vt.is_contiguous()):
-        return None
-    if _interpreting() and k.device.type != "cpu":
-        # The interpreter runs on host copies of device tensors, one per storage: their distances differ.
-        return None
-    offs = []
-    for a, b in ((r, k), (vt, v)):
-        diff = a.data_ptr() - b.data_ptr()
-        if diff % a.element_size():
-            return None
-        offs.append(diff // a.element_size())
-    return offs[0], offs[1]
+def _fwd_launch(bm: int, bn: int, d: int) -> dict:
+    """Warps, pipeline stages and register cap of the fused forward (FWD_CONFIG overrides). With 64-row tiles of
+    64-key blocks at d 64 the kernel holds 142 registers per thread (triton 3.6/3.8 for sm_90): 3 programs per SM,
+    and its short key loops leave the loads' latency exposed. Capped at 96 with 2 stages (40 B of spill, 5 programs
+    per SM), the forward on the H200 (run 15, CUDA graphs, B 1, H 2) went 1.97 -> 1.84-1.86 ms at 64K x 16, 4.91 ->
+    4.68 at 1M, 0.862 -> 0.828 at 256K, 0.223 -> 0.220 at 64K; a cap of 128 with 3 stages (4 per SM) 1.90 / 4.66 /
+    0.83 / 0.22; 80 (472 B of spill) was 2-3x slower. Other tile shapes keep the compiler's choice."""
+    tuned = bm == 64 and bn == 64 and d == 64
+    stages, cap = FWD_CONFIG["num_stages"], FWD_CONFIG["maxnreg"]
+    if stages is None:
+        stages = 2 if tuned else 0
+    if cap is None:
+        cap = 96 if tuned else 0
+    opts = dict(num_warps=FWD_CONFIG["num_warps"] or _fwd_num_warps(bm, d), **regs_cap(cap))
+    if stages:
+        opts["num_stages"] = int(stages)
+    return opts
 
 
 def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float, init=None):
@@ -923,8 +876,6 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
     else:
         o = torch.empty(BH, nrows, D, device=q.device, dtype=torch.float32)
         lse = torch.empty(BH, nrows, device=q.device, dtype=torch.float32)
-    # One loop (FWD_CONFIG one_loop, read as a boolean: sweeps pass 0 / 1): shared and routed blocks of bn keys.
-    offs = _one_loop_offsets(k, v, r, vt) if FWD_CONFIG["one_loop"] and shared and init is None else None
     fast(_mita_fwd_kernel)[(T, BH)](
         q,
         k,
@@ -946,7 +897,6 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         *lay,
         scale * LOG2E,
         sscale * LOG2E,
-        *(offs or (0, 0)),
         S=S,
         SHARED=shared,
         DIRECT=direct,
@@ -957,10 +907,7 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
         INIT=init is not None,
-        ONE_LOOP=offs is not None,
-        num_warps=FWD_CONFIG["num_warps"] or _fwd_num_warps(plan.bm, D),
-        **({"num_stages": FWD_CONFIG["num_stages"]} if FWD_CONFIG["num_stages"] else {}),
-        **regs_cap(FWD_CONFIG["maxnreg"]),
+        **_fwd_launch(plan.bm, bn, D),
     )
     if direct:
         return o, lse

@@ -53,9 +53,11 @@ _SCAN_PROGRAMS = 2048
 # emit_top = 3: the block-top pass also keeps each block's third largest score and where its second sits, so the
 # count + emit pass writes blocks with two keys at or above the start from the block tops too and scores again only
 # blocks with three or more; 2: only blocks with one are written directly. None (default): _emit_top.
-# maxnreg caps the block-top pass's registers per thread (more programs per SM; None: the compiler's choice);
-# start_warps / final_warps: warps of the start and final per-row kernels (None: by entries per row), final_maxnreg
-# the final kernel's register cap.
+# maxnreg caps the block-top pass's registers per thread (more programs per SM; None: the compiler's choice; 96 and
+# 80 changed nothing on the H200, run 15); start_warps / final_warps: warps of the start and final per-row kernels
+# (None: by entries per row; 4 or 16 changed nothing), final_maxnreg the final kernel's register cap (None: 96 for
+# lists of up to 512 entries, 4 warps: 161 -> 96 registers, 3 -> 5 programs per SM; top-k at 64K x 16 0.752 ->
+# 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None,
@@ -894,6 +896,7 @@ def exact_topk(
     run("recount (fallback rows)", lambda: scan(2))
     run("ordered emit (fallback rows)", lambda: scan(3))
     kp = _next_pow2(ksel)
+    final_cap = 96 if cap <= 512 and kp >= 64 else 0
     run(
         "top-k of the candidate list",
         lambda: fast(_topk_final_kernel)[(rows,)](
@@ -905,7 +908,7 @@ def exact_topk(
             KP=kp,
             CB=max(1, min(64, 8192 // kp)),
             num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
-            **regs_cap(SCAN_CONFIG["final_maxnreg"]),
+            **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
         ),
     )
     return idx
@@ -1474,7 +1477,8 @@ def _compile_cases() -> list:
         ("topk_start 64K", _topk_start_kernel, dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64), 4, dict(CAND=i64, IDX=i32)),
+        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64), dict(num_warps=4, maxnreg=96),
+         dict(CAND=i64, IDX=i32)),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, **common), 8, None),
         ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, **common), 8,
          dict(VT="*bf16", O="*bf16", LSE="*fp32", sscale_log2="fp32")),
