@@ -56,8 +56,8 @@ _SCAN_PROGRAMS = 2048
 # maxnreg caps the block-top pass's registers per thread (more programs per SM; None: the compiler's choice; 96 and
 # 80 changed nothing on the H200, run 15); start_warps / final_warps: warps of the start and final per-row kernels
 # (None: by entries per row; 4 or 16 changed nothing), final_maxnreg the final kernel's register cap (None: 96 for
-# lists of up to 512 entries, 4 warps: 161 -> 96 registers, 3 -> 5 programs per SM; top-k at 64K x 16 0.752 ->
-# 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none).
+# lists of 128 to 512 entries, 4 warps: 161 -> 96 registers at 256 entries, 3 -> 5 programs per SM; top-k at 64K x
+# 16 0.752 -> 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None,
