@@ -110,3 +110,21 @@ def test_ab_script_several_sweeps_on_cpu():
     assert labels == [f"{sw.split('=')[0]}={v}" for sw in sweeps for v in sw.split("=")[1].split(",")]
     assert all(ln.endswith("same selection as the first value: True") for ln in lines)
     assert all(float(ln.split("rel. diff ")[1].split(";")[0]) == 0.0 for ln in lines)
+
+
+def test_ab_sweep_keys_parse():
+    """ab_scan.py's setting names: SCAN_CONFIG keys, fwd. / route. / lv. / bwd. prefixes; an unknown key stops the
+    run with the list of known ones."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ab_scan_script", BENCH / "ab_scan.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    from mita.ops.mita import triton_mita, triton_routing
+
+    assert ab.parse_sweep("bwd.final_maxnreg=None,128") == (triton_mita.BWD_CONFIG, "final_maxnreg", [None, 128])
+    assert ab.parse_sweep("lv.maxnreg=80")[:2] == (triton_routing.LV_CONFIG, "maxnreg")
+    assert ab.parse_sweep("fwd.maxnreg=0,96")[1:] == ("maxnreg", [0, 96])
+    assert ab.parse_sweep("final_maxnreg=96")[0] is triton_routing.SCAN_CONFIG
+    with pytest.raises(SystemExit, match="bwd.<key>"):
+        ab.parse_sweep("bwd.nope=1")

@@ -12,7 +12,8 @@ whether the selection is bitwise the first value's. Results
 print as they come, so a run cut short still reports its first points. Examples: ``--sweep block_top=1,2,4`` (start
 threshold), ``--sweep num_warps=4,8``, ``--sweep fwd.bm_max=64,128 --backward`` (the fused attention's query tile,
 forward and forward + backward), ``--sweep route.bm=64,128`` (the routing kernel's query tile), ``--sweep
-lv.maxnreg=None,80`` (the landmark-value kernel's LV_CONFIG). Several ``--sweep`` options run one after the other on
+lv.maxnreg=None,80`` (the landmark-value kernel's LV_CONFIG), ``--backward --sweep bwd.final_maxnreg=None,128``
+(a backward kernel's register cap, BWD_CONFIG). Several ``--sweep`` options run one after the other on
 the same inputs of each point (each from the defaults and ``--set``).
 """
 
@@ -37,7 +38,8 @@ from mita.ops.mita.api import mita_attention  # noqa: E402
 def parse_sweep(text: str) -> tuple[dict, str, list]:
     """``key=v1,v2`` -> (config, key, [v1, v2]) with ints as ints and ``None`` as None; the key is a SCAN_CONFIG key,
     ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG, ``route.<key>`` for one of the routing kernel's
-    ROUTE_CONFIG or ``lv.<key>`` for one of the landmark-value kernel's LV_CONFIG."""
+    ROUTE_CONFIG, ``lv.<key>`` for one of the landmark-value kernels' LV_CONFIG or ``bwd.<key>`` for one of the
+    backward kernels' BWD_CONFIG."""
     key, _, vals = text.partition("=")
     cfg = triton_routing.SCAN_CONFIG
     if key.startswith("fwd."):
@@ -46,11 +48,14 @@ def parse_sweep(text: str) -> tuple[dict, str, list]:
         cfg, key = triton_routing.ROUTE_CONFIG, key[6:]
     elif key.startswith("lv."):
         cfg, key = triton_routing.LV_CONFIG, key[3:]
+    elif key.startswith("bwd."):
+        cfg, key = triton_mita.BWD_CONFIG, key[4:]
     if key not in cfg or not vals:
         raise SystemExit(
             f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)}, fwd.<key> with one of "
-            f"{sorted(triton_mita.FWD_CONFIG)}, route.<key> with one of {sorted(triton_routing.ROUTE_CONFIG)} or "
-            f"lv.<key> with one of {sorted(triton_routing.LV_CONFIG)}: {text!r}"
+            f"{sorted(triton_mita.FWD_CONFIG)}, route.<key> with one of {sorted(triton_routing.ROUTE_CONFIG)}, "
+            f"lv.<key> with one of {sorted(triton_routing.LV_CONFIG)} or bwd.<key> with one of "
+            f"{sorted(triton_mita.BWD_CONFIG)}: {text!r}"
         )
 
     def conv(x: str):

@@ -828,6 +828,13 @@ def _fwd_num_warps(bm: int, d: int) -> int:
     return 4 if d <= 64 and bm <= 128 else _num_warps(bm, d)
 
 
+# Register caps of the backward kernels (None: the compiler's choice), for GPU A/B runs (ab_scan.py --backward
+# --sweep bwd.<key>=...): dq, routed dk / dv, shared-entry dR / dVt, the per-key final sum (dkdv_final at d 64: 160
+# registers, 3 programs per SM on the match path of short rows, 112 and 4 on the CSR path of long ones;
+# compile_check.py), the landmark values' dR. Not timed yet.
+BWD_CONFIG = dict(dq_maxnreg=None, dkdv_maxnreg=None, shared_maxnreg=None, final_maxnreg=None, lv_dr_maxnreg=None)
+
+
 def _fwd_launch(bm: int, bn: int, d: int) -> dict:
     """Warps, pipeline stages and register cap of the fused forward (FWD_CONFIG overrides). With 64-row tiles of
     64-key blocks at d 64 the kernel holds 142 registers per thread (triton 3.6/3.8 for sm_90): 3 programs per SM,
@@ -1007,6 +1014,7 @@ def mita_bwd(
         PREC=prec,
         UP=up,
         num_warps=_num_warps(plan.bm, D),
+        **regs_cap(BWD_CONFIG["dq_maxnreg"]),
     )
     if not direct:
         dq = dq.view(BH, N, S, D).sum(dim=2).to(q.dtype)
@@ -1042,6 +1050,7 @@ def mita_bwd(
         PREC=prec,
         UP=up,
         num_warps=4,
+        **regs_cap(BWD_CONFIG["dkdv_maxnreg"]),
     )
     kp = max(16, _next_pow2(ksel))
     csr = BH * N * m * kp > _MATCH_MAX
@@ -1085,6 +1094,7 @@ def mita_bwd(
             PREC=prec,
             UP=up,
             num_warps=4,
+            **regs_cap(BWD_CONFIG["shared_maxnreg"]),
         )
         dr = dr[:, 0] if n_chunk == 1 else dr.sum(1)
         dvt = (dvt[:, 0] if n_chunk == 1 else dvt.sum(1)).to(r.dtype)
@@ -1128,6 +1138,7 @@ def mita_bwd(
         PREC=prec,
         UP=up,
         num_warps=4,
+        **regs_cap(BWD_CONFIG["final_maxnreg"]),
     )
     # The per-entry rows are summed into dk, dv: free them (and the CSR list) before the dR partials.
     del dk_e, dv_e, perm, ptr
@@ -1157,6 +1168,7 @@ def mita_bwd(
             PREC=prec,
             UP=up,
             num_warps=4,
+            **regs_cap(BWD_CONFIG["lv_dr_maxnreg"]),
         )
         dr = (dr + (dr_lv[:, 0] if nc == 1 else dr_lv.sum(1))).to(r.dtype)
     else:

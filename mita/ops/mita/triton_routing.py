@@ -68,7 +68,7 @@ _START_ENTRIES = 8192
 # (scripts/bench/ab_scan.py --sweep route.bm=64,128); every value gives the same routes.
 ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None, maxnreg=None)
 # Landmark-value forward kernel: warps (None: 8 for 128-landmark tiles, else 4) and register cap (None: the
-# compiler's choice).
+# compiler's choice; 80 spilled in its key loop, 1.4-1.6x slower on the H200, run 15).
 LV_CONFIG = dict(num_warps=None, maxnreg=None)
 
 
