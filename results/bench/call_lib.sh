@@ -16,3 +16,8 @@ step() {
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv > "$O/env.txt" 2>&1
 $py -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$O/env.txt" 2>&1
+# finish: pack this call's logs into $OUT/$C.tgz and drop the folder (a call brings back at most 8 files).
+finish() {
+    echo "== done $(date -u +%T)"
+    tar czf "$OUT/$C.tgz" -C "$OUT" "$C" && rm -rf "${OUT:?}/$C"
+}
