@@ -197,7 +197,16 @@ def test_exact_topk_long_rows_launches(monkeypatch):
 
 @pytest.mark.parametrize(
     "key,bad",
-    [("block_top", 0), ("block_top", 65), ("bn", 8), ("bn", 256), ("emit_top", 1), ("emit_top", 4)],
+    [
+        ("block_top", 0),
+        ("block_top", 65),
+        ("bn", 8),
+        ("bn", 256),
+        ("emit_top", 1),
+        ("emit_top", 4),
+        ("emit_bb", 3),
+        ("emit_bb", 64),
+    ],  # fmt: skip
 )
 def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
     monkeypatch.setitem(tr.SCAN_CONFIG, key, bad)
@@ -220,6 +229,19 @@ def test_exact_topk_sparse_emit_single_and_rescanned_blocks(monkeypatch, block_t
     also a block's two) and scores again only the other blocks: keys planted so that one row has single-key
     blocks, one has blocks with two (a tie at the maximum in one of them) and one a whole block of equal keys, over
     several key chunks, with and without padding."""
+    _sparse_emit_case(monkeypatch, pad, emit_top)
+
+
+@pytest.mark.parametrize("emit_bb", [None, 2])
+def test_exact_topk_sparse_emit_long_chunks(monkeypatch, block_top, emit_bb):
+    """The same planted keys with few programs, so each key chunk holds 24 blocks: the count + emit pass reads 32
+    blocks' tops per step (the default, one masked step) or 2 (SCAN_CONFIG emit_bb: 12 steps)."""
+    monkeypatch.setattr(tr, "_SCAN_PROGRAMS", 4)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_bb", emit_bb)
+    _sparse_emit_case(monkeypatch, True, 3)
+
+
+def _sparse_emit_case(monkeypatch, pad, emit_top):
     monkeypatch.setitem(tr.SCAN_CONFIG, "emit_top", emit_top)
     BH, M, N, d = 2, 6, 3000, 32
     r = _ints((BH, M, d), -1, 2, 5)

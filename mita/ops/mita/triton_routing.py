@@ -57,10 +57,12 @@ _SCAN_PROGRAMS = 2048
 # 80 changed nothing on the H200, run 15); start_warps / final_warps: warps of the start and final per-row kernels
 # (None: by entries per row; 4 or 16 changed nothing), final_maxnreg the final kernel's register cap (None: 96 for
 # lists of 128 to 512 entries, 4 warps: 161 -> 96 registers at 256 entries, 3 -> 5 programs per SM; top-k at 64K x
-# 16 0.752 -> 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none).
+# 16 0.752 -> 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none). emit_bb: key blocks whose tops the
+# count + emit pass reads per step (None: up to 32, by chunk size; its block-top half then holds 255 registers with
+# spills at 4 warps, 190 at 16: not timed yet).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None,
+    final_maxnreg=None, emit_bb=None,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -843,7 +845,9 @@ def exact_topk(
     grid = (n_s, G, BH)
     # Key blocks per step of the block-top pass (bg) and of the sparse count + emit pass (bb), at most a chunk's.
     bg = min(8, _next_pow2(CH // bn))
-    bb = max(2, min(32, _next_pow2(CH // bn)))
+    bb = SCAN_CONFIG["emit_bb"] or max(2, min(32, _next_pow2(CH // bn)))
+    if bb & (bb - 1) or not 2 <= bb <= 32:
+        raise ValueError(f"SCAN_CONFIG['emit_bb'] must be a power of 2 in [2, 32] or None, got {bb}")
     common = dict(HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P)
 
     def run(name, fn):
