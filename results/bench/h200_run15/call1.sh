@@ -3,6 +3,9 @@
 # inputs (ab_scan.py, several --sweep, CUDA-graph replays) at 64K, 256K, 1M and Figure F's 64K x 16 layer; the
 # start kernel's contiguous one-plane loads and int32 bisection against 161b067's kernels (a copy of the tree with
 # the old files, default settings); the routing GPU tests on the new start kernel.
+# The two baseline files were 161b067's kernel files, written beside this script before the call
+# (git show 161b067:mita/ops/mita/triton_routing.py and .../triton_mita.py) and removed from the tree afterwards;
+# to run this again, write them there first.
 C=call1
 source results/bench/call_lib.sh
 B=/tmp/base; rm -rf $B; mkdir -p $B; cp -r mita scripts $B/
