@@ -18,7 +18,12 @@ MiTA's forward (``kernel_profile.py --figf``); dense attention hides them. The b
 Triton GEMM, pointwise ops such as the GELU may fuse into it; figf_compiled_max_autotune.csv); it changes only the
 layers around attention, the same for both models, and matters only where they weigh, i.e. for MiTA.
 
+``--fused-mlp`` runs each block's second half (residual add, norm, MLP, residual add) as one Triton kernel in both
+models (:mod:`mita.ops.fused_mlp`; the same parameters and rounding steps), for a model whose layers around attention
+cost less; the CSV name gets ``_fused_mlp`` and its ``mlp`` column says which was used.
+
     python scripts/bench/bench_figf.py --out results/bench [--max-n 1048576] [--heads 2] [--graph] [--compile]
+        [--fused-mlp]
 """
 
 from __future__ import annotations
@@ -37,22 +42,30 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 from common import capture_failure, environment, mita_correct, time_ms, write_csv  # noqa: E402
 
+from mita.ops.fused_mlp import residual_mlp  # noqa: E402
 from mita.registry import create_attention  # noqa: E402
 
 DIM, DEPTH, MLP_RATIO = 128, 3, 4
 
 
 class Block(nn.Module):
-    """Pre-norm encoder block: x + attn(LN x), then x + MLP(LN x)."""
+    """Pre-norm encoder block: x + attn(LN x), then x + MLP(LN x).
 
-    def __init__(self, attn: nn.Module) -> None:
+    ``fused_mlp``: the second residual add, the norm, the MLP and its residual add run as one Triton kernel
+    (:func:`mita.ops.fused_mlp.residual_mlp`; same parameters, same model)."""
+
+    def __init__(self, attn: nn.Module, fused_mlp: bool = False) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
         self.attn = attn
         self.mlp = nn.Sequential(nn.Linear(DIM, MLP_RATIO * DIM), nn.GELU(), nn.Linear(MLP_RATIO * DIM, DIM))
+        self.fused_mlp = fused_mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+        a = self.attn(self.norm1(x))
+        if self.fused_mlp:
+            return residual_mlp(x, a, self.norm2, self.mlp[0], self.mlp[1], self.mlp[2])
+        x = x + a
         return x + self.mlp(self.norm2(x))
 
 
@@ -62,7 +75,7 @@ def budget(n: int) -> tuple[int, int]:
     return m, (n // 4) // m
 
 
-def build(method: str, n: int, heads: int, sdpa: str = "auto") -> nn.Module:
+def build(method: str, n: int, heads: int, sdpa: str = "auto", fused_mlp: bool = False) -> nn.Module:
     if method == "full":
         attns = [create_attention("full", DIM, heads, sdpa_backend=sdpa, use_flash_attn=False) for _ in range(DEPTH)]
     else:
@@ -70,7 +83,7 @@ def build(method: str, n: int, heads: int, sdpa: str = "auto") -> nn.Module:
         attns = [
             create_attention("mita", DIM, heads, m=m, k=k, landmark_layout="1d", backend="triton") for _ in range(DEPTH)
         ]
-    return nn.Sequential(*[Block(a) for a in attns]).cuda().to(torch.bfloat16).eval()
+    return nn.Sequential(*[Block(a, fused_mlp) for a in attns]).cuda().to(torch.bfloat16).eval()
 
 
 def throughput(model: nn.Module, n: int, batch: int, timing: str = "eager") -> float:
@@ -134,6 +147,12 @@ def main() -> None:
         help="torch.compile mode of both models with --compile",
     )
     ap.add_argument("--compile-start-tokens", type=int, default=1 << 19, help="first batch * N tried with --compile")
+    ap.add_argument(
+        "--fused-mlp",
+        action="store_true",
+        help="both models run each block's MLP half as one Triton kernel (mita/ops/fused_mlp.py); CSV name gets "
+        "'_fused_mlp'",
+    )
     ap.add_argument("--dense", default="cudnn,flash,efficient", help="dense SDPA backends tried (fastest kept)")
     ap.add_argument(
         "--graph",
@@ -148,14 +167,17 @@ def main() -> None:
         cfg = torch._dynamo.config
         limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
         setattr(cfg, limit, max(getattr(cfg, limit), 64))
+    if args.fused_mlp:
+        csv_name = csv_name.replace(".csv", "_fused_mlp.csv")
     compiled = "compiled" if args.compile else "eager"
+    mlp = "fused (Triton)" if args.fused_mlp else "modules"
     mode = None if args.compile_mode == "default" else args.compile_mode
     if args.compile and mode is not None:
         compiled = f"compiled ({mode})"
         csv_name = csv_name.replace("_compiled.csv", "_compiled_max_autotune.csv")
 
     def model_of(method: str, n: int, sdpa: str = "auto") -> nn.Module:
-        m = build(method, n, args.heads, sdpa)
+        m = build(method, n, args.heads, sdpa, args.fused_mlp)
         return torch.compile(m, mode=mode) if args.compile else m
 
     def tune_of(model: nn.Module, n: int, first_tokens: int) -> tuple[str | float, int, float]:
@@ -214,6 +236,7 @@ def main() -> None:
                 speedup="",
                 timing=timing,
                 model=compiled,
+                mlp=mlp,
                 **env,
             )
         )
@@ -230,6 +253,7 @@ def main() -> None:
                 correctness="PASS" if ok else "FAIL",
                 timing=timing,
                 model=compiled,
+                mlp=mlp,
                 **env,
             )
         )

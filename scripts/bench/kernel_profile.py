@@ -1,7 +1,7 @@
 """Per-kernel GPU time of MiTA and dense attention (torch.profiler), to see where an op-level call spends time.
 
     python scripts/bench/kernel_profile.py [--points deit_s,N65536] [--backend triton]
-    python scripts/bench/kernel_profile.py --figf 65536:16,1048576:2 [--compile]  # Figure F's MiTA model, N:batch
+    python scripts/bench/kernel_profile.py --figf 65536:16,1048576:2 [--compile] [--fused-mlp]  # Figure F's MiTA model
     python scripts/bench/kernel_profile.py --layers deit_s [--attentions mita,full[cudnn]]  # bench_layers' layers
 
 For each point prints: wall time per call (CUDA events, eager), the sum of GPU kernel time per call, and the
@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--figf", default="", help="N:batch,... profile one forward of Figure F's MiTA model instead")
     ap.add_argument("--compile", action="store_true", help="with --figf: torch.compile the model first")
+    ap.add_argument("--fused-mlp", action="store_true", help="with --figf: the blocks' fused MLP kernel")
     ap.add_argument("--layers", default="", help="bench_layers.py point names: profile whole layers instead")
     ap.add_argument("--attentions", default="mita,full[cudnn]", help="with --layers: bench_layers method labels")
     args = ap.parse_args()
@@ -125,7 +126,7 @@ def main() -> None:
 
         for item in args.figf.split(","):
             n, b = (int(s) for s in item.split(":"))
-            model = build("mita", n, 2)
+            model = build("mita", n, 2, fused_mlp=args.fused_mlp)
             if args.compile:
                 model = torch.compile(model)
             x = torch.randn(b, n, DIM, device="cuda", dtype=torch.bfloat16)
@@ -133,7 +134,7 @@ def main() -> None:
             with torch.inference_mode():
                 wall, spread = cuda_time(fwd, warmup=2, reps=5, max_s=5.0)
                 gpu, rows = kernel_table(fwd, reps=3, top=25)
-            tag = " compiled" if args.compile else ""
+            tag = (" compiled" if args.compile else "") + (" fused-mlp" if args.fused_mlp else "")
             print(f"== figf N={n} B={b}{tag}: wall {wall:.3f} ms (spread {spread:.3f}), GPU kernels {gpu:.3f} ms")
             print(f"   {b * n / wall * 1e3:.3e} tokens/s wall, {b * n / gpu * 1e3:.3e} tokens/s GPU sum", flush=True)
             for key, ms, cnt in rows:
