@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 from common import capture_failure, environment, mita_correct, time_ms, write_csv  # noqa: E402
 
+from mita.ops import fused_mlp  # noqa: E402
 from mita.ops.fused_mlp import residual_mlp  # noqa: E402
 from mita.registry import create_attention  # noqa: E402
 
@@ -153,6 +154,9 @@ def main() -> None:
         help="both models run each block's MLP half as one Triton kernel (mita/ops/fused_mlp.py); CSV name gets "
         "'_fused_mlp'",
     )
+    ap.add_argument(
+        "--mlp-config", default="", help="with --fused-mlp: launch settings over MLP_CONFIG, key=value,... (integers)"
+    )
     ap.add_argument("--dense", default="cudnn,flash,efficient", help="dense SDPA backends tried (fastest kept)")
     ap.add_argument(
         "--graph",
@@ -168,13 +172,19 @@ def main() -> None:
         limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
         setattr(cfg, limit, max(getattr(cfg, limit), 64))
     if args.fused_mlp:
-        csv_name = csv_name.replace(".csv", "_fused_mlp.csv")
+        for kv in filter(None, args.mlp_config.split(",")):
+            key, val = kv.split("=")
+            if key not in fused_mlp.MLP_CONFIG:
+                raise SystemExit(f"--mlp-config: unknown key {key!r} (keys: {sorted(fused_mlp.MLP_CONFIG)})")
+            fused_mlp.MLP_CONFIG[key] = int(val)
     compiled = "compiled" if args.compile else "eager"
-    mlp = "fused (Triton)" if args.fused_mlp else "modules"
+    mlp = f"fused (Triton, {fused_mlp.MLP_CONFIG})" if args.fused_mlp else "modules"
     mode = None if args.compile_mode == "default" else args.compile_mode
     if args.compile and mode is not None:
         compiled = f"compiled ({mode})"
         csv_name = csv_name.replace("_compiled.csv", "_compiled_max_autotune.csv")
+    if args.fused_mlp:
+        csv_name = csv_name.replace(".csv", "_fused_mlp.csv")
 
     def model_of(method: str, n: int, sdpa: str = "auto") -> nn.Module:
         m = build(method, n, args.heads, sdpa, args.fused_mlp)

@@ -22,10 +22,19 @@ from common import environment, time_ms  # noqa: E402
 
 from mita.ops import fused_mlp as fm  # noqa: E402
 
-DEFAULT_SETTINGS = (
-    "bm=64,bh=64,num_warps=4,num_stages=2;bm=64,bh=128,num_warps=4,num_stages=2;bm=128,bh=64,num_warps=8,num_stages=2;"
-    "bm=128,bh=128,num_warps=8,num_stages=2;bm=64,bh=64,num_warps=4,num_stages=3;bm=32,bh=64,num_warps=4,num_stages=2;"
-    "bm=128,bh=64,num_warps=4,num_stages=2"
+DEFAULT_SETTINGS = ";".join(
+    [
+        "bm=64",  # MLP_CONFIG's defaults
+        "erf_poly=1",
+        "reload=1",
+        "erf_poly=1,reload=1",
+        "erf_poly=1,reload=1,maxnreg=128",
+        "erf_poly=1,reload=1,maxnreg=168",
+        "erf_poly=1,reload=1,bh=32",
+        "erf_poly=1,reload=1,num_stages=4",
+        "erf_poly=1,bm=128,num_warps=8",
+        "erf_poly=1,num_stages=2",
+    ]
 )
 
 
@@ -38,7 +47,9 @@ def main() -> None:
     ap.add_argument("--rows", default="1048576,65536")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--ratio", type=int, default=4)
-    ap.add_argument("--settings", default=DEFAULT_SETTINGS, help="';'-separated settings, each key=value,...")
+    ap.add_argument(
+        "--settings", default=DEFAULT_SETTINGS, help="';'-separated settings, each key=value,... over MLP_CONFIG"
+    )
     args = ap.parse_args()
     print(environment(), flush=True)
     C, hidden = args.dim, args.ratio * args.dim
