@@ -26,6 +26,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from mita.ops import fused_mlp as fm  # noqa: E402
 from mita.ops.mita import triton_mita as tm  # noqa: E402
 from mita.ops.mita import triton_pool as tp  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
@@ -223,6 +224,24 @@ def main() -> None:
     pool_bwd = {"G": "*bf16", "DX": "*bf16", **ints}
     cases.append(("pool_fwd", tp._pool_fwd_kernel, dict(MP=32, BN=64, BC=64, UP=False), 4, pool_fwd))
     cases.append(("pool_bwd", tp._pool_bwd_kernel, dict(MP=32, BN=64, BC=64), 4, pool_bwd))
+    # The fused residual + MLP kernel of Figure F's block (C 128, hidden 512), at the tiles mlp_bench.py times.
+    mlp = {n: "*bf16" for n in fm._residual_mlp_kernel.arg_names if n.endswith("_ptr")} | {"M": "i32", "eps": "fp32"}
+    flags = dict(HAS_LNW=True, HAS_LNB=True, HAS_B1=True, HAS_B2=True, TANH=False, UP=False)
+    for bm, bh, reload, poly, warps, stages in (
+        (64, 64, 0, 0, 4, 3),
+        (64, 32, 0, 0, 4, 3),
+        (64, 32, 1, 1, 4, 3),
+        (64, 16, 0, 0, 4, 3),
+        (128, 32, 1, 0, 8, 3),
+        (64, 32, 1, 0, 8, 3),
+        (64, 64, 1, 0, 8, 3),
+        (64, 32, 1, 0, 4, 2),
+        (64, 16, 1, 1, 4, 3),
+        (32, 64, 1, 0, 4, 3),
+    ):
+        consts = dict(C=128, HID=512, BM=bm, BH=bh, ERF_POLY=bool(poly), RELOAD=bool(reload), **flags)
+        name = f"residual_mlp {bm}x{bh} reload {reload} poly {poly} w{warps} s{stages}"
+        cases.append((name, fm._residual_mlp_kernel, consts, dict(num_warps=warps, num_stages=stages), mlp))
     extra = getattr(tr, "_compile_cases", None)
     if extra is not None:
         cases += extra()

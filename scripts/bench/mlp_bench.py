@@ -25,15 +25,16 @@ from mita.ops import fused_mlp as fm  # noqa: E402
 DEFAULT_SETTINGS = ";".join(
     [
         "bm=64",  # MLP_CONFIG's defaults
-        "erf_poly=1",
-        "reload=1",
-        "erf_poly=1,reload=1",
-        "erf_poly=1,reload=1,maxnreg=128",
-        "erf_poly=1,reload=1,maxnreg=168",
-        "erf_poly=1,reload=1,bh=32",
-        "erf_poly=1,reload=1,num_stages=4",
-        "erf_poly=1,bm=128,num_warps=8",
-        "erf_poly=1,num_stages=2",
+        "bh=32",
+        "bh=32,reload=1",
+        "bh=32,reload=1,erf_poly=1",
+        "bh=16,reload=1,erf_poly=1",
+        "bh=32,reload=1,erf_poly=1,num_stages=2",
+        "bh=32,reload=1,num_warps=8",
+        "bh=64,reload=1,num_warps=8",
+        "bh=32,reload=1,erf_poly=1,maxnreg=128",
+        "bh=32,reload=1,erf_poly=1,num_stages=2,maxnreg=128",
+        "bm=32,bh=64,reload=1",
     ]
 )
 
