@@ -37,3 +37,35 @@ def test_correlated_tokens_have_unit_variance_and_lag1_correlation_rho(common, r
 def test_correlated_tokens_rejects_rho_out_of_range(common):
     with pytest.raises(ValueError, match="rho"):
         common.correlated_tokens((1, 8, 2), 1.0, torch.Generator(), device="cpu")
+
+
+@pytest.fixture
+def report(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("make_report", None)
+    import make_report
+
+    return make_report
+
+
+def test_report_orders_runs_by_number_and_labels_fused_mlp(report, tmp_path):
+    assert sorted(["h200_run16", "h200_run9", "h200_run10"], key=report.run_order) == [
+        "h200_run9",
+        "h200_run10",
+        "h200_run16",
+    ]
+    rows = []
+    for run, mlp in (("h200_run9", ""), ("h200_run16", "fused (Triton, {})")):
+        (tmp_path / run).mkdir()
+        path = tmp_path / run / "figf.csv"
+        path.write_text(
+            "N,method,tokens_per_s,batch,m,k,speedup,timing,model,mlp\n"
+            f"65536,full (cudnn),4.5e6,1,,,,eager,compiled,{mlp}\n"
+            f"65536,mita (triton),9.0e7,32,128,128,20.0,eager,compiled,{mlp}\n"
+        )
+        rows += report.read([str(path)])
+    assert [r["timing"] for r in rows] == ["eager+compile"] * 2 + ["eager+compile+fused-mlp"] * 2
+    table = report.figf_table([dict(r, gpu="g", torch="t", triton="tr") for r in rows])
+    assert "| 65536 | h200_run16 | eager+compile+fused-mlp | full (cudnn) |" in table
+    report.figf_plot(rows, str(tmp_path / "f.png"))
+    assert (tmp_path / "f.png").stat().st_size > 0

@@ -127,9 +127,9 @@ def test_tile_settings_agree(monkeypatch):
     mod, x, a, ref = _case(64, 192, (100,), torch.float16)
     outs = []
     for cfg in (
-        {"bm": 16, "bh": 64},
-        {"bm": 32, "bh": 32, "erf_poly": 1},
-        {"bm": 64, "bh": 128, "reload": 1},
+        {"bm": 16, "bh": 64, "erf_poly": 0, "reload": 0},
+        {"bm": 32, "bh": 32, "erf_poly": 1, "reload": 0},
+        {"bm": 64, "bh": 128, "erf_poly": 0, "reload": 1},
         {"bm": 32, "bh": 64, "erf_poly": 1, "reload": 1},
     ):
         for key, val in cfg.items():

@@ -26,6 +26,8 @@ def read(paths: list[str]) -> list[dict]:
                 # "compiled" -> +compile; "compiled (<mode>)" -> +compile(<mode>)
                 comp = "+compile" + model[len("compiled") :].replace(" ", "") if model.startswith("compiled") else ""
                 timing = (r.get("timing") or "eager") + comp
+                if (r.get("mlp") or "").startswith("fused"):  # bench_figf.py --fused-mlp (both models)
+                    timing += "+fused-mlp"
                 rows.append(dict(r, run=os.path.basename(os.path.dirname(p)) or p, timing=timing))
     return rows
 
@@ -46,8 +48,15 @@ TIMING_NOTE = (
     "timing: eager = each call launches its kernels from Python (host overhead included); "
     "cuda_graph = replays of one captured call (GPU time without launch overhead); +compile (Figure F) = both "
     "models run through torch.compile (bench_figf.py --compile); +compile(max-autotune-no-cudagraphs) = the same with "
-    "inductor's GEMM autotuning (--compile-mode)."
+    "inductor's GEMM autotuning (--compile-mode); +fused-mlp (Figure F) = both models run each block's residual add, "
+    "norm, MLP and residual add as one Triton kernel (bench_figf.py --fused-mlp, mita/ops/fused_mlp.py)."
 )
+
+
+def run_order(run: str) -> tuple:
+    """Sort key of run folder names by their number (h200_run9 before h200_run16)."""
+    digits = "".join(c for c in run.rsplit("run", 1)[-1] if c.isdigit())
+    return (int(digits) if digits else -1, run)
 
 
 def op_table(rows: list[dict]) -> str:
@@ -111,8 +120,12 @@ def figf_plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 6))
-    latest = max(r["run"] for r in rows)
-    series = sorted({(r["run"], r["timing"]) for r in rows})
+    runs = sorted({r["run"] for r in rows}, key=run_order)
+    latest = runs[-1]
+    # The three latest runs (older ones are in the table): more curves hide each other.
+    series = sorted(
+        {(r["run"], r["timing"]) for r in rows if r["run"] in runs[-3:]}, key=lambda s: (run_order(s[0]), s[1])
+    )
     for key, label in (("full", "full attention (fastest SDPA)"), ("mita", "MiTA (Triton)")):
         for run, timing in series:
             if key == "full" and run != latest:
@@ -132,7 +145,7 @@ def figf_plot(rows: list[dict], path: str) -> None:
         )
         if sp:
             a2.plot([p[0] for p in sp], [p[1] for p in sp], "o-", label=f"measured (H200, {run}, {timing})")
-    a2.plot(list(PAPER_FIGF_SPEEDUP), list(PAPER_FIGF_SPEEDUP.values()), "s--", label="paper (RTX 4090)")
+    a2.plot(list(PAPER_FIGF_SPEEDUP), list(PAPER_FIGF_SPEEDUP.values()), "ks--", label="paper (RTX 4090)")
     for a, t in ((a1, "tokens/s"), (a2, "speed-up over full attention")):
         a.set_xscale("log", base=2)
         a.set_yscale("log")
@@ -140,9 +153,9 @@ def figf_plot(rows: list[dict], path: str) -> None:
         a.set_ylabel(t)
         a.grid(True, which="both", alpha=0.3)
         # Below the axes: inside they hide the curves once several runs are shown.
-        a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+        a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
 def main() -> None:
