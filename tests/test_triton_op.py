@@ -73,7 +73,7 @@ def test_custom_op_opcheck(short, case):
     qf, kf, vf = (t.reshape(B * H, N, d).requires_grad_() for t in (q, kk, v))
     rf = r.reshape(B * H, m, d).requires_grad_()
     kv = None if mask is None else (~mask)[:, None, :].expand(B, H, N).reshape(B * H, N)
-    args = (qf, kf, vf, rf, kv, k, S, shared, d**-0.5, 1.0 / d, short)
+    args = (qf, kf, vf, rf, kv, k, S, shared, d**-0.5, 1.0 / d, short, True)
     torch.library.opcheck(triton_op.triton_fwd, args)
 
 

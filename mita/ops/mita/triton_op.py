@@ -37,11 +37,15 @@ def triton_fwd(
     scale: float,
     sscale: float,
     short: bool,
-    train: bool = True,
+    train: bool,
 ) -> list[torch.Tensor]:
     """``[o, *aux]``; q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``), r ``[BH, m, d]``;
     o shaped as q, stored in ``[B, N, H, d]`` order (``out_layout``). ``short``: the N <= 256 path. ``train``: a
-    backward may follow (the general path's plan then takes the backward's query tile, ``plan_bm_max``)."""
+    backward may follow (the general path's plan then takes the backward's query tile, ``plan_bm_max``).
+
+    No argument has a default: with torch 2.11, a call that leaves a defaulted argument out (as a traced graph does
+    when the value equals the default) reaches the autograd wrapper one argument short, so the backward's gradient
+    list no longer matched the inputs under inductor (fixed after run 16 call 4 found it on the GPU)."""
     if short:
         o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
         if not shared:  # small_fwd hands back r and lse there: outputs may not alias inputs or each other
@@ -53,7 +57,7 @@ def triton_fwd(
 
 
 @triton_fwd.register_fake
-def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short, train=True):
+def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short, train):
     BH, m, D = r.shape
     N = q.shape[-2]
     f32, i32 = torch.float32, torch.int32
@@ -119,7 +123,8 @@ def _backward(ctx, grads):
     q, k, v, r, o, *aux = ctx.saved_tensors
     key_valid = aux.pop() if ctx.has_kv else None
     dq, dk, dv, dr = triton_bwd(grads[0], q, k, v, r, key_valid, o, aux, *ctx.args)
-    return dq, dk, dv, dr, None, None, None, None, None, None, None, None
+    # One entry per argument as the call passed them (needs_input_grad has one flag each).
+    return (dq, dk, dv, dr) + (None,) * (len(ctx.needs_input_grad) - 4)
 
 
 triton_fwd.register_autograd(_backward, setup_context=_setup_context)
