@@ -119,9 +119,10 @@ run_table() {
     case "$table" in
         A) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only imagenet/ ;;
         C) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only ade20k/ ;;
-        # Figure F: eager models, then both models through torch.compile (fused layer norms, GELU and copies).
+        # Figure F: eager models, both models through torch.compile, and compiled with the fused MLP kernel in both.
         F) [ "$SMOKE" = 1 ] || { run "$PYTHON" scripts/bench/bench_figf.py --out results/bench &&
-            run "$PYTHON" scripts/bench/bench_figf.py --out results/bench --compile --min-n 65536; } ;;
+            run "$PYTHON" scripts/bench/bench_figf.py --out results/bench --compile --min-n 65536 &&
+            run "$PYTHON" scripts/bench/bench_figf.py --out results/bench --compile --fused-mlp --min-n 65536; } ;;
         G) figure_g ;;
     esac
     if [ -z "$experiments" ] && [ "$table" != F ] && [ "$table" != G ]; then
