@@ -69,3 +69,23 @@ def test_report_orders_runs_by_number_and_labels_fused_mlp(report, tmp_path):
     assert "| 65536 | h200_run16 | eager+compile+fused-mlp | full (cudnn) |" in table
     report.figf_plot(rows, str(tmp_path / "f.png"))
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_fused_mlp_gate_passes_and_can_fail(common, monkeypatch):
+    """The gate bench_figf.py --fused-mlp runs (on the CPU the kernel runs under TRITON_INTERPRET=1)."""
+    pytest.importorskip("triton")
+    from mita.ops import fused_mlp as fm
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    ok, msg = common.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
+    assert ok, msg
+    # A kernel that dropped fc2's bias fails it.
+    real = fm.residual_mlp_op
+
+    def no_b2(x, a, ln_w, ln_b, eps, w1, b1, w2, b2, tanh):
+        return real(x, a, ln_w, ln_b, eps, w1, b1, w2, None, tanh)
+
+    monkeypatch.setattr(fm, "residual_mlp_op", no_b2)
+    ok, msg = common.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
+    assert not ok and "rel err" in msg

@@ -40,7 +40,7 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from common import capture_failure, environment, mita_correct, time_ms, write_csv  # noqa: E402
+from common import capture_failure, environment, fused_mlp_correct, mita_correct, time_ms, write_csv  # noqa: E402
 
 from mita.ops import fused_mlp  # noqa: E402
 from mita.ops.fused_mlp import residual_mlp  # noqa: E402
@@ -199,6 +199,10 @@ def main() -> None:
     env = environment()
     ok, msg = mita_correct("triton")
     print(f"correctness gate triton: {'PASS' if ok else 'FAIL'} ({msg})", flush=True)
+    if args.fused_mlp:  # the speed-up then also rests on the fused MLP kernel
+        mlp_ok, mlp_msg = fused_mlp_correct()
+        print(f"correctness gate fused MLP: {'PASS' if mlp_ok else 'FAIL'} ({mlp_msg})", flush=True)
+        ok, msg = ok and mlp_ok, f"{msg}; fused MLP: {mlp_msg}"
     t_start = time.time()
     rows = []
     n = args.min_n
