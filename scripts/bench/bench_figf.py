@@ -171,6 +171,8 @@ def main() -> None:
         cfg = torch._dynamo.config
         limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
         setattr(cfg, limit, max(getattr(cfg, limit), 64))
+    if args.mlp_config and not args.fused_mlp:
+        raise SystemExit("--mlp-config sets the fused MLP kernel's launch settings: it needs --fused-mlp")
     if args.fused_mlp:
         for kv in filter(None, args.mlp_config.split(",")):
             key, val = kv.split("=")
