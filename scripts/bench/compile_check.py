@@ -1,4 +1,5 @@
-"""Compile the Triton kernels (MiTA, and the fused MLP of Figure F's block) for sm_90 (H100/H200) without a GPU: catches
+"""Compile the Triton kernels (MiTA's, and the fused MLP of Figure F's block) for sm_90 (H100/H200) without a GPU:
+catches compile errors before a device run.
 
     python scripts/bench/compile_check.py [--maxnreg 128] [--only mita_fwd,route]
 
