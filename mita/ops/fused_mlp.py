@@ -21,10 +21,10 @@ kernel is tested against. Inside ``torch.compile`` the kernel is the custom op `
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn as nn
+
+from mita.ops.mita.launch import _interpreting
 
 try:
     import triton
@@ -40,10 +40,6 @@ except ImportError:  # pragma: no cover - triton ships with torch on Linux
 # PyTorch's modules through torch.compile and 1.34 ms for 64-column steps holding x1; 168 registers, 3 programs/SM).
 MLP_CONFIG: dict[str, int] = {"bm": 64, "bh": 32, "num_warps": 4, "num_stages": 3, "maxnreg": 0, "erf_poly": 1,
                               "reload": 1}  # fmt: skip
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def residual_mlp_reference(x: torch.Tensor, a: torch.Tensor, norm: nn.Module, fc1: nn.Module, act: nn.Module,

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from mita.ops.mita.launch import _interpreting
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def supports(q: torch.Tensor, k=None, v=None, landmarks=None, topk=None, **kw) -> str | None:

@@ -23,13 +23,11 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from mita.ops.mita.launch import fast
+from mita.ops.mita.launch import _interpreting, fast
 
 LOG2E = 1.4426950408889634
 # Rows up to this length take the on-chip top-k (if the [N, d] key tile stays within _SMALL_BYTES).
@@ -77,10 +75,6 @@ LV_CONFIG = dict(num_warps=None, maxnreg=None)
 def regs_cap(maxnreg) -> dict:
     """Launch option capping a kernel's registers per thread (``maxnreg``), or none when the setting is None / 0."""
     return {"maxnreg": int(maxnreg)} if maxnreg else {}
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _next_pow2(x: int) -> int:
