@@ -23,3 +23,11 @@ def load_prepare_script(name: str) -> ModuleType:
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
     return sys.modules[module_name]
+
+
+def fresh_bench_script(monkeypatch, name: str) -> ModuleType:
+    """scripts/bench/<name>.py imported anew under its own name, with scripts/bench on sys.path for the test (the
+    benchmark scripts import their sibling ``common`` that way); ``monkeypatch`` undoes the path change."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts" / "bench"))
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)

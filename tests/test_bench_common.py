@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
+from script_loader import fresh_bench_script
 
 
 @pytest.fixture
 def common(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    sys.modules.pop("common", None)
-    import common
-
-    return common
+    return fresh_bench_script(monkeypatch, "common")
 
 
 @pytest.mark.parametrize("rho", [0.0, 0.5, 0.9, 0.99])
@@ -41,11 +33,7 @@ def test_correlated_tokens_rejects_rho_out_of_range(common):
 
 @pytest.fixture
 def report(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    sys.modules.pop("make_report", None)
-    import make_report
-
-    return make_report
+    return fresh_bench_script(monkeypatch, "make_report")
 
 
 def test_report_orders_runs_by_number_and_labels_fused_mlp(report, tmp_path):

@@ -5,21 +5,14 @@ fails is refused a speed-up."""
 from __future__ import annotations
 
 import csv
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
+from script_loader import fresh_bench_script
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    sys.modules.pop("bench_layers", None)
-    import bench_layers
-
-    return bench_layers
+    return fresh_bench_script(monkeypatch, "bench_layers")
 
 
 def test_every_registered_attention_is_benchmarked_on_cpu(bench, tmp_path):

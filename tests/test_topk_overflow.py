@@ -13,6 +13,8 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from script_loader import fresh_bench_script  # noqa: E402
+
 from mita.ops.mita import triton_routing as tr  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
@@ -20,11 +22,7 @@ BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 
 @pytest.fixture
 def ovf(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    sys.modules.pop("topk_overflow", None)
-    import topk_overflow
-
-    return topk_overflow
+    return fresh_bench_script(monkeypatch, "topk_overflow")
 
 
 @pytest.mark.parametrize("rho,block_top", [(0.0, 1), (0.95, 1), (0.0, 2), (0.95, 3)])
