@@ -77,3 +77,10 @@ def test_fused_mlp_gate_passes_and_can_fail(common, monkeypatch):
     monkeypatch.setattr(fm, "residual_mlp_op", no_b2)
     ok, msg = common.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
     assert not ok and "rel err" in msg
+
+
+def test_mlp_settings_parse_and_reject_unknown_keys(common):
+    assert common.mlp_settings("bh=32, reload=1") == {"bh": 32, "reload": 1}
+    assert common.mlp_settings("") == {}
+    with pytest.raises(SystemExit, match="unknown fused MLP setting 'bhh'"):
+        common.mlp_settings("bhh=32")

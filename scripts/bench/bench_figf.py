@@ -40,7 +40,15 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from common import capture_failure, environment, fused_mlp_correct, mita_correct, time_ms, write_csv  # noqa: E402
+from common import (  # noqa: E402
+    capture_failure,
+    environment,
+    fused_mlp_correct,
+    mita_correct,
+    mlp_settings,
+    time_ms,
+    write_csv,
+)
 
 from mita.ops import fused_mlp  # noqa: E402
 from mita.ops.fused_mlp import residual_mlp  # noqa: E402
@@ -174,11 +182,7 @@ def main() -> None:
     if args.mlp_config and not args.fused_mlp:
         raise SystemExit("--mlp-config sets the fused MLP kernel's launch settings: it needs --fused-mlp")
     if args.fused_mlp:
-        for kv in filter(None, args.mlp_config.split(",")):
-            key, val = kv.split("=")
-            if key not in fused_mlp.MLP_CONFIG:
-                raise SystemExit(f"--mlp-config: unknown key {key!r} (keys: {sorted(fused_mlp.MLP_CONFIG)})")
-            fused_mlp.MLP_CONFIG[key] = int(val)
+        fused_mlp.MLP_CONFIG.update(mlp_settings(args.mlp_config))
     compiled = "compiled" if args.compile else "eager"
     mlp = f"fused (Triton, {fused_mlp.MLP_CONFIG})" if args.fused_mlp else "modules"
     mode = None if args.compile_mode == "default" else args.compile_mode

@@ -180,6 +180,23 @@ def mita_correct(backend: str, device: str = "cuda") -> tuple[bool, str]:
     return ok, "; ".join(msgs) if msgs else "ok"
 
 
+def mlp_settings(text: str) -> dict[str, int]:
+    """``"key=value,..."`` -> launch settings of the fused MLP kernel (integers, keys of ``MLP_CONFIG``).
+
+    Raises:
+        SystemExit: an unknown key.
+    """
+    from mita.ops.fused_mlp import MLP_CONFIG
+
+    out = {}
+    for kv in filter(None, text.split(",")):
+        key, val = (x.strip() for x in kv.split("="))
+        if key not in MLP_CONFIG:
+            raise SystemExit(f"unknown fused MLP setting {key!r} (keys: {sorted(MLP_CONFIG)})")
+        out[key] = int(val)
+    return out
+
+
 def fused_mlp_correct(
     device: str = "cuda", dim: int = 128, hidden: int = 512, dtype: torch.dtype = torch.bfloat16
 ) -> tuple[bool, str]:

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from common import environment, time_ms  # noqa: E402
+from common import environment, mlp_settings, time_ms  # noqa: E402
 
 from mita.ops import fused_mlp as fm  # noqa: E402
 
@@ -77,12 +77,8 @@ def main() -> None:
             gb = 2 * rows * C * 3 / 1e9  # bytes read (x, a) and written (out), bf16
             print(f"rows {rows}: modules {t_mod:.4f} ms, compiled {t_cmp:.4f} ms (bf16 modules' error {base_err:.2e})")
             for setting in args.settings.split(";"):
-                cfg = dict(fm.MLP_CONFIG)
-                for kv in setting.split(","):
-                    key, val = kv.split("=")
-                    cfg[key.strip()] = int(val)
                 saved = dict(fm.MLP_CONFIG)
-                fm.MLP_CONFIG.update(cfg)
+                fm.MLP_CONFIG.update(mlp_settings(setting))
                 try:
                     out = mod(x, a)
                     err = _rel(out, ref)
