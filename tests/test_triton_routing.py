@@ -421,6 +421,89 @@ def test_landmark_values_forward_backward(N, M, d, dtype, pad):
         assert e < 2 * tol, e
 
 
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """Fresh float allocations filled with NaN: a partial or output the kernels forget to write fails loudly."""
+    real_empty = torch.empty
+
+    def empty(*a, **kw):
+        t = real_empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def _lse_ref(r, k, valid, scale):
+    s = (r.double() @ k.double().transpose(1, 2)) * scale
+    if valid is not None:
+        s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    return torch.logsumexp(s, -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fused", [0, 1])
+@pytest.mark.parametrize(
+    "N,M,d,ksel,dtype,pad,small",
+    [
+        (1025, 16, 64, 8, torch.float32, False, 0),
+        (700, 20, 32, 16, torch.bfloat16, True, 0),
+        (600, 5, 128, 64, torch.float16, True, 0),
+        (90, 7, 32, 9, torch.float32, True, 512),  # the on-chip top-k, then the separate landmark values
+    ],
+)
+def test_exact_topk_with_landmark_values(nan_empty, monkeypatch, fused, N, M, d, ksel, dtype, pad, small):
+    """exact_topk(lv=...): the same selection as without it, and the landmark values and their LSE, from the
+    block-top pass's scores (fused) or from the separate split-key pass. Fully padded rows give zeros, -inf."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", fused)
+    # Several key chunks, so the merge combines partials (lv_div 1: up to N / m chunks).
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 1)
+    BH = 3
+    g = torch.Generator().manual_seed(N + d)
+    r, k, v = (torch.randn(BH, n, d, generator=g).to(DEV, dtype) for n in (M, N, N))
+    valid = None
+    if pad:
+        valid = torch.rand(BH, N, generator=g).to(DEV) > 0.3
+        valid[1] = False
+    scale = d**-0.5
+    idx, vt, lse = tr.exact_topk(r, k, valid, ksel, lv=(v, scale), small_max_n=small)
+    assert torch.equal(idx, tr.exact_topk(r, k, valid, ksel, small_max_n=small))
+    assert _same_sets(idx, _ref_topk(r, k, valid, ksel))
+    ref = _lv_ref(r, k, v, valid, scale)
+    assert vt.dtype == dtype and vt.shape == (BH, M, d) and torch.isfinite(vt).all()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert ((vt.double() - ref).norm() / ref.norm()).item() < tol
+    lref = _lse_ref(r, k, valid, scale)
+    fin = torch.isfinite(lref)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert torch.allclose(lse[fin].double(), lref[fin], atol=1e-4, rtol=0)
+    if pad:
+        assert torch.all(vt[1] == 0) and torch.all(lse[1] == float("-inf"))
+
+
+def test_exact_topk_landmark_values_fused_launches(monkeypatch):
+    """With lv fused: the top-k's launches, then one merge; no separate landmark-value pass."""
+    monkeypatch.setattr(launch, "ENABLED", False)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", 1)
+    launches = []
+    jit_type = type(tr._topk_scan_kernel)
+    real_getitem = jit_type.__getitem__
+
+    def counting_getitem(self, grid):
+        launches.append(self.fn.__name__ if hasattr(self, "fn") else str(self))
+        return real_getitem(self, grid)
+
+    monkeypatch.setattr(jit_type, "__getitem__", counting_getitem)
+    r = _ints((1, 3, 32), -1, 2, 15)
+    k, v = _ints((1, 70, 32), -1, 2, 16), _ints((1, 70, 32), -2, 3, 17)
+    tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
+    assert launches == ["_topk_scan_kernel", "_topk_start_kernel"] + ["_topk_scan_kernel"] * 11 + [
+        "_topk_final_kernel",
+        "_lv_merge_kernel",
+    ], launches
+    with pytest.raises(ValueError, match="lv_div"):
+        monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 0)
+        tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("N,M,ksel", [(1000, 25, 25), (4097, 32, 64), (65536, 128, 128), (262144, 64, 256)])
@@ -493,3 +576,23 @@ def test_gpu_landmark_values(N, M):
     assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
     for a, b in zip(grads, ref_grads):
         assert ((a.float() - b).norm() / b.norm()).item() < 4e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("fused", [0, 1])
+@pytest.mark.parametrize("N,M", [(65536, 128), (1 << 20, 512)])
+def test_gpu_exact_topk_with_landmark_values(nan_empty, monkeypatch, fused, N, M):
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", fused)
+    g = torch.Generator().manual_seed(N)
+    r, k, v = (torch.randn(2, n, 64, generator=g).to(DEV, torch.bfloat16) for n in (M, N, N))
+    valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
+    valid[1, N // 3 :] = False
+    idx, vt, lse = tr.exact_topk(r, k, valid, M, lv=(v, 0.125))
+    assert _same_sets(idx, _ref_topk(r, k, valid, M))
+    s = (r.float() @ k.float().transpose(1, 2)) * 0.125
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    ref = torch.softmax(s, -1) @ v.float()
+    assert torch.isfinite(vt).all()
+    assert ((vt.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert torch.allclose(lse, torch.logsumexp(s, -1) * 1.4426950408889634, atol=1e-3, rtol=0)

@@ -202,6 +202,7 @@ def main() -> None:
                     BB=16,
                     BG=8,
                     E3=0,
+                    LVF=0,
                     **common,
                 ),  # fmt: skip
                 4,

@@ -43,7 +43,6 @@ from mita.ops.mita.triton_routing import (
     exact_topk,
     grad_layouts,
     heads_layout,
-    landmark_values_fwd,
     out_layout,
     regs_cap,
     route_topk,
@@ -1194,11 +1193,12 @@ class _MiTAFn(torch.autograd.Function):
         m = r.shape[1]
         with torch.no_grad():
             # Exact top-k per landmark, scores computed tile by tile, never stored.
-            idx = exact_topk(r, k, key_valid, ksel)
             if shared:
-                # softmax(R k^T s) v: split-key kernels; zeros for a row with no valid key, as the reference gives.
-                vt, lv_lse = landmark_values_fwd(r, k, v, key_valid, scale)
+                # softmax(R k^T s) v: split-key partials (by default from the top-k's block-top pass, which scores
+                # the same keys) and a merge; zeros for a row with no valid key, as the reference gives.
+                idx, vt, lv_lse = exact_topk(r, k, key_valid, ksel, lv=(v, scale))
             else:
+                idx = exact_topk(r, k, key_valid, ksel)
                 vt = torch.zeros_like(r)
                 lv_lse = None
             init = None

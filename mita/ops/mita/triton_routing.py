@@ -57,10 +57,14 @@ _SCAN_PROGRAMS = 2048
 # lists of 128 to 512 entries, 4 warps: 161 -> 96 registers at 256 entries, 3 -> 5 programs per SM; top-k at 64K x
 # 16 0.752 -> 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none). emit_bb: key blocks whose tops the
 # count + emit pass reads per step (None: up to 32, by chunk size; its block-top half then holds 255 registers with
-# spills at 4 warps, 190 at 16: not timed yet).
+# spills at 4 warps, 190 at 16; 16 and 8 timed in run 16: top-k at 64K x 16 -3%, at 1M +4%).
+# lv_fused: when the caller wants the landmark values too (exact_topk(lv=...)), the block-top pass also computes
+# their split-key partials from the same scores (one pass over the keys instead of two; 1 / 0, None: _lv_fused).
+# The key chunks then number at most N / (lv_div * m), as the separate landmark-value pass's do, so the float32
+# partials take at most 2 / lv_div of k's memory.
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None, emit_bb=None,
+    final_maxnreg=None, emit_bb=None, lv_fused=None, lv_div=8,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -431,6 +435,11 @@ def _topk_scan_kernel(
     CNT,
     OFF,
     CAND,
+    V,
+    PM,
+    PL,
+    PACC,
+    scale_log2,
     N,
     M,
     CH,
@@ -458,6 +467,7 @@ def _topk_scan_kernel(
     BB: tl.constexpr,
     BG: tl.constexpr,
     E3: tl.constexpr,
+    LVF: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
@@ -472,6 +482,9 @@ def _topk_scan_kernel(
     #         scores to the bit) for the rows that need it. E3: a block whose third largest score is below the
     #         threshold holds at most two such keys, also written from the block tops; only blocks with three or
     #         more are scored again.
+    # LVF (MODE 0): the same scores also give the landmark values' split-key partials of this chunk, softmax(s *
+    #         scale) v as (max, sum, accumulator) in log2 units -> PM, PL [BH, G, M], PACC [BH, G, M, D] (merged by
+    #         _lv_merge_kernel), so the keys are scored once for both.
     # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
     # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P].
     # MODE 2: final state (slot _NPASS), empty candidate lists, per key chunk the count of keys >= hi and of keys
@@ -614,6 +627,11 @@ def _topk_scan_kernel(
                 # per row and plane instead of one per block).
                 o_c = tl.arange(0, BG)
                 nb1 = (n1 + BN - 1) // BN
+                if LVF:
+                    V_h = _head_ptr(V, i_bh, H, SB, SH)
+                    l_m = tl.full([BS], float("-inf"), tl.float32)
+                    l_l = tl.zeros([BS], tl.float32)
+                    l_acc = tl.zeros([BS, D], tl.float32)
                 for g0 in range(n0, n1, BN * BG):
                     a_max = tl.full([BS, BG], float("-inf"), tl.float32)
                     a_sec = tl.full([BS, BG], float("-inf"), tl.float32)
@@ -625,6 +643,11 @@ def _topk_scan_kernel(
                         n_b = g0 + j * BN
                         o_n = n_b + tl.arange(0, BN)
                         m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
+                        if LVF:
+                            b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None],
+                                          other=0.0)  # fmt: skip
+                            b_ls = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
+                            l_m, l_l, l_acc = _softmax_step(b_ls, b_v, l_m, l_l, l_acc, PREC, UP)
                         b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
                         # The maximum and the first key holding it (one reduction); that key dropped, the second
                         # largest (ties count as the keys they are).
@@ -659,6 +682,11 @@ def _topk_scan_kernel(
                     if E3:
                         tl.store(CMAX + 2 * PS + e_at, a_thr, mask=m_e)
                         tl.store(ARG + PS + e_at, a_arg2.to(tl.int8), mask=m_e)
+                if LVF:
+                    o_w = (i_bh * G + i_g) * M + o_j
+                    tl.store(PM + o_w, l_m, mask=m_j)
+                    tl.store(PL + o_w, l_l, mask=m_j)
+                    tl.store(PACC + o_w[:, None] * D + o_d[None, :], l_acc, mask=m_j[:, None])
             if MODE != 4 and MODE != 0:
                 for n_b in range(n0, n1, BN):
                     o_n = n_b + tl.arange(0, BN)
@@ -748,6 +776,11 @@ def _emit_top(N: int, ksel: int, bn: int) -> int:
     return 3 if ksel * 8 * bn >= N else 2
 
 
+def _lv_fused(N: int, M: int) -> bool:
+    """Default of SCAN_CONFIG["lv_fused"]: whether the block-top pass computes the landmark values too."""
+    return True
+
+
 def _valid_counts(key_valid: torch.Tensor, ksel: int) -> torch.Tensor:
     return key_valid.sum(-1).clamp(max=ksel).to(torch.int32)
 
@@ -762,7 +795,8 @@ def exact_topk(
     cap: int | None = None,
     timer=None,
     stats: dict | None = None,
-) -> torch.Tensor:
+    lv: tuple | None = None,
+):
     """Per landmark, the indices of the ``ksel`` valid keys with the largest raw score, ties to the lower index.
 
     Args:
@@ -779,13 +813,17 @@ def exact_topk(
             device tensor: keys at or above each row's start threshold), ``"overflow_rows"`` (device
             tensor: rows with more than cap such keys, which take the refinement passes). No host
             synchronisation; scripts/bench/topk_overflow.py models the start threshold on the CPU.
+        lv: None, or ``(v, scale)``: also compute the landmark values ``softmax(R k^T scale) v`` over the valid keys
+            (v in k's layout), as :func:`landmark_values_fwd` does; on the long-row path with
+            ``SCAN_CONFIG["lv_fused"]`` the block-top pass computes them from the scores it already has.
 
     Returns:
-        ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for.
+        ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for. With lv:
+        ``(indices, vt, lse)`` as :func:`landmark_values_fwd` returns them.
     """
     BH, M, D = r.shape
     N = k.shape[-2]
-    lay = heads_layout(k)
+    lay = heads_layout(k) if lv is None else heads_layout(k, lv[0])
     dev = r.device
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     prec, up = _prec(r.dtype), _upcast(r.dtype)
@@ -815,7 +853,7 @@ def exact_topk(
             EXACT=_interpreting(),
             num_warps=4 if NP <= 256 else 8,
         )
-        return idx
+        return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
     bn = SCAN_CONFIG["bn"]
     bs = SCAN_CONFIG["bs"] or (64 if D <= 64 else 32)
     n_s = _cdiv(M, bs)
@@ -831,7 +869,12 @@ def exact_topk(
     e3 = int(e_top == 3)
     if not 16 <= bn <= 128:
         raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
+    lvf = lv is not None and bool(SCAN_CONFIG["lv_fused"] if SCAN_CONFIG["lv_fused"] is not None else _lv_fused(N, M))
     G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
+    if lvf:
+        if int(SCAN_CONFIG["lv_div"]) < 1:
+            raise ValueError(f"SCAN_CONFIG['lv_div'] must be >= 1, got {SCAN_CONFIG['lv_div']}")
+        G = max(1, min(G, N // (int(SCAN_CONFIG["lv_div"]) * M)))
     CH = _cdiv(_cdiv(N, G), bn) * bn
     G = _cdiv(N, CH)
     cap = _next_pow2(max(cap or 2 * ksel, ksel, 64))
@@ -862,16 +905,26 @@ def exact_topk(
     cnt = torch.empty(_PASSES * rows * _P + rows * G * 2, device=dev, dtype=torch.int32)
     cand = torch.empty(rows, cap, device=dev, dtype=torch.int64)
     idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
+    if lvf:
+        # The landmark values' split-key partials, one per (key chunk, landmark), merged below.
+        pm = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
+        pl = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
+        pacc = torch.empty(BH, G, M, D, device=dev, dtype=torch.float32)
+        vv, lv_scale = lv[0], lv[1] * LOG2E
+    else:
+        pm = pl = pacc = vv = r
+        lv_scale = 1.0
 
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
-            r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, i_pass,
+            r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, vv, pm, pl, pacc, lv_scale, N, M, CH, G, NB, cap,
+            ksel, *lay, rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
-            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, **common,
+            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0, **common,
             num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
         )  # fmt: skip
 
-    run("block maxima", lambda: scan(0))
+    run("block maxima" if not lvf else "block maxima + landmark values", lambda: scan(0))
     # Groups of f block entries keep the start kernel's maxima in registers (<= _START_ENTRIES per row).
     f = _next_pow2(_cdiv(NB * topt, _START_ENTRIES))
     gp = _next_pow2(_cdiv(NB * topt, f))
@@ -909,7 +962,19 @@ def exact_topk(
             **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
         ),
     )
-    return idx
+    if lv is None:
+        return idx
+    if not lvf:
+        return (idx, *run("landmark values", lambda: landmark_values_fwd(r, k, lv[0], key_valid, lv[1])))
+    vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
+    lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
+    run(
+        "landmark values merge",
+        lambda: fast(_lv_merge_kernel)[(M, BH)](
+            pm, pl, pacc, vt, lse, M, G, D=D, BC=min(64, _next_pow2(G)), num_warps=4
+        ),
+    )
+    return idx, vt, lse
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1454,8 +1519,13 @@ def _compile_cases() -> list:
     common = dict(D=64, PREC="tf32", UP=False)
     i32, i64 = "*i32", "*i64"
     scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64)
-    sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, **common)
+    sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, LVF=0, **common)
+    lvf = dict(scan, PM="*fp32", PL="*fp32", PACC="*fp32")
     return [
+        ("topk_scan mode 0 e3 + lv", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1}), 4, lvf),
+        ("topk_scan mode 0 + lv", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1}), 4, lvf),
         ("topk_scan mode 0 top-4", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=0, **sc), 4, scan),
         ("topk_scan mode 0 e3", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **sc), 4, scan),
