@@ -584,8 +584,10 @@ def test_gpu_landmark_values(N, M):
 @pytest.mark.parametrize("N,M", [(65536, 128), (1 << 20, 512)])
 def test_gpu_exact_topk_with_landmark_values(nan_empty, monkeypatch, fused, N, M):
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", fused)
-    g = torch.Generator().manual_seed(N)
-    r, k, v = (torch.randn(2, n, 64, generator=g).to(DEV, torch.bfloat16) for n in (M, N, N))
+    # Integer landmarks and keys: float32 scores are exact, so the selection can be compared with float64's.
+    r = _ints((2, M, 64), -2, 3, N, torch.bfloat16)
+    k = _ints((2, N, 64), -2, 3, N + 1, torch.bfloat16)
+    v = torch.randn(2, N, 64, generator=torch.Generator().manual_seed(N)).to(DEV, torch.bfloat16)
     valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
     valid[1, N // 3 :] = False
     idx, vt, lse = tr.exact_topk(r, k, valid, M, lv=(v, 0.125))
