@@ -621,6 +621,61 @@ def test_triton_pooling_matches_pytorch(heads, N, start, grid, bins):
         assert torch.equal(dx16, dx.to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B,H,N,d,m", [(2, 3, 96, 32, 3), (1, 2, 1000, 64, 8), (1, 1, 40, 16, 40)])
+def test_triton_pooling_1d_matches_pytorch(dtype, B, H, N, d, m):
+    """The 1D Triton landmark pooling (segment means, float32 sums rounded once) against float64 means: within
+    one ulp of x's dtype, from a strided view (the head split of a fused qkv projection); _Pool1D's backward equals
+    the PyTorch formulation's gradient bit for bit."""
+    from mita.ops import landmarks as lm
+    from mita.ops.mita import triton_pool as tp
+
+    g = torch.Generator().manual_seed(N)
+    qkv = torch.randn(B, N, 3, H, d, generator=g).to(DEV, dtype)
+    x = qkv[:, :, 0].transpose(1, 2)  # [B, H, N, d], not contiguous
+    assert tp.pool1d_supported(x, m)
+    out = tp.pool1d_fwd(x, m)
+    want = x.double().reshape(B, H, m, N // m, d).mean(3)
+    assert out.shape == (B, H, m, d) and out.is_contiguous() and out.dtype == dtype
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - (7 if dtype == torch.bfloat16 else 10))
+    assert ((out.double() - want).abs() <= ulp).all()
+    xg = x.detach().clone().requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    cot = torch.randn(B, H, m, d, generator=g).to(DEV, dtype)
+    (dx,) = torch.autograd.grad(lm._Pool1D.apply(xg, m), xg, cot)
+    (dx_ref,) = torch.autograd.grad(
+        (xr.reshape(B, H, m, N // m, d).sum(3, dtype=torch.float32) / (N // m)).to(dtype), xr, cot
+    )
+    assert torch.equal(dx, dx_ref)
+    assert not tp.pool1d_supported(x.float(), m) and not tp.pool1d_supported(x, 7)
+    with pytest.raises(ValueError, match="unsupported"):
+        tp.pool1d_fwd(x, 7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+def test_gpu_pool_landmarks_1d_uses_triton(monkeypatch):
+    """On CUDA, pool_landmarks(layout="1d") takes the Triton kernel: output within one bf16 ulp of the PyTorch
+    formulation's (TRITON_POOL off), the same gradient."""
+    from mita.ops import landmarks as lm
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 2, 65536, 64, generator=g).to(DEV, torch.bfloat16).requires_grad_()
+    cot = torch.randn(2, 2, 128, 64, generator=g).to(DEV, torch.bfloat16)
+    calls = []
+    real = lm._Pool1D.apply
+    monkeypatch.setattr(lm._Pool1D, "apply", lambda *a: calls.append(1) or real(*a))
+    out = lm.pool_landmarks(x, 128, layout="1d")
+    (dx,) = torch.autograd.grad(out, x, cot)
+    assert calls
+    monkeypatch.setattr(lm, "TRITON_POOL", False)
+    ref = lm.pool_landmarks(x, 128, layout="1d")
+    (dx_ref,) = torch.autograd.grad(ref, x, cot)
+    ulp = torch.exp2(torch.floor(torch.log2(ref.detach().double().abs().clamp_min(1e-30))) - 7)
+    assert ((out.detach().double() - ref.detach().double()).abs() <= ulp).all()
+    assert torch.equal(dx, dx_ref)
+
+
 def _quantized_qkv(B, H, N, d, seed):
     """bf16 q, k, v whose 2D pooled means are exact in bf16 (multiples of 1/4 in [-1, 1], 16-token cells), so the
     landmarks of the folded and the two-step forms are equal whatever the rounding of the pooling kernel."""

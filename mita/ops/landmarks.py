@@ -246,6 +246,24 @@ class _PoolBF16(torch.autograd.Function):
         return dx, None, None, None, None
 
 
+class _Pool1D(torch.autograd.Function):
+    """1D segment means ``[B, H, N, d] -> [B, H, m, d]`` by the Triton kernel (float32 sums, rounded once); its
+    backward is the PyTorch form's: ``dx[n] = (g[n // L] / L)`` in float32, rounded once to x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, m: int):
+        ctx.shape = x.shape
+        return _triton_pool().pool1d_fwd(x, m)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        B, H, N, d = ctx.shape
+        m = g.shape[2]
+        L = N // m
+        dx = (g.float() / L).to(g.dtype)[:, :, :, None, :].expand(B, H, m, L, d).reshape(B, H, N, d)
+        return dx, None
+
+
 def pool_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``(x3, heads)``: the rows a pooling operator applies to, for x ``[B, H, N, d]``. Heads interleaved with
     channels (q split from a fused qkv projection): ``[B, N, H*d]``, a view, and heads = H; otherwise
@@ -292,6 +310,10 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
             # (over twice its input; mem_profile.py), the two stages' partials take a sixteenth of the input. Under
             # torch.compile the generated reduction needs no such buffer and the single sum stays.
             L = N // m
+            tp = _triton_pool() if x.is_cuda and not torch.compiler.is_compiling() else None
+            if tp is not None and tp.pool1d_supported(x, m):
+                # CUDA fp16 / bf16: one Triton launch (float32 sums, rounded once) instead of three or four.
+                return _Pool1D.apply(x, m)
             if L % _POOL_RUN == 0 and L > 2 * _POOL_RUN and not torch.compiler.is_compiling():
                 runs = x.reshape(B, H, m, L // _POOL_RUN, _POOL_RUN, d).sum(dim=4, dtype=ct)
                 return (runs.sum(dim=3) / L).to(x.dtype)

@@ -151,3 +151,54 @@ def pool_bwd(g: torch.Tensor, weights_t: torch.Tensor, heads: int, dtype: torch.
         g, weights_t.contiguous(), dx, N, M, C, dh, sgg, sgh, sgm, MP=max(16, _next_pow2(M)), **cfg
     )
     return dx
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1D landmarks: contiguous segment means (pool_landmarks(layout="1d") without padding, N divisible by m)
+# ----------------------------------------------------------------------------------------------------------------
+
+# Rows per step of the 1D pooling kernel and its warps.
+CONFIG["fwd1d"] = dict(BL=64, num_warps=4)
+
+
+@triton.jit
+def _pool1d_fwd_kernel(X, OUT, H, M, L, SB, SH, SN, D: tl.constexpr, BL: tl.constexpr):
+    """One (landmark, batch-head): the float32 sum of its L rows, divided by L and rounded once."""
+    i_i = tl.program_id(0).to(tl.int64)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_d = tl.arange(0, D)
+    X_h = X + (i_bh // H) * SB + (i_bh % H) * SH + i_i * L * SN
+    acc = tl.zeros([BL, D], tl.float32)
+    for l0 in range(0, L, BL):
+        o_l = l0 + tl.arange(0, BL)
+        acc += tl.load(X_h + o_l.to(tl.int64)[:, None] * SN + o_d[None, :], mask=(o_l < L)[:, None], other=0.0).to(
+            tl.float32
+        )
+    out = tl.sum(acc, 0) / L
+    tl.store(OUT + (i_bh * M + i_i) * D + o_d, out.to(OUT.dtype.element_ty))
+
+
+def pool1d_supported(x: torch.Tensor, m: int) -> bool:
+    """Whether :func:`pool1d_fwd` takes x ``[B, H, N, d]``: fp16 / bf16, d a power of 2 in [16, 256], unit feature
+    stride, N divisible by m."""
+    return (
+        x.dim() == 4
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and x.shape[-1] in (16, 32, 64, 128, 256)
+        and x.stride(-1) == 1
+        and x.shape[2] % m == 0
+    )
+
+
+def pool1d_fwd(x: torch.Tensor, m: int) -> torch.Tensor:
+    """Means of m contiguous segments of N / m rows of x ``[B, H, N, d]`` (any batch, head and row strides, unit
+    feature stride): ``[B, H, m, d]`` contiguous in x's dtype, float32 sums divided by N / m and rounded once (the
+    arithmetic of ``pool_landmarks(layout="1d")``'s PyTorch form, in another summation order)."""
+    if not pool1d_supported(x, m):
+        raise ValueError(f"pool1d_fwd: unsupported input {tuple(x.shape)} {x.dtype} strides {x.stride()} for m={m}")
+    B, H, N, D = x.shape
+    out = torch.empty(B, H, m, D, device=x.device, dtype=x.dtype)
+    cfg = dict(CONFIG["fwd1d"])
+    cfg["BL"] = min(cfg["BL"], max(16, _next_pow2(N // m)))
+    fast(_pool1d_fwd_kernel)[(m, B * H)](x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, **cfg)
+    return out
