@@ -10,7 +10,7 @@ Timing is eager by default (each call launches its kernels from Python). ``--gra
 and times graph replays, which removes the host launch overhead; the CSV's ``timing`` column says which
 (``eager`` or ``cuda_graph``) and a method that cannot be captured gets ``capture failed: <reason>``.
 
-    python scripts/bench/bench_op.py --out results/bench [--max-n 1048576] [--graph]
+    python scripts/bench/bench_op.py --out results/bench [--max-n 1048576] [--graph] [--set "lv_fused=0"]
 """
 
 from __future__ import annotations
@@ -180,7 +180,24 @@ def main() -> None:
         help="long-row top-k start from the t largest scores of each key block (SCAN_CONFIG block_top; 1: the "
         "maximum); default: the library's (2 up to 256K keys, else 1); writes op_bench..._top<t>.csv when above 1",
     )
+    ap.add_argument(
+        "--set",
+        default="",
+        help="kernel settings for the whole run, ';'-separated key=value as ab_scan.py --set takes them (e.g. "
+        "'lv_fused=0;fwd.maxnreg=0'); recorded in each row's settings column",
+    )
     args = ap.parse_args()
+    settings = []
+    for item in filter(None, args.set.split(";")):
+        from ab_scan import parse_sweep
+
+        cfg, key, vals = parse_sweep(item)
+        if len(vals) != 1:
+            raise SystemExit(f"--set takes one value per key: {item!r}")
+        cfg[key] = vals[0]
+        settings.append(f"{item.partition('=')[0]}={vals[0]}")
+    if settings:
+        print("settings: " + ", ".join(settings), flush=True)
     if args.block_top is not None:
         from mita.ops.mita import triton_routing
 
@@ -194,6 +211,8 @@ def main() -> None:
         csv_name = csv_name.replace(".csv", f"_top{args.block_top}.csv")
     os.makedirs(args.out, exist_ok=True)
     env = environment()
+    if settings:
+        env["settings"] = ";".join(settings)
     backends = [b for b in args.backends.split(",") if b in list_backends()]
     gate = {b: mita_correct(b) for b in backends}
     for b, (ok, msg) in gate.items():
