@@ -421,6 +421,26 @@ def test_landmark_values_forward_backward(N, M, d, dtype, pad):
         assert e < 2 * tol, e
 
 
+@pytest.mark.parametrize("final_sort", [0, 1])
+@pytest.mark.parametrize("N,M,d,ksel,span,pad", [(700, 5, 32, 40, 2, True), (1100, 3, 64, 64, 3, False)])
+def test_exact_topk_final_orders(monkeypatch, final_sort, N, M, d, ksel, span, pad):
+    """The final kernel's two ways to order the chosen indices (ranks from pairwise comparisons; one tl.sort of the
+    list): the same rows, ascending, then -1 where a row has fewer valid keys than k (rows with all, some and no
+    valid keys; integer scores with many ties)."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "final_sort", final_sort)
+    r = _ints((3, M, d), -span, span + 1, N)
+    k = _ints((3, N, d), -span, span + 1, N + 1)
+    valid = None
+    if pad:
+        valid = torch.ones(3, N, dtype=torch.bool, device=DEV)
+        valid[1, 20:] = False  # 20 valid keys < k
+        valid[2] = False
+    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0)
+    ref = _ref_topk(r, k, valid, ksel)
+    want = torch.where(ref < 0, 1 << 30, ref.long()).sort(-1).values
+    assert torch.equal(torch.where(got < 0, 1 << 30, got.long()).cpu(), want.cpu())
+
+
 @pytest.fixture
 def nan_empty(monkeypatch):
     """Fresh float allocations filled with NaN: a partial or output the kernels forget to write fails loudly."""

@@ -58,13 +58,15 @@ _SCAN_PROGRAMS = 2048
 # 16 0.752 -> 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none). emit_bb: key blocks whose tops the
 # count + emit pass reads per step (None: up to 32, by chunk size; its block-top half then holds 255 registers with
 # spills at 4 warps, 190 at 16; 16 and 8 timed in run 16: top-k at 64K x 16 -3%, at 1M +4%).
+# final_sort: the final kernel orders the chosen indices by one tl.sort of its list instead of ranks from pairwise
+# comparisons (k^2 per row).
 # lv_fused: when the caller wants the landmark values too (exact_topk(lv=...)), the block-top pass also computes
 # their split-key partials from the same scores (one pass over the keys instead of two; 1 / 0, None: _lv_fused).
 # The key chunks then number at most N / (lv_div * m), as the separate landmark-value pass's do, so the float32
 # partials take at most 2 / lv_div of k's memory.
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None, emit_bb=None, lv_fused=None, lv_div=8,
+    final_maxnreg=None, emit_bb=None, lv_fused=None, lv_div=8, final_sort=1,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -729,7 +731,9 @@ def _topk_scan_kernel(
 
 
 @triton.jit
-def _topk_final_kernel(CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr):
+def _topk_final_kernel(
+    CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr
+):  # fmt: skip
     # One row per program: the KSEL largest packed entries of the candidate list (score desc, index asc; fewer
     # when the list holds fewer valid keys), their key indices ascending, then -1. No sort: the threshold key t
     # (_kth_largest_key), then, unless every entry at t is taken, the lowest indices among them (the same helper on
@@ -750,8 +754,13 @@ def _topk_final_kernel(CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr,
     if n_tie < tl.sum(m_tie.to(tl.int32), 0):
         lo2 = _kth_largest_key(c_low, m_tie, n_tie, 0, 4294967296)
     sel = m_gt | (m_tie & (c_low >= lo2))
-    # Compact the n_sel chosen indices into the output row (list order), then write each at its rank.
     base = IDX + row * KSEL
+    if SORT:
+        # The chosen indices ascending by one sort of the list (the others as INT32_MAX, after them), then -1.
+        srt = tl.sort(tl.where(sel, (0xFFFFFFFF - c_low).to(tl.int32), 2147483647), 0)
+        tl.store(base + o_c, tl.where(o_c < n_sel, srt, -1), mask=o_c < KSEL)
+        return
+    # Compact the n_sel chosen indices into the output row (list order), then write each at its rank.
     pos = tl.cumsum(sel.to(tl.int32), 0) - 1
     tl.store(base + pos, (0xFFFFFFFF - c_low).to(tl.int32), mask=sel)
     tl.debug_barrier()
@@ -958,6 +967,7 @@ def exact_topk(
             CP=cap,
             KP=kp,
             CB=max(1, min(64, 8192 // kp)),
+            SORT=bool(SCAN_CONFIG["final_sort"]),
             num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
             **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
         ),
@@ -1544,9 +1554,12 @@ def _compile_cases() -> list:
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start 64K", _topk_start_kernel, dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16), 8, dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64), dict(num_warps=4, maxnreg=96),
+        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=0), 8, dict(CAND=i64, IDX=i32)),
+        ("topk_final sort", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=1), 8, dict(CAND=i64, IDX=i32)),
+        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=0), dict(num_warps=4, maxnreg=96),
          dict(CAND=i64, IDX=i32)),
+        ("topk_final 64K sort", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=1),
+         dict(num_warps=4, maxnreg=96), dict(CAND=i64, IDX=i32)),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, **common), 8, None),
         ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, **common), 8,
          dict(VT="*bf16", O="*bf16", LSE="*fp32", sscale_log2="fp32")),
