@@ -6,7 +6,8 @@ it is deterministic, and AdaptiveAvgPool1d's CUDA backward fails with a shared-m
 sequences. Bins follow adaptive average pooling exactly: bin i of p over length L covers
 ``[floor(i L / p), ceil((i + 1) L / p))``. Sums are float32 (or float64) whatever the input dtype; bfloat16
 results are rounded once, and on CUDA bfloat16 inputs are not copied to float32 (see ``_PoolBF16``; one Triton
-launch per direction there, ``mita/ops/mita/triton_pool.py``).
+launch per direction there, ``mita/ops/mita/triton_pool.py``). On CUDA, outside torch.compile, 1D means of fp16 /
+bf16 inputs without padding (N divisible by m) are one Triton launch (``_Pool1D``: float32 sums rounded once).
 """
 
 from __future__ import annotations
