@@ -9,7 +9,7 @@
   candidate list from a per-row atomic counter (the list's order does not matter: each entry is the packed int64
   (order key, reversed index)), reading the block tops: a block whose second score is below the threshold holds
   at most one such key, its maximum, so only blocks with two or more are scored again; a top-k of that list
-  (bisection and ranks in one kernel). Rows with more than cap such keys (many ties, or a loose start) fall back
+  (bisection and one sort in one kernel). Rows with more than cap such keys (many ties, or a loose start) fall back
   on the device: 16-way refinement passes raise the threshold until at most cap keys reach it (or until it is the
   k-th key itself), then a counting pass and an emitting pass write the keys in key order (ties truncated to the lowest
   indices). The fallback launches exit at once when no row needs them: no host synchronisation, and the result
@@ -17,7 +17,8 @@
 - ``route_topk``: per query, the S landmarks with the largest ``q_n . R_i`` (first maximum on ties), in order.
 - ``landmark_values``: ``softmax(R k^T s) v`` as a split-key (flash-decoding style) attention of m queries over
   N keys: each program takes a key chunk for a tile of landmarks and writes a partial (max, sum, accumulator);
-  a merge kernel combines them. Its backward: one kernel for dk, dv (each key block loops over the landmarks),
+  a merge kernel combines them. ``exact_topk(lv=...)`` computes the partials in its block-top pass instead, from
+  the scores it already has. Its backward: one kernel for dk, dv (each key block loops over the landmarks),
   one for dR partials over key chunks, summed in a fixed order (deterministic).
 """
 
@@ -58,15 +59,16 @@ _SCAN_PROGRAMS = 2048
 # 16 0.752 -> 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none). emit_bb: key blocks whose tops the
 # count + emit pass reads per step (None: up to 32, by chunk size; its block-top half then holds 255 registers with
 # spills at 4 warps, 190 at 16; 16 and 8 timed in run 16: top-k at 64K x 16 -3%, at 1M +4%).
-# final_sort: the final kernel orders the chosen indices by one tl.sort of its list instead of ranks from pairwise
-# comparisons (k^2 per row).
+# final_sort: the final kernel orders the chosen indices by one tl.sort of its list (1) instead of ranks from
+# pairwise comparisons (0; k^2 per row). Run 17: 107 -> 48 registers at 1M, top-k 1.555 -> 1.403 ms.
 # lv_fused: when the caller wants the landmark values too (exact_topk(lv=...)), the block-top pass also computes
-# their split-key partials from the same scores (one pass over the keys instead of two; 1 / 0, None: _lv_fused).
-# The key chunks then number at most N / (lv_div * m), as the separate landmark-value pass's do, so the float32
-# partials take at most 2 / lv_div of k's memory.
+# their split-key partials from the same scores (one pass over the keys instead of two; 1, the default, or 0: the
+# separate pass). The key chunks then number at most N / (lv_div * m), as the separate landmark-value pass's do, so
+# the float32 partials take at most 2 / lv_div of k's memory. Run 17 on the H200, forward: 64K 0.222 -> 0.186 ms,
+# 1M 4.678 -> 4.463; lv_div 8 the best of 2, 4, 8, 16.
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None, emit_bb=None, lv_fused=None, lv_div=8, final_sort=1,
+    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -735,9 +737,9 @@ def _topk_final_kernel(
     CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr
 ):  # fmt: skip
     # One row per program: the KSEL largest packed entries of the candidate list (score desc, index asc; fewer
-    # when the list holds fewer valid keys), their key indices ascending, then -1. No sort: the threshold key t
-    # (_kth_largest_key), then, unless every entry at t is taken, the lowest indices among them (the same helper on
-    # the low word).
+    # when the list holds fewer valid keys), their key indices ascending, then -1. The selection without a sort:
+    # the threshold key t (_kth_largest_key), then, unless every entry at t is taken, the lowest indices among them
+    # (the same helper on the low word). The order: one sort of the list (SORT) or ranks from pairwise comparisons.
     row = tl.program_id(0).to(tl.int64)
     o_c = tl.arange(0, CP)
     c = tl.load(CAND + row * CAP + o_c, mask=o_c < CAP, other=_EMPTY)
@@ -783,11 +785,6 @@ def _emit_top(N: int, ksel: int, bn: int) -> int:
     against 2 at 64K keys, m = k = 128: 0.116 against 0.123 ms (batch 1), 0.834 against 1.021 (batch 16); at 256K,
     m = k = 256: 0.434 against 0.422."""
     return 3 if ksel * 8 * bn >= N else 2
-
-
-def _lv_fused(N: int, M: int) -> bool:
-    """Default of SCAN_CONFIG["lv_fused"]: whether the block-top pass computes the landmark values too."""
-    return True
 
 
 def _valid_counts(key_valid: torch.Tensor, ksel: int) -> torch.Tensor:
@@ -878,7 +875,7 @@ def exact_topk(
     e3 = int(e_top == 3)
     if not 16 <= bn <= 128:
         raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
-    lvf = lv is not None and bool(SCAN_CONFIG["lv_fused"] if SCAN_CONFIG["lv_fused"] is not None else _lv_fused(N, M))
+    lvf = lv is not None and bool(SCAN_CONFIG["lv_fused"])
     G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
     if lvf:
         if int(SCAN_CONFIG["lv_div"]) < 1:
