@@ -23,3 +23,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_cuda)
         if "slow" in item.keywords and not run_slow:
             item.add_marker(not_slow)
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Fill fresh float allocations (torch.empty, torch.empty_like) with NaN, so memory a kernel forgets to write
+    fails loudly."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def empty(*a, **kw):
+        t = real_empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def empty_like(*a, **kw):
+        t = real_empty_like(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+@pytest.fixture
+def triton_launches(monkeypatch):
+    """The names of the Triton kernels launched while the test runs, in order (a list the test may clear).
+    Counted at Triton's own launch path, which the project's direct launches of cached binaries (on a GPU) bypass,
+    so those are switched off here."""
+    from mita.ops.mita import launch, triton_routing
+
+    monkeypatch.setattr(launch, "ENABLED", False)
+    launches = []
+    jit_type = type(triton_routing._topk_scan_kernel)
+    real_getitem = jit_type.__getitem__
+
+    def counting_getitem(self, grid):
+        launches.append(self.fn.__name__ if hasattr(self, "fn") else str(self))
+        return real_getitem(self, grid)
+
+    monkeypatch.setattr(jit_type, "__getitem__", counting_getitem)
+    return launches

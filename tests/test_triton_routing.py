@@ -18,7 +18,6 @@ if not _CUDA:
 
 triton = pytest.importorskip("triton")
 
-from mita.ops.mita import launch  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
 from mita.ops.mita.naive import stable_topk_indices  # noqa: E402
 
@@ -172,20 +171,10 @@ def test_exact_topk_long_rows_fewer_valid_keys_than_k(block_top):
     assert torch.all(got[1, :, 25:] == -1)
 
 
-def test_exact_topk_long_rows_launches(monkeypatch):
+def test_exact_topk_long_rows_launches(triton_launches):
     # Without padding the long-row path is Triton launches only: block maxima, start, count + emit, 8 refinement
     # passes, recount, ordered emission, final top-k (14), and no PyTorch kernel besides the allocations.
-    # Counted at Triton's own launch path, which direct launches of cached binaries (on a GPU) bypass.
-    monkeypatch.setattr(launch, "ENABLED", False)
-    launches = []
-    jit_type = type(tr._topk_scan_kernel)
-    real_getitem = jit_type.__getitem__
-
-    def counting_getitem(self, grid):
-        launches.append(self.fn.__name__ if hasattr(self, "fn") else str(self))
-        return real_getitem(self, grid)
-
-    monkeypatch.setattr(jit_type, "__getitem__", counting_getitem)
+    launches = triton_launches
     r = _ints((1, 3, 32), -1, 2, 15)
     k = _ints((1, 70, 32), -1, 2, 16)
     got = tr.exact_topk(r, k, None, 5, small_max_n=0)
@@ -377,11 +366,13 @@ def test_route_top1_multiple_landmark_tiles_and_ties():
     assert torch.all(got[:, :40] == 0)
 
 
-def _lv_ref(r, k, v, valid, scale):
+def _lv_logits(r, k, valid, scale):
     s = (r.double() @ k.double().transpose(1, 2)) * scale
-    if valid is not None:
-        s = s.masked_fill(~valid[:, None, :], float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return s if valid is None else s.masked_fill(~valid[:, None, :], float("-inf"))
+
+
+def _lv_ref(r, k, v, valid, scale):
+    p = torch.softmax(_lv_logits(r, k, valid, scale), -1).nan_to_num(0.0)
     return p @ v.double()
 
 
@@ -441,23 +432,8 @@ def test_exact_topk_final_orders(monkeypatch, final_sort, N, M, d, ksel, span, p
     assert torch.equal(torch.where(got < 0, 1 << 30, got.long()).cpu(), want.cpu())
 
 
-@pytest.fixture
-def nan_empty(monkeypatch):
-    """Fresh float allocations filled with NaN: a partial or output the kernels forget to write fails loudly."""
-    real_empty = torch.empty
-
-    def empty(*a, **kw):
-        t = real_empty(*a, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-
-
 def _lse_ref(r, k, valid, scale):
-    s = (r.double() @ k.double().transpose(1, 2)) * scale
-    if valid is not None:
-        s = s.masked_fill(~valid[:, None, :], float("-inf"))
-    return torch.logsumexp(s, -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    return torch.logsumexp(_lv_logits(r, k, valid, scale), -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("fused", [0, 1])
@@ -470,7 +446,7 @@ def _lse_ref(r, k, valid, scale):
         (90, 7, 32, 9, torch.float32, True, 512),  # the on-chip top-k, then the separate landmark values
     ],
 )
-def test_exact_topk_with_landmark_values(nan_empty, monkeypatch, fused, N, M, d, ksel, dtype, pad, small):
+def test_exact_topk_with_landmark_values(poison, monkeypatch, fused, N, M, d, ksel, dtype, pad, small):
     """exact_topk(lv=...): the same selection as without it, and the landmark values and their LSE, from the
     block-top pass's scores (fused) or from the separate split-key pass. Fully padded rows give zeros, -inf."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", fused)
@@ -499,19 +475,10 @@ def test_exact_topk_with_landmark_values(nan_empty, monkeypatch, fused, N, M, d,
         assert torch.all(vt[1] == 0) and torch.all(lse[1] == float("-inf"))
 
 
-def test_exact_topk_landmark_values_fused_launches(monkeypatch):
+def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches):
     """With lv fused: the top-k's launches, then one merge; no separate landmark-value pass."""
-    monkeypatch.setattr(launch, "ENABLED", False)
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", 1)
-    launches = []
-    jit_type = type(tr._topk_scan_kernel)
-    real_getitem = jit_type.__getitem__
-
-    def counting_getitem(self, grid):
-        launches.append(self.fn.__name__ if hasattr(self, "fn") else str(self))
-        return real_getitem(self, grid)
-
-    monkeypatch.setattr(jit_type, "__getitem__", counting_getitem)
+    launches = triton_launches
     r = _ints((1, 3, 32), -1, 2, 15)
     k, v = _ints((1, 70, 32), -1, 2, 16), _ints((1, 70, 32), -2, 3, 17)
     tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
@@ -602,7 +569,7 @@ def test_gpu_landmark_values(N, M):
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("fused", [0, 1])
 @pytest.mark.parametrize("N,M", [(65536, 128), (1 << 20, 512)])
-def test_gpu_exact_topk_with_landmark_values(nan_empty, monkeypatch, fused, N, M):
+def test_gpu_exact_topk_with_landmark_values(poison, monkeypatch, fused, N, M):
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", fused)
     # Integer landmarks and keys: float32 scores are exact, so the selection can be compared with float64's.
     r = _ints((2, M, 64), -2, 3, N, torch.bfloat16)

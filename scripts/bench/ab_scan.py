@@ -69,6 +69,19 @@ def parse_sweep(text: str) -> tuple[dict, str, list]:
     return cfg, key, [conv(x) for x in vals.split(",")]
 
 
+def apply_settings(text: str) -> list[tuple[str, object]]:
+    """Apply ``--set`` text (';'-separated ``key=value``, keys as :func:`parse_sweep` takes them, prefix included)
+    to the kernel configs for the whole run; returns the applied ``(key as given, value)`` pairs."""
+    applied = []
+    for item in filter(None, text.split(";")):
+        cfg, key, vals = parse_sweep(item)
+        if len(vals) != 1:
+            raise SystemExit(f"--set takes one value per key: {item!r}")
+        cfg[key] = vals[0]
+        applied.append((item.partition("=")[0], vals[0]))
+    return applied
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default="1048576:512,65536:128", help="N:m (m = k) pairs, H 2, d 64")
@@ -81,13 +94,7 @@ def main() -> None:
     ap.add_argument("--backward", action="store_true", help="also time forward + backward")
     ap.add_argument("--set", default="", help="fixed settings for the whole run, ';'-separated key=value (same keys)")
     args = ap.parse_args()
-    fixed = []
-    for item in filter(None, args.set.split(";")):
-        scfg, skey, sval = parse_sweep(item)
-        if len(sval) != 1:
-            raise SystemExit(f"--set takes one value per key: {item!r}")
-        scfg[skey] = sval[0]
-        fixed.append(f"{skey}={sval[0]}")
+    fixed = [f"{name.rpartition('.')[2]}={val}" for name, val in apply_settings(args.set)]
     sweeps = [(*parse_sweep(text), text.partition("=")[0]) for text in (args.sweep or ["block_top=1,2,4"])]
     timings = args.timing.split(",") if args.device == "cuda" else ["wall"]
     dev, B = args.device, args.batch

@@ -187,15 +187,9 @@ def main() -> None:
         "'lv_fused=0;fwd.maxnreg=0'); recorded in each row's settings column",
     )
     args = ap.parse_args()
-    settings = []
-    for item in filter(None, args.set.split(";")):
-        from ab_scan import parse_sweep
+    from ab_scan import apply_settings
 
-        cfg, key, vals = parse_sweep(item)
-        if len(vals) != 1:
-            raise SystemExit(f"--set takes one value per key: {item!r}")
-        cfg[key] = vals[0]
-        settings.append(f"{item.partition('=')[0]}={vals[0]}")
+    settings = [f"{name}={val}" for name, val in apply_settings(args.set)]
     if settings:
         print("settings: " + ", ".join(settings), flush=True)
     if args.block_top is not None:
