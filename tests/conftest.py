@@ -43,6 +43,14 @@ def poison(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", empty_like)
 
 
+class _Launches(list):
+    """Kernel names in launch order; ``kwargs``: (name, keyword arguments: constexprs and launch options) per call."""
+
+    def __init__(self):
+        super().__init__()
+        self.kwargs: list[tuple[str, dict]] = []
+
+
 @pytest.fixture
 def triton_launches(monkeypatch):
     """The names of the Triton kernels launched while the test runs, in order (a list the test may clear).
@@ -51,13 +59,20 @@ def triton_launches(monkeypatch):
     from mita.ops.mita import launch, triton_routing
 
     monkeypatch.setattr(launch, "ENABLED", False)
-    launches = []
+    launches = _Launches()
     jit_type = type(triton_routing._topk_scan_kernel)
     real_getitem = jit_type.__getitem__
 
     def counting_getitem(self, grid):
-        launches.append(self.fn.__name__ if hasattr(self, "fn") else str(self))
-        return real_getitem(self, grid)
+        name = self.fn.__name__ if hasattr(self, "fn") else str(self)
+        launches.append(name)
+        run = real_getitem(self, grid)
+
+        def call(*args, **kwargs):
+            launches.kwargs.append((name, kwargs))
+            return run(*args, **kwargs)
+
+        return call
 
     monkeypatch.setattr(jit_type, "__getitem__", counting_getitem)
     return launches

@@ -126,3 +126,26 @@ def test_ab_sweep_keys_parse():
     assert ab.parse_sweep("final_maxnreg=96")[0] is triton_routing.SCAN_CONFIG
     with pytest.raises(SystemExit, match="bwd.<key>"):
         ab.parse_sweep("bwd.nope=1")
+
+
+def test_ab_variants_apply_and_restore():
+    """ab_scan.py --variants: each value sets its keys (undoing the previous value's first); the sweep's end puts
+    every key back; a bad key stops the run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ab_scan_script", BENCH / "ab_scan.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    from mita.ops.mita import triton_mita, triton_routing
+
+    scan, fwd = triton_routing.SCAN_CONFIG, triton_mita.FWD_CONFIG
+    before = (scan["bs"], scan["num_warps"], fwd["lazy"])
+    v = ab.Variants()
+    v["variant"] = "bs=128;num_warps=8"
+    assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == (128, 8, before[2]) and v["variant"] == "bs=128;num_warps=8"
+    v["variant"] = "fwd.lazy=7"
+    assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == (before[0], before[1], 7)
+    v["variant"] = ""
+    assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == before
+    with pytest.raises(SystemExit, match="--sweep needs"):
+        v["variant"] = "nope=1"

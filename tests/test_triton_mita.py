@@ -42,9 +42,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def _inputs(B, H, N, d, m, dtype, pad_from=None, imbalanced=False, seed=0, strided=False):
+def _inputs(B, H, N, d, m, dtype, pad_from=None, imbalanced=False, seed=0, strided=False, key_growth=1.0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, H, N, d, generator=g) for _ in range(3))
+    if key_growth != 1.0:
+        # Key norms growing along N: later key blocks raise the softmax maxima (online-softmax rescaling).
+        k = k * torch.linspace(1.0, key_growth, N)[:, None]
     r = torch.randn(B, H, m, d, generator=g)
     if imbalanced:
         # One landmark aligned with a direction every query shares: it takes most queries.
@@ -64,8 +67,10 @@ def _inputs(B, H, N, d, m, dtype, pad_from=None, imbalanced=False, seed=0, strid
     return ts, (None if mask is None else mask.to(DEV))
 
 
-def _check(B, H, N, d, m, topk, dtype, S=1, shared=True, pad_from=None, imbalanced=False, seed=0, strided=False):
-    (q, k, v, r), mask = _inputs(B, H, N, d, m, dtype, pad_from, imbalanced, seed, strided)
+def _check(
+    B, H, N, d, m, topk, dtype, S=1, shared=True, pad_from=None, imbalanced=False, seed=0, strided=False, key_growth=1.0
+):
+    (q, k, v, r), mask = _inputs(B, H, N, d, m, dtype, pad_from, imbalanced, seed, strided, key_growth)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
     g = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(B, H, N, d, generator=g).to(DEV, dtype)
@@ -133,6 +138,37 @@ def test_general_forward_shared_in_route_matches_naive(
     monkeypatch.setattr(tm, "SHORT_PATH", False)
     monkeypatch.setitem(tm.FWD_CONFIG, "shared_in_route", True)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
+
+
+@pytest.mark.parametrize(
+    "B,H,N,d,m,topk,dtype,S,shared,pad_from",
+    [
+        (1, 2, 200, 32, 16, 32, torch.bfloat16, 1, True, None),  # FULL: no masks in the fused forward
+        (1, 1, 1024, 32, 64, 64, torch.float32, 1, True, None),  # and the block-top pass without masks (even)
+        (2, 1, 300, 32, 16, 32, torch.float16, 1, True, (300, 140)),  # padding: the masked forms
+        (1, 2, 130, 64, 40, 9, torch.bfloat16, 2, True, None),  # S = 2: the shared slot mask
+        (1, 1, 600, 32, 8, 40, torch.float32, 1, False, None),  # routing-only, long-row top-k
+    ],
+)
+@pytest.mark.parametrize("growth", [1.0, 12.0])
+def test_general_lazy_softmax_matches_naive(
+    poison, monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from, growth
+):
+    """FWD_CONFIG lazy (the fused forward's online softmax rescales only when a maximum grows by more than 2^8) with
+    SCAN_CONFIG even and lv_lazy (the block-top pass unmasked, its landmark values rescaled lazily), forward and
+    backward; key norms growing 12x along N make later blocks raise the maxima, so the rescaling branch runs."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 1)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 4)
+    _check(B, H, N, d, m, topk, dtype, S, shared, pad_from, key_growth=growth)
+    fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
+    assert len(fwd) == 1 and fwd[0]["LAZY"]
+    # The unmasked forms where the shape allows them (first two cases), else the masked ones.
+    assert fwd[0]["FULL"] == (pad_from is None and S == 1 and shared and m % 16 == 0 and topk % 32 == 0)
+    scans = [kw for name, kw in triton_launches.kwargs if name == "_topk_scan_kernel" and kw["MODE"] == 0]
+    assert any(kw["EVEN"] and kw["LAZY"] for kw in scans) == (N == 1024)
 
 
 @pytest.mark.parametrize("path_kind", ["match", "csr"])
@@ -369,6 +405,21 @@ def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
     monkeypatch.setattr(tm, "SHORT_PATH", short)
     H = 2 if N <= 4097 else 1
     _check(1, H, N, d, m, topk, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "N,m,topk,pad_from", [(4097, 64, 64, None), (65536, 128, 128, None), (4097, 64, 64, (4097, 3000))]
+)
+@pytest.mark.parametrize("growth", [1.0, 12.0])
+def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_from, growth):
+    """FWD_CONFIG lazy with SCAN_CONFIG even and lv_lazy on the GPU (unmasked and masked forms)."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 1)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)
+    _check(1 if pad_from is None else 2, 2, N, 64, m, topk, torch.bfloat16, pad_from=pad_from, key_growth=growth)
 
 
 @pytest.mark.gpu

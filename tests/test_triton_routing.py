@@ -475,6 +475,32 @@ def test_exact_topk_with_landmark_values(poison, monkeypatch, fused, N, M, d, ks
         assert torch.all(vt[1] == 0) and torch.all(lse[1] == float("-inf"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launches, dtype):
+    """SCAN_CONFIG even (the block-top pass without masks) and lv_lazy (its landmark-value softmax rescaled only when
+    a maximum grows by more than 2^8): the same selection as the masked pass, landmark values and LSE against
+    float64. Key norms grow 12x along N, so later blocks of a chunk raise the maxima."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 4)  # 4 chunks of 4 key blocks
+    BH, N, M, d = 2, 1024, 64, 32
+    g = torch.Generator().manual_seed(5)
+    r, v = torch.randn(BH, M, d, generator=g), torch.randn(BH, N, d, generator=g)
+    k = torch.randn(BH, N, d, generator=g) * torch.linspace(1.0, 12.0, N)[:, None]
+    r, k, v = (t.to(DEV, dtype) for t in (r, k, v))
+    scale = d**-0.5
+    base = tr.exact_topk(r, k, None, 64, small_max_n=0)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)
+    triton_launches.kwargs.clear()
+    idx, vt, lse = tr.exact_topk(r, k, None, 64, small_max_n=0, lv=(v, scale))
+    mode0 = [kw for name, kw in triton_launches.kwargs if name == "_topk_scan_kernel" and kw["MODE"] == 0]
+    assert len(mode0) == 1 and mode0[0]["EVEN"] and mode0[0]["LAZY"] and mode0[0]["LVF"]
+    assert torch.equal(idx, base)
+    ref = _lv_ref(r, k, v, None, scale)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert ((vt.double() - ref).norm() / ref.norm()).item() < tol
+    assert torch.allclose(lse.double(), _lse_ref(r, k, None, scale), atol=1e-4, rtol=0)
+
+
 def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches):
     """With lv fused: the top-k's launches, then one merge; no separate landmark-value pass."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", 1)
@@ -567,10 +593,12 @@ def test_gpu_landmark_values(N, M):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("fused", [0, 1])
+@pytest.mark.parametrize("fused,even_lazy", [(0, 0), (1, 0), (1, 1)])
 @pytest.mark.parametrize("N,M", [(65536, 128), (1 << 20, 512)])
-def test_gpu_exact_topk_with_landmark_values(poison, monkeypatch, fused, N, M):
+def test_gpu_exact_topk_with_landmark_values(poison, monkeypatch, fused, even_lazy, N, M):
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", fused)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "even", even_lazy)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", even_lazy)
     # Integer landmarks and keys: float32 scores are exact, so the selection can be compared with float64's.
     r = _ints((2, M, 64), -2, 3, N, torch.bfloat16)
     k = _ints((2, N, 64), -2, 3, N + 1, torch.bfloat16)

@@ -3,7 +3,7 @@ process, on i.i.d. and on correlated tokens (AR(1) along N, as bench_op.py --rho
 
     python scripts/bench/ab_scan.py [--points 1048576:512,65536:128] [--rho 0.9,0] [--sweep block_top=1,2,4]
         [--sweep fwd.maxnreg=None,128 ...] [--batch 1] [--timing eager,cuda_graph] [--backward]
-        [--set "fwd.shared_in_route=1;route.bs=64"]
+        [--set "fwd.shared_in_route=1;route.bs=64"] [--variants "|bs=128;num_warps=8"]
 
 For each (N, rho, value) prints the MiTA forward time (CUDA events, median) and the top-k alone, in each timing
 mode (eager: host launches included; cuda_graph: replays, GPU time only), the forward output's relative difference
@@ -82,6 +82,30 @@ def apply_settings(text: str) -> list[tuple[str, object]]:
     return applied
 
 
+class Variants:
+    """A sweep over whole settings: ``cfg["variant"] = text`` applies ``--set`` text (after putting back what the
+    previous value set), so ``run_sweep`` can time ``"" | "bs=128;num_warps=8"`` side by side like one key."""
+
+    def __init__(self):
+        self.text = ""
+        self.saved: list[tuple[dict, str, object]] = []
+
+    def __getitem__(self, key):
+        return self.text
+
+    def __setitem__(self, key, text):
+        for cfg, name, old in reversed(self.saved):
+            cfg[name] = old
+        self.saved = []
+        for item in filter(None, (text or "").split(";")):
+            cfg, name, vals = parse_sweep(item)
+            if len(vals) != 1:
+                raise SystemExit(f"--variants takes one value per key: {item!r}")
+            self.saved.append((cfg, name, cfg[name]))
+            cfg[name] = vals[0]
+        self.text = text or ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default="1048576:512,65536:128", help="N:m (m = k) pairs, H 2, d 64")
@@ -93,9 +117,23 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (wall-clock times)")
     ap.add_argument("--backward", action="store_true", help="also time forward + backward")
     ap.add_argument("--set", default="", help="fixed settings for the whole run, ';'-separated key=value (same keys)")
+    ap.add_argument(
+        "--variants",
+        help="'|'-separated settings ('';'-separated key=value, empty: the defaults), timed side by side as one sweep",
+    )
     args = ap.parse_args()
     fixed = [f"{name.rpartition('.')[2]}={val}" for name, val in apply_settings(args.set)]
-    sweeps = [(*parse_sweep(text), text.partition("=")[0]) for text in (args.sweep or ["block_top=1,2,4"])]
+    sweeps = [
+        (*parse_sweep(text), text.partition("=")[0])
+        for text in (args.sweep or ([] if args.variants else ["block_top=1,2,4"]))
+    ]
+    if args.variants:
+        vs = args.variants.split("|")
+        check = Variants()
+        for text in vs:
+            check["variant"] = text  # parse each up front (then undo it): a typo fails before any timing
+        check["variant"] = ""
+        sweeps.append((Variants(), "variant", vs, "variant"))
     timings = args.timing.split(",") if args.device == "cuda" else ["wall"]
     dev, B = args.device, args.batch
     print(environment(), flush=True)

@@ -38,6 +38,7 @@ from mita.ops.mita.triton_routing import (
     _next_pow2,
     _out_ptr,
     _prec,
+    _softmax_lazy,
     _softmax_step,
     _upcast,
     exact_topk,
@@ -96,10 +97,15 @@ def _mita_fwd_kernel(
     PREC: tl.constexpr,
     UP: tl.constexpr,
     INIT: tl.constexpr,
+    LAZY: tl.constexpr,
+    FULL: tl.constexpr,
 ):
     # INIT (S = 1, DIRECT, SHARED): the route kernel already wrote each query's attention over the shared entries
     # into O and LSE; start the online softmax from that state (max = its LSE, sum 1, accumulator = its output)
     # instead of scoring the shared entries again.
+    # LAZY: the online softmax of _softmax_lazy (scale folded into the exponent's FMA, rescaling only when a row's
+    # maximum grows by more than 2^8); FULL: every index list holds KSEL >= 0 entries, KSEL % BN == 0, M % BS == 0
+    # and S == 1 (no padding), so the key blocks and shared blocks load and score without masks.
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     e = tl.load(TILE_E + i_bh * T + i_t)
@@ -131,24 +137,43 @@ def _mita_fwd_kernel(
                 o_j = j0 + tl.arange(0, BS)
                 m_j = o_j < M
                 # [BS, D]
-                b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-                b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                if FULL:
+                    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :])
+                    b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :])
+                else:
+                    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                    b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
                 # [BM, BS]
-                b_s = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
-                b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
-                b_m, b_l, b_acc = _softmax_step(b_s, b_vt, b_m, b_l, b_acc, PREC, UP)
+                b_s = _dot(b_q, tl.trans(b_r), PREC, UP)
+                if LAZY:
+                    if not FULL:
+                        b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
+                    b_m, b_l, b_acc = _softmax_lazy(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
+                else:
+                    b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s * sscale_log2, float("-inf"))
+                    b_m, b_l, b_acc = _softmax_step(b_s, b_vt, b_m, b_l, b_acc, PREC, UP)
         for j0 in range(0, KSEL, BN):
             o_j = j0 + tl.arange(0, BN)
-            b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
-            m_j = b_idx >= 0
-            o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
-            # [BN, D]
-            b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
-            b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+            if FULL:
+                o_k = tl.load(IDX + (i_bh * M + e) * KSEL + o_j).to(tl.int64)
+                # [BN, D]
+                b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :])
+                b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :])
+            else:
+                b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
+                m_j = b_idx >= 0
+                o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
+                b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+                b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
             # [BM, BN]
-            b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
-            b_s = tl.where(m_j[None, :], b_s, float("-inf"))
-            b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
+            b_s = _dot(b_q, tl.trans(b_k), PREC, UP)
+            if LAZY:
+                if not FULL:
+                    b_s = tl.where(m_j[None, :], b_s, float("-inf"))
+                b_m, b_l, b_acc = _softmax_lazy(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
+            else:
+                b_s = tl.where(m_j[None, :], b_s * scale_log2, float("-inf"))
+                b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
         m_nz = b_l > 0
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
         b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
@@ -732,10 +757,13 @@ _PLAN_OFFSETS_BLOCK = 4096
 # the compiler's choice / Triton's default (scripts/bench/compile_check.py prints registers and programs per SM).
 # bm_infer: bm_max of a forward that no backward follows (no input requires a gradient, or grad mode is off), which
 # can take larger query tiles than the backward wants (None: bm_max; 128 was not faster on the H200, run 15: 64K x
-# 16 1.93 against 1.90 ms with 64-row tiles at 128 registers, 1M 4.74 against 4.65).
+# 16 1.93 against 1.90 ms with 64-row tiles at 128 registers, 1M 4.74 against 4.65). lazy: the forward's online
+# softmax folds the scale into the exponent's FMA and rescales only when a row's maximum grows by more than 2^8
+# (_softmax_lazy; 1) instead of every block (_softmax_step; 0); without padding its blocks also skip their masks.
 FWD_CONFIG = dict(
-    bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None
-)
+    bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
+    lazy=0,
+)  # fmt: skip
 
 
 def plan_bm_max(train: bool = True) -> int:
@@ -855,11 +883,14 @@ def _fwd_launch(bm: int, bn: int, d: int) -> dict:
     return opts
 
 
-def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float, init=None):
+def mita_fwd(
+    q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: float, sscale: float, init=None, full=False
+):
     """Fused forward. q, k, v: ``[BH, N, d]`` or ``[B, H, N, d]``, one layout (:func:`heads_layout`: any batch, head
     and row strides); r, vt: ``[BH, m, d]``. init: None, or (S = 1 with the shared expert) ``(o, lse)`` holding each
     query's attention over the shared entries (``route_topk(shared_out=...)``): the kernel continues from it and
-    writes the result into the same buffers.
+    writes the result into the same buffers. full: every entry of ``plan.idx`` is a key index (no -1: no padding),
+    so the kernel may skip masks where the block sizes divide m and k.
 
     Returns:
         ``(o, lse [BH, N] float32 in log2 units)``; o in q's dtype: ``[BH, N, d]`` for flattened heads, else
@@ -915,6 +946,8 @@ def mita_fwd(q, k, v, r, vt, plan: RoutingPlan, S: int, shared: bool, scale: flo
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
         INIT=init is not None,
+        LAZY=bool(FWD_CONFIG["lazy"]),
+        FULL=bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
         **_fwd_launch(plan.bm, bn, D),
     )
     if direct:
@@ -1208,7 +1241,7 @@ class _MiTAFn(torch.autograd.Function):
                 init = (out_layout(q), torch.empty(r.shape[0], q.shape[-2], device=q.device, dtype=torch.float32))
             route = route_topk(q, r, S, shared_out=None if init is None else (vt, *init, sscale))
             plan = build_plan(idx, route, m, plan_bm_max(train))
-            o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, init=init)
+            o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, init=init, full=key_valid is None)
         return o, vt, lse, lv_lse, plan
 
     @staticmethod

@@ -66,9 +66,12 @@ _SCAN_PROGRAMS = 2048
 # separate pass). The key chunks then number at most N / (lv_div * m), as the separate landmark-value pass's do, so
 # the float32 partials take at most 2 / lv_div of k's memory. Run 17 on the H200, forward: 64K 0.222 -> 0.186 ms,
 # 1M 4.678 -> 4.463; lv_div 8 the best of 2, 4, 8, 16.
+# even: the block-top pass loads and reduces without masks when nothing needs one (no padding, whole tiles and
+# steps: the same scores); lv_lazy: its landmark-value softmax rescales lazily (_softmax_lazy) with the scale in the
+# exponent's FMA.
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1,
+    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=0, lv_lazy=0,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -174,6 +177,41 @@ def _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC: tl.constexpr, UP: tl.constexp
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_v.dtype), b_v, PREC, UP)
     return b_mn, b_l, b_acc
+
+
+@triton.jit
+def _dot_acc(a, b, acc, PREC: tl.constexpr, UP: tl.constexpr):
+    # acc + a @ b with the sum in the dot's accumulator.
+    if UP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
+# Lazy rescaling (_softmax_lazy): the reference maximum is raised only when a block's maximum passes it by more than
+# this (log2 units), so unnormalised weights stay below 2^8.
+_LAZY_TAU = tl.constexpr(8.0)
+
+
+@triton.jit
+def _softmax_lazy(b_s, scale, b_v, b_m, b_l, b_acc, PREC: tl.constexpr, UP: tl.constexpr):
+    # One key block of an online softmax in log2 units from raw scores b_s [X, Y] (-inf where masked) and a scale > 0
+    # (logits b_s * scale: one FMA with the reference subtracted). The reference b_m [X] is raised, and b_l, b_acc
+    # rescaled, only when some row's block maximum passes its reference by more than _LAZY_TAU: then every row takes
+    # its running maximum. Otherwise the weights stay below 2^_LAZY_TAU and the [X, D] rescale is skipped. b_l and
+    # b_acc are always relative to b_m, so (b_m, b_l, b_acc) is an exact state for any reference: output b_acc / b_l,
+    # log-sum-exp b_m + log2(b_l), as _softmax_step's.
+    b_mx = tl.max(b_s, 1) * scale
+    if tl.max((b_mx > b_m + _LAZY_TAU).to(tl.int32), 0) > 0:
+        b_mn = tl.maximum(b_m, b_mx)
+        b_alpha = tl.exp2(b_m - tl.where(b_mn == float("-inf"), 0.0, b_mn))
+        b_l = b_l * b_alpha
+        b_acc = b_acc * b_alpha[:, None]
+        b_m = b_mn
+    b_p = tl.exp2(b_s * scale - tl.where(b_m == float("-inf"), 0.0, b_m)[:, None])
+    b_l = b_l + tl.sum(b_p, 1)
+    b_acc = _dot_acc(b_p.to(b_v.dtype), b_v, b_acc, PREC, UP)
+    return b_m, b_l, b_acc
 
 
 @triton.jit
@@ -472,8 +510,13 @@ def _topk_scan_kernel(
     BG: tl.constexpr,
     E3: tl.constexpr,
     LVF: tl.constexpr,
+    EVEN: tl.constexpr,
+    LAZY: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
+    # EVEN (MODE 0): no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key
+    # blocks load and the block tops reduce without masks. LAZY (MODE 0, LVF): the landmark values' online softmax is
+    # _softmax_lazy's.
     # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
     #         rows, NBLK] (plane t: the (t+1)-th largest), and where in its block the largest is -> ARG [rows, NBLK]
     #         (int8; the first such key). E3 (TOPT >= 3): also where the second largest is -> ARG plane 1.
@@ -646,13 +689,31 @@ def _topk_scan_kernel(
                     for j in range(BG):
                         n_b = g0 + j * BN
                         o_n = n_b + tl.arange(0, BN)
-                        m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
-                        if LVF:
-                            b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None],
-                                          other=0.0)  # fmt: skip
-                            b_ls = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
-                            l_m, l_l, l_acc = _softmax_step(b_ls, b_v, l_m, l_l, l_acc, PREC, UP)
-                        b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
+                        if EVEN:
+                            # The same dot of the same operands as _key_block_scores: the same bits.
+                            b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
+                            b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                            if LVF:
+                                b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
+                                if LAZY:
+                                    l_m, l_l, l_acc = _softmax_lazy(b_sc, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                                else:
+                                    l_m, l_l, l_acc = _softmax_step(b_sc * scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                            b_x = b_sc
+                        else:
+                            m_n, b_sc = _key_block_scores(
+                                b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT
+                            )
+                            if LVF:
+                                b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None],
+                                              other=0.0)  # fmt: skip
+                                if LAZY:
+                                    b_ls = tl.where(m_n[None, :], b_sc, float("-inf"))
+                                    l_m, l_l, l_acc = _softmax_lazy(b_ls, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                                else:
+                                    b_ls = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
+                                    l_m, l_l, l_acc = _softmax_step(b_ls, b_v, l_m, l_l, l_acc, PREC, UP)
+                            b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
                         # The maximum and the first key holding it (one reduction); that key dropped, the second
                         # largest (ties count as the keys they are).
                         b_max, c_i = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
@@ -892,6 +953,8 @@ def exact_topk(
     if bb & (bb - 1) or not 2 <= bb <= 32:
         raise ValueError(f"SCAN_CONFIG['emit_bb'] must be a power of 2 in [2, 32] or None, got {bb}")
     common = dict(HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(), P=_P)
+    # The block-top pass without masks: no padding, whole landmark tiles, whole steps of bg blocks in every chunk.
+    even = bool(SCAN_CONFIG["even"]) and key_valid is None and M % bs == 0 and N % CH == 0 and CH % (bn * bg) == 0
 
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
@@ -926,7 +989,8 @@ def exact_topk(
             r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, vv, pm, pl, pacc, lv_scale, N, M, CH, G, NB, cap,
             ksel, *lay, rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
-            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0, **common,
+            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
+            EVEN=even and mode == 0, LAZY=lvf and mode == 0 and bool(SCAN_CONFIG["lv_lazy"]), **common,
             num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
         )  # fmt: skip
 
@@ -1526,13 +1590,19 @@ def _compile_cases() -> list:
     common = dict(D=64, PREC="tf32", UP=False)
     i32, i64 = "*i32", "*i64"
     scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64)
-    sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, LVF=0, **common)
+    sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, LVF=0, EVEN=0, LAZY=0, **common)
     lvf = dict(scan, PM="*fp32", PL="*fp32", PACC="*fp32")
     return [
         ("topk_scan mode 0 e3 + lv", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1}), 4, lvf),
         ("topk_scan mode 0 + lv", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1}), 4, lvf),
+        ("topk_scan mode 0 e3 + lv even lazy", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
+        ("topk_scan mode 0 + lv even lazy", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
+        ("topk_scan mode 0 + lv even", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1}), 4, lvf),
         ("topk_scan mode 0 + lv bs 128", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "BS": 128}), 8, lvf),
         ("topk_scan mode 4 bs 128", _topk_scan_kernel,
