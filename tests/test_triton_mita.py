@@ -159,6 +159,7 @@ def test_general_lazy_softmax_matches_naive(
     backward; key norms growing 12x along N make later blocks raise the maxima, so the rescaling branch runs."""
     monkeypatch.setattr(tm, "SHORT_PATH", False)
     monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 1)
+    monkeypatch.setitem(tm.FWD_CONFIG, "unmasked", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 4)
@@ -417,6 +418,7 @@ def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_fro
     """FWD_CONFIG lazy with SCAN_CONFIG even and lv_lazy on the GPU (unmasked and masked forms)."""
     monkeypatch.setattr(tm, "SHORT_PATH", False)
     monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 1)
+    monkeypatch.setitem(tm.FWD_CONFIG, "unmasked", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)
     _check(1 if pad_from is None else 2, 2, N, 64, m, topk, torch.bfloat16, pad_from=pad_from, key_growth=growth)

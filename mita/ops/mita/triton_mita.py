@@ -759,10 +759,11 @@ _PLAN_OFFSETS_BLOCK = 4096
 # can take larger query tiles than the backward wants (None: bm_max; 128 was not faster on the H200, run 15: 64K x
 # 16 1.93 against 1.90 ms with 64-row tiles at 128 registers, 1M 4.74 against 4.65). lazy: the forward's online
 # softmax folds the scale into the exponent's FMA and rescales only when a row's maximum grows by more than 2^8
-# (_softmax_lazy; 1) instead of every block (_softmax_step; 0); without padding its blocks also skip their masks.
+# (_softmax_lazy; 1) instead of every block (_softmax_step; 0). unmasked: without padding (and S = 1, block sizes
+# dividing m and k) its loads and scores skip their masks.
 FWD_CONFIG = dict(
     bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
-    lazy=0,
+    lazy=0, unmasked=0,
 )  # fmt: skip
 
 
@@ -947,7 +948,7 @@ def mita_fwd(
         UP=_upcast(q.dtype),
         INIT=init is not None,
         LAZY=bool(FWD_CONFIG["lazy"]),
-        FULL=bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
+        FULL=bool(FWD_CONFIG["unmasked"]) and bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
         **_fwd_launch(plan.bm, bn, D),
     )
     if direct:
