@@ -172,6 +172,16 @@ def test_general_lazy_softmax_matches_naive(
     assert any(kw["EVEN"] and kw["LAZY"] for kw in scans) == (N == 1024)
 
 
+@pytest.mark.parametrize("growth", [1.0, 12.0])
+def test_general_unmasked_without_lazy_matches_naive(poison, monkeypatch, triton_launches, growth):
+    """FWD_CONFIG unmasked alone: the fused forward's mask-free blocks with the per-block softmax."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setitem(tm.FWD_CONFIG, "unmasked", 1)
+    _check(1, 2, 200, 32, 16, 32, torch.bfloat16, key_growth=growth)
+    fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
+    assert len(fwd) == 1 and fwd[0]["FULL"] and not fwd[0]["LAZY"]
+
+
 @pytest.mark.parametrize("path_kind", ["match", "csr"])
 def test_backward_register_caps_run(poison, monkeypatch, path_kind):
     """BWD_CONFIG register caps reach every backward launch (the interpreter ignores the cap itself; on the GPU it

@@ -137,6 +137,13 @@ def main() -> None:
             {"O": "*bf16"},
         ),
         (
+            "mita_fwd 64 full",
+            tm._mita_fwd_kernel,
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=False, FULL=True, **common),
+            tm._fwd_launch(64, 64, 64),
+            {"O": "*bf16"},
+        ),
+        (
             "mita_fwd 64 lazy full",
             tm._mita_fwd_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=True, FULL=True, **common),

@@ -149,6 +149,8 @@ def _mita_fwd_kernel(
                     if not FULL:
                         b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
                     b_m, b_l, b_acc = _softmax_lazy(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
+                elif FULL:
+                    b_m, b_l, b_acc = _softmax_step(b_s * sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
                 else:
                     b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s * sscale_log2, float("-inf"))
                     b_m, b_l, b_acc = _softmax_step(b_s, b_vt, b_m, b_l, b_acc, PREC, UP)
@@ -171,6 +173,8 @@ def _mita_fwd_kernel(
                 if not FULL:
                     b_s = tl.where(m_j[None, :], b_s, float("-inf"))
                 b_m, b_l, b_acc = _softmax_lazy(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
+            elif FULL:
+                b_m, b_l, b_acc = _softmax_step(b_s * scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
             else:
                 b_s = tl.where(m_j[None, :], b_s * scale_log2, float("-inf"))
                 b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
