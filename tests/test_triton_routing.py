@@ -366,6 +366,20 @@ def test_route_top1_multiple_landmark_tiles_and_ties():
     assert torch.all(got[:, :40] == 0)
 
 
+@pytest.mark.parametrize("N,M,unmasked", [(256, 64, 1), (256, 64, 0), (300, 150, 1)])
+def test_route_top1_unmasked_tiles(monkeypatch, triton_launches, N, M, unmasked):
+    """ROUTE_CONFIG unmasked: whole query and landmark tiles load without masks (N = 256, m = 64: 2 x 128-query
+    tiles, one 64-landmark tile), the same routes as the stable sort; other shapes keep the masks."""
+    monkeypatch.setitem(tr.ROUTE_CONFIG, "unmasked", unmasked)
+    q = _ints((2, N, 32), -1, 2, 21)
+    r = _ints((2, M, 32), -1, 2, 22)
+    got = tr.route_topk(q, r, 1)
+    ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), 1)
+    assert torch.equal(got.view(2, N, 1).long().cpu(), ref.cpu())
+    (kw,) = [kw for name, kw in triton_launches.kwargs if name == "_route_kernel"]
+    assert kw["EVEN"] == bool(unmasked and N == 256)
+
+
 def _lv_logits(r, k, valid, scale):
     s = (r.double() @ k.double().transpose(1, 2)) * scale
     return s if valid is None else s.masked_fill(~valid[:, None, :], float("-inf"))
@@ -487,6 +501,7 @@ def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launch
     k = torch.randn(BH, N, d, generator=g) * torch.linspace(1.0, 12.0, N)[:, None]
     r, k, v = (t.to(DEV, dtype) for t in (r, k, v))
     scale = d**-0.5
+    monkeypatch.setitem(tr.SCAN_CONFIG, "even", 0)
     base = tr.exact_topk(r, k, None, 64, small_max_n=0)
     monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)

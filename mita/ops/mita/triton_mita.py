@@ -761,13 +761,15 @@ _PLAN_OFFSETS_BLOCK = 4096
 # the compiler's choice / Triton's default (scripts/bench/compile_check.py prints registers and programs per SM).
 # bm_infer: bm_max of a forward that no backward follows (no input requires a gradient, or grad mode is off), which
 # can take larger query tiles than the backward wants (None: bm_max; 128 was not faster on the H200, run 15: 64K x
-# 16 1.93 against 1.90 ms with 64-row tiles at 128 registers, 1M 4.74 against 4.65). lazy: the forward's online
-# softmax folds the scale into the exponent's FMA and rescales only when a row's maximum grows by more than 2^8
-# (_softmax_lazy; 1) instead of every block (_softmax_step; 0). unmasked: without padding (and S = 1, block sizes
-# dividing m and k) its loads and scores skip their masks.
+# 16 1.93 against 1.90 ms with 64-row tiles at 128 registers, 1M 4.74 against 4.65). unmasked (default 1): without
+# padding (and S = 1, block sizes dividing m and k) the forward's loads and scores skip their masks; run 18 on the
+# H200 (CUDA-graph forward, one process): 64K 0.176 -> 0.169 ms, 256K 0.777 -> 0.726, 1M 4.335 -> 3.948, 64K x 16
+# 1.721 -> 1.625. lazy: the online softmax folds the scale into the exponent's FMA and rescales only when a row's
+# maximum grows by more than 2^8 (_softmax_lazy) instead of every block (_softmax_step); off: slower with the
+# unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block).
 FWD_CONFIG = dict(
     bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
-    lazy=0, unmasked=0,
+    lazy=0, unmasked=1,
 )  # fmt: skip
 
 

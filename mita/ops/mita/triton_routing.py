@@ -66,18 +66,21 @@ _SCAN_PROGRAMS = 2048
 # separate pass). The key chunks then number at most N / (lv_div * m), as the separate landmark-value pass's do, so
 # the float32 partials take at most 2 / lv_div of k's memory. Run 17 on the H200, forward: 64K 0.222 -> 0.186 ms,
 # 1M 4.678 -> 4.463; lv_div 8 the best of 2, 4, 8, 16.
-# even: the block-top pass loads and reduces without masks when nothing needs one (no padding, whole tiles and
-# steps: the same scores); lv_lazy: its landmark-value softmax rescales lazily (_softmax_lazy) with the scale in the
-# exponent's FMA.
+# even (default 1): the block-top pass loads and reduces without masks when nothing needs one (no padding, whole
+# tiles and steps: the same scores); run 18 on the H200 (CUDA graphs, one process), top-k 64K 0.112 -> 0.109 ms, 256K
+# 0.339 -> 0.327, 1M 1.387 -> 1.267, 64K x 16 0.676 -> 0.646. lv_lazy (default 1): its landmark-value softmax
+# rescales lazily (_softmax_lazy) with the scale in the exponent's FMA; top-k 1.267 -> 1.263 ms at 1M, 0.327 ->
+# 0.322 at 256K, 0.109 -> 0.108 at 64K, 0.646 -> 0.644 at 64K x 16 (the same call).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=0, lv_lazy=0,
+    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
 # The routing kernel's tile (queries bm x landmarks bs) and warps; None: by S (route_topk). For GPU A/B runs
 # (scripts/bench/ab_scan.py --sweep route.bm=64,128); every value gives the same routes.
-ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None, maxnreg=None)
+# unmasked: loads without masks where N and m are multiples of the tiles.
+ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None, maxnreg=None, unmasked=0)
 # Landmark-value forward kernel: warps (None: 8 for 128-landmark tiles, else 4) and register cap (None: the
 # compiler's choice; 80 spilled in its key loop, 1.4-1.6x slower on the H200, run 15).
 LV_CONFIG = dict(num_warps=None, maxnreg=None)
@@ -1076,7 +1079,9 @@ def _route_kernel(
     UP: tl.constexpr,
     EXACT: tl.constexpr,
     SH_OUT: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
+    # EVEN: N % BM == 0 and M % BS == 0, so the query and landmark tiles load without masks.
     # Top-S landmarks of each query (ROUTE). SH_OUT (S = 1): from the same scores, also the query's attention over
     # the m shared entries (landmark keys R, values VT, logits scaled by sscale): its normalised output into O
     # ([B, N, H, D] order, _out_ptr) and its log-sum-exp (log2 units) into LSE [BH, N], the state the fused
@@ -1086,9 +1091,12 @@ def _route_kernel(
     o_d = tl.arange(0, D)
     o_n = i_n * BM + tl.arange(0, BM)
     m_n = o_n < N
-    b_q = tl.load(
-        _head_ptr(Q, i_bh, H, SB, SH) + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0
-    )
+    if EVEN:
+        b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
+    else:
+        b_q = tl.load(
+            _head_ptr(Q, i_bh, H, SB, SH) + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0
+        )
     if S == 1:
         # First maximum: within a tile the lowest index among equal scores (-0.0 == +0.0 as compares see them),
         # across tiles a later tile only on a strictly larger score. Landmark 0 if every score is NaN.
@@ -1100,7 +1108,10 @@ def _route_kernel(
             b_acc = tl.zeros([BM, D], tl.float32)
         for j0 in range(0, M, BS):
             o_j = j0 + tl.arange(0, BS)
-            b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
+            if EVEN:
+                b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :])
+            else:
+                b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
             b_sc = _score(b_q, b_r, PREC, UP, EXACT)
             if M % BS != 0:
                 b_sc = tl.where((o_j < M)[None, :], b_sc, float("-inf"))
@@ -1190,6 +1201,7 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
         UP=_upcast(q.dtype),
         EXACT=_interpreting(),
         SH_OUT=shared_out is not None,
+        EVEN=bool(ROUTE_CONFIG["unmasked"]) and N % bm == 0 and M % bs == 0,
         num_warps=warps,
         **regs_cap(ROUTE_CONFIG["maxnreg"]),
     )
@@ -1631,10 +1643,12 @@ def _compile_cases() -> list:
          dict(CAND=i64, IDX=i32)),
         ("topk_final 64K sort", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=1),
          dict(num_warps=4, maxnreg=96), dict(CAND=i64, IDX=i32)),
-        ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, **common), 8, None),
-        ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, **common), 8,
+        ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=0, **common), 8, None),
+        ("route S=1 even", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=1, **common), 8,
+         None),
+        ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, EVEN=0, **common), 8,
          dict(VT="*bf16", O="*bf16", LSE="*fp32", sscale_log2="fp32")),
-        ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, SH_OUT=False, **common), 4, None),
+        ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, SH_OUT=False, EVEN=0, **common), 4, None),
         ("lv_fwd BS=128", _lv_fwd_kernel, dict(HAS_KV=False, DIRECT=False, BS=128, BN=64, **common), 8,
          dict(PM="*fp32", PL="*fp32", PACC="*fp32", VT="*bf16", LSE="*fp32")),
         ("lv_fwd BS=64 direct", _lv_fwd_kernel, dict(HAS_KV=True, DIRECT=True, BS=64, BN=64, **common), 4,
