@@ -418,6 +418,43 @@ def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
     _check(1, H, N, d, m, topk, torch.bfloat16)
 
 
+def test_route_stream_setting_on_cpu(monkeypatch):
+    """FWD_CONFIG route_stream needs CUDA streams; off CUDA the routing runs in order as before (same result)."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", 1)
+    _check(1, 2, 200, 32, 16, 32, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,m,topk,S", [(4097, 64, 64, 1), (65536, 128, 128, 1), (4097, 32, 32, 2)])
+def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S):
+    """FWD_CONFIG route_stream (routing on a second stream): bitwise the output of the in-order forward, eagerly,
+    with a backward, and replayed from a CUDA graph (the fork and join captured)."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    (q, k, v, r), _ = _inputs(1, 2, N, 64, m, torch.bfloat16)
+    kw = dict(experts_per_query=S)
+    do = torch.randn_like(q)
+    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", 0)
+    ref = tm.triton_mita(q, k, v, r, topk, **kw)
+    ref_g = torch.autograd.grad(ref, (q, k, v, r), do)
+    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", 1)
+    out = tm.triton_mita(q, k, v, r, topk, **kw)
+    assert torch.equal(out, ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v, r), do), ref_g):
+        assert torch.equal(a, b)
+    qd, kd, vd, rd = (t.detach() for t in (q, k, v, r))
+    with torch.no_grad():
+        tm.triton_mita(qd, kd, vd, rd, topk, **kw)  # warm-up (compiles) outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            got = tm.triton_mita(qd, kd, vd, rd, topk, **kw)
+        got.zero_()
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, ref.detach())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize(

@@ -766,10 +766,12 @@ _PLAN_OFFSETS_BLOCK = 4096
 # H200 (CUDA-graph forward, one process): 64K 0.176 -> 0.169 ms, 256K 0.777 -> 0.726, 1M 4.335 -> 3.948, 64K x 16
 # 1.721 -> 1.625. lazy: the online softmax folds the scale into the exponent's FMA and rescales only when a row's
 # maximum grows by more than 2^8 (_softmax_lazy) instead of every block (_softmax_step); off: slower with the
-# unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block).
+# unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block). route_stream: on
+# CUDA the routing kernel runs on a second stream beside the top-k (joined before the plan; CUDA graphs capture the
+# fork and join).
 FWD_CONFIG = dict(
     bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
-    lazy=0, unmasked=1,
+    lazy=0, unmasked=1, route_stream=0,
 )  # fmt: skip
 
 
@@ -1222,6 +1224,18 @@ def mita_bwd(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One second stream per device for the routing kernel (FWD_CONFIG route_stream)."""
+    key = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
+    st = _SIDE_STREAMS.get(key)
+    if st is None:
+        st = _SIDE_STREAMS[key] = torch.cuda.Stream(device=key)
+    return st
+
+
 class _MiTAFn(torch.autograd.Function):
     """Routing, landmark values and the fused attention as one autograd node: one backward writes dq, dk, dv, dR
     once."""
@@ -1233,6 +1247,18 @@ class _MiTAFn(torch.autograd.Function):
         whether a backward may follow (it decides the plan's query tile, :func:`plan_bm_max`)."""
         m = r.shape[1]
         with torch.no_grad():
+            init = None
+            if FWD_CONFIG["shared_in_route"] and S == 1 and shared:
+                # The route kernel's scores q R^T also give each query's shared-entry attention (into o, lse).
+                init = (out_layout(q), torch.empty(r.shape[0], q.shape[-2], device=q.device, dtype=torch.float32))
+            side = _side_stream(q.device) if FWD_CONFIG["route_stream"] and init is None and q.is_cuda else None
+            if side is not None:
+                # The routing needs only q and R: it runs on a second stream beside the top-k's chain of passes,
+                # filling the SMs that the chain's short launches leave idle; joined before the plan.
+                main = torch.cuda.current_stream(q.device)
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    route = route_topk(q, r, S)
             # Exact top-k per landmark, scores computed tile by tile, never stored.
             if shared:
                 # softmax(R k^T s) v: split-key partials (by default from the top-k's block-top pass, which scores
@@ -1242,11 +1268,12 @@ class _MiTAFn(torch.autograd.Function):
                 idx = exact_topk(r, k, key_valid, ksel)
                 vt = torch.zeros_like(r)
                 lv_lse = None
-            init = None
-            if FWD_CONFIG["shared_in_route"] and S == 1 and shared:
-                # The route kernel's scores q R^T also give each query's shared-entry attention (into o, lse).
-                init = (out_layout(q), torch.empty(r.shape[0], q.shape[-2], device=q.device, dtype=torch.float32))
-            route = route_topk(q, r, S, shared_out=None if init is None else (vt, *init, sscale))
+            if side is None:
+                route = route_topk(q, r, S, shared_out=None if init is None else (vt, *init, sscale))
+            else:
+                main.wait_stream(side)
+                # Allocated on the side stream, used and freed on this one.
+                route.record_stream(main)
             plan = build_plan(idx, route, m, plan_bm_max(train))
             o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, init=init, full=key_valid is None)
         return o, vt, lse, lv_lse, plan
