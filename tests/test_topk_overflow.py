@@ -124,6 +124,9 @@ def test_ab_sweep_keys_parse():
     assert ab.parse_sweep("lv.maxnreg=80")[:2] == (triton_routing.LV_CONFIG, "maxnreg")
     assert ab.parse_sweep("fwd.maxnreg=0,96")[1:] == ("maxnreg", [0, 96])
     assert ab.parse_sweep("final_maxnreg=96")[0] is triton_routing.SCAN_CONFIG
+    from mita.ops.mita import triton_pool
+
+    assert ab.parse_sweep("pool.BL=128") == (triton_pool.CONFIG["fwd1d"], "BL", [128])
     with pytest.raises(SystemExit, match="bwd.<key>"):
         ab.parse_sweep("bwd.nope=1")
 
@@ -149,3 +152,26 @@ def test_ab_variants_apply_and_restore():
     assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == before
     with pytest.raises(SystemExit, match="--sweep needs"):
         v["variant"] = "nope=1"
+
+
+def test_pool_bench_script_runs_on_cpu():
+    """scripts/bench/pool_bench.py end to end under the interpreter: one line per (point, variant), the outputs of
+    every variant bitwise the first's and within bf16 rounding of the float32 means; a bad setting stops it."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "pool_bench.py"), "--device", "cpu", "--points", "1024:8,600:3",
+         "--variants", "|unmasked=0|BL=128;num_warps=8"],
+        capture_output=True, text=True, env=env, timeout=600, check=True,
+    ).stdout  # fmt: skip
+    lines = [ln for ln in out.splitlines() if ln.startswith("N ")]
+    assert len(lines) == 6
+    assert all("same as the first variant: True" in ln for ln in lines)
+    assert all(float(ln.rsplit(" ", 1)[1]) < 1e-2 for ln in lines)
+    bad = subprocess.run(
+        [sys.executable, str(BENCH / "pool_bench.py"), "--device", "cpu", "--variants", "|BX=1"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "unknown setting" in bad.stderr

@@ -249,6 +249,11 @@ def main() -> None:
     pool_bwd = {"G": "*bf16", "DX": "*bf16", **ints}
     cases.append(("pool_fwd", tp._pool_fwd_kernel, dict(MP=32, BN=64, BC=64, UP=False), 4, pool_fwd))
     cases.append(("pool_bwd", tp._pool_bwd_kernel, dict(MP=32, BN=64, BC=64), 4, pool_bwd))
+    pool1d = {"X": "*bf16", "OUT": "*bf16", "L": "i32"}
+    for bl, warps, even in ((64, 4, False), (64, 4, True), (256, 8, True)):
+        cases.append(
+            (f"pool1d_fwd BL={bl} even={int(even)}", tp._pool1d_fwd_kernel, dict(D=64, BL=bl, EVEN=even), warps, pool1d)
+        )
     # The fused residual + MLP kernel of Figure F's block (C 128, hidden 512), at the tiles mlp_bench.py times.
     mlp = {n: "*bf16" for n in fm._residual_mlp_kernel.arg_names if n.endswith("_ptr")} | {"M": "i32", "eps": "fp32"}
     flags = dict(HAS_LNW=True, HAS_LNB=True, HAS_B1=True, HAS_B2=True, TANH=False, UP=False)

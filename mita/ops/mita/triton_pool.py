@@ -157,13 +157,14 @@ def pool_bwd(g: torch.Tensor, weights_t: torch.Tensor, heads: int, dtype: torch.
 # 1D landmarks: contiguous segment means (pool_landmarks(layout="1d") without padding, N divisible by m)
 # ----------------------------------------------------------------------------------------------------------------
 
-# Rows per step of the 1D pooling kernel and its warps.
-CONFIG["fwd1d"] = dict(BL=64, num_warps=4)
+# Rows per step of the 1D pooling kernel, its warps, and loads without masks where the steps divide the segments.
+CONFIG["fwd1d"] = dict(BL=64, num_warps=4, unmasked=1)
 
 
 @triton.jit
-def _pool1d_fwd_kernel(X, OUT, H, M, L, SB, SH, SN, D: tl.constexpr, BL: tl.constexpr):
-    """One (landmark, batch-head): the float32 sum of its L rows, divided by L and rounded once."""
+def _pool1d_fwd_kernel(X, OUT, H, M, L, SB, SH, SN, D: tl.constexpr, BL: tl.constexpr, EVEN: tl.constexpr):
+    """One (landmark, batch-head): the float32 sum of its L rows, divided by L and rounded once. EVEN: L % BL == 0
+    (loads without masks)."""
     i_i = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
@@ -171,9 +172,12 @@ def _pool1d_fwd_kernel(X, OUT, H, M, L, SB, SH, SN, D: tl.constexpr, BL: tl.cons
     acc = tl.zeros([BL, D], tl.float32)
     for l0 in range(0, L, BL):
         o_l = l0 + tl.arange(0, BL)
-        acc += tl.load(X_h + o_l.to(tl.int64)[:, None] * SN + o_d[None, :], mask=(o_l < L)[:, None], other=0.0).to(
-            tl.float32
-        )
+        if EVEN:
+            acc += tl.load(X_h + o_l.to(tl.int64)[:, None] * SN + o_d[None, :]).to(tl.float32)
+        else:
+            acc += tl.load(
+                X_h + o_l.to(tl.int64)[:, None] * SN + o_d[None, :], mask=(o_l < L)[:, None], other=0.0
+            ).to(tl.float32)
     out = tl.sum(acc, 0) / L
     tl.store(OUT + (i_bh * M + i_i) * D + o_d, out.to(OUT.dtype.element_ty))
 
@@ -200,5 +204,8 @@ def pool1d_fwd(x: torch.Tensor, m: int) -> torch.Tensor:
     out = torch.empty(B, H, m, D, device=x.device, dtype=x.dtype)
     cfg = dict(CONFIG["fwd1d"])
     cfg["BL"] = min(cfg["BL"], max(16, _next_pow2(N // m)))
-    fast(_pool1d_fwd_kernel)[(m, B * H)](x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, **cfg)
+    even = bool(cfg.pop("unmasked", 1)) and (N // m) % cfg["BL"] == 0
+    fast(_pool1d_fwd_kernel)[(m, B * H)](
+        x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, EVEN=even, **cfg
+    )
     return out
