@@ -768,7 +768,7 @@ _PLAN_OFFSETS_BLOCK = 4096
 # maximum grows by more than 2^8 (_softmax_lazy) instead of every block (_softmax_step); off: slower with the
 # unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block). route_stream: on
 # CUDA the routing kernel runs on a second stream beside the top-k (joined before the plan; CUDA graphs capture the
-# fork and join).
+# fork and join); off: level in ab_scan.py, 5% slower at 64K and 256K in bench_op.py (run 18 call 4).
 FWD_CONFIG = dict(
     bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
     lazy=0, unmasked=1, route_stream=0,
