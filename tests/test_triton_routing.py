@@ -195,6 +195,8 @@ def test_exact_topk_long_rows_launches(triton_launches):
         ("emit_top", 4),
         ("emit_bb", 3),
         ("emit_bb", 64),
+        ("start_steps", 11),
+        ("start_steps", 33),
     ],  # fmt: skip
 )
 def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
@@ -202,6 +204,32 @@ def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
     r, k = _ints((1, 3, 32), -2, 3, 1), _ints((1, 700, 32), -2, 3, 2)
     with pytest.raises(ValueError, match=key):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_exact_topk_start_steps_lower_bound(monkeypatch, pad):
+    """SCAN_CONFIG start_steps < 32 stops the start threshold's bisection early: a looser lower bound (more keys at
+    or above it in every row, never fewer than k), the same exact selection. Integer scores over a wide range (few
+    ties, large magnitudes) make the low bits of the threshold matter: at 12 steps some rows overflow the list
+    and take the refinement passes."""
+    N, M, ksel = 2100, 6, 8
+    r = _ints((2, M, 32), -40, 41, 31)
+    k = _ints((2, N, 32), -40, 41, 32)
+    valid = None
+    if pad:
+        valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
+        valid[1, 1500:] = False
+    ref = _ref_topk(r, k, valid, ksel)
+    counts = {}
+    for steps in (32, 24, 12):
+        monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", steps)
+        st = {}
+        got = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
+        assert _same_sets(got, ref), steps
+        counts[steps] = st["counts"].cpu()
+    assert (counts[32] >= ksel).all()
+    assert (counts[24] >= counts[32]).all() and (counts[12] >= counts[24]).all()
+    assert (counts[12] > counts[32]).any(), counts
 
 
 def test_exact_topk_whole_tiles_of_tied_candidates():
@@ -566,6 +594,39 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, bt):
         assert _same_sets(got, _ref_topk(r, k, kv, M))
         key = torch.where(got < 0, 1 << 30, got.long())
         assert torch.equal(key, key.sort(-1).values)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,M", [(65536, 128), (262144, 256)])
+@pytest.mark.parametrize("steps", [32, 20])
+def test_gpu_exact_topk_pdl_and_start_steps(monkeypatch, N, M, steps):
+    """Programmatic dependent launch of the top-k's kernels (launch.CONFIG pdl) and an early-stopped start
+    threshold (start_steps 20): exact on the atomic-slot path and on the refinement path (cap = k: most rows
+    overflow, so all ten fallback launches do work and read what the launch before wrote), with and without
+    padding, and the landmark values bitwise those without PDL."""
+    from mita.ops.mita import launch
+
+    r = _ints((2, M, 64), -8, 9, N + 5, torch.bfloat16)
+    k = _ints((2, N, 64), -8, 9, N + 6, torch.bfloat16)
+    v = torch.randn(2, N, 64, generator=torch.Generator().manual_seed(N)).to(DEV, torch.bfloat16)
+    valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
+    valid[0, : N // 4] = False
+    monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", steps)
+    for kv in (None, valid):
+        ref = _ref_topk(r, k, kv, M)
+        lv = {}
+        for on in (0, 1):
+            monkeypatch.setitem(launch.CONFIG, "pdl", on)
+            for kw in ({}, dict(cap=M)):
+                st = {}
+                got = tr.exact_topk(r, k, kv, M, stats=st, **kw)
+                assert _same_sets(got, ref), (on, kw)
+                if kw:
+                    assert int(st["overflow_rows"]) > 0
+            lv[on] = tr.exact_topk(r, k, kv, M, lv=(v, 0.125))
+        for a, b in zip(lv[0], lv[1]):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.gpu
