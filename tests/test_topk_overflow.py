@@ -34,7 +34,7 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top):
     w_q, w_k = (torch.randn(d, d, generator=gen) / math.sqrt(d) for _ in range(2))
     q, k = x @ w_q, x @ w_k
     r = q.view(mk, n // mk, d).mean(1)
-    model = ovf.start_overflow(r, k, mk, block_top=block_top)
+    model = ovf.start_overflow(r, k, mk, block_top=block_top, steps=tr.SCAN_CONFIG["start_steps"])
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     stats = {}
     idx = tr.exact_topk(r[None].to(dev), k[None].to(dev), None, mk, stats=stats)

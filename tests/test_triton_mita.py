@@ -458,54 +458,6 @@ def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize(
-    "N,m,topk,S,pad_from,imbalanced",
-    [
-        (4097, 64, 64, 1, None, False),
-        (65536, 128, 128, 1, None, False),
-        (262144, 256, 256, 1, None, False),
-        (4097, 32, 32, 2, (4097, 3000), True),
-        (1025, 49, 98, 1, (900, 1025), False),
-        (600, 16, 24, 1, None, True),
-    ],
-)
-def test_gpu_pdl_same_output_and_matches_naive(poison, monkeypatch, N, m, topk, S, pad_from, imbalanced):
-    """launch.CONFIG pdl (the forward's kernels with programmatic dependent launch): against naive_mita in forward
-    and backward, and bitwise the output of the forward without it, eagerly, with a backward and replayed from a
-    CUDA graph; the kernels were launched with the option."""
-    from mita.ops.mita import launch
-
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(launch.CONFIG, "pdl", 1)
-    assert launch.pdl(torch.empty(1, device=DEV)) == {"PDL": True, "launch_pdl": True}
-    B = 1 if pad_from is None else 2
-    _check(B, 2, N, 64, m, topk, torch.bfloat16, S, True, pad_from, imbalanced)
-    (q, k, v, r), mask = _inputs(B, 2, N, 64, m, torch.bfloat16, pad_from, imbalanced, seed=3)
-    kw = dict(experts_per_query=S, key_padding_mask=mask)
-    do = torch.randn_like(q)
-    outs = {}
-    for on in (0, 1):
-        monkeypatch.setitem(launch.CONFIG, "pdl", on)
-        out = tm.triton_mita(q, k, v, r, topk, **kw)
-        outs[on] = (out, torch.autograd.grad(out, (q, k, v, r), do))
-    for a, b in zip((outs[1][0], *outs[1][1]), (outs[0][0], *outs[0][1])):
-        assert torch.equal(a, b)
-    qd, kd, vd, rd = (t.detach() for t in (q, k, v, r))
-    with torch.no_grad():
-        tm.triton_mita(qd, kd, vd, rd, topk, **kw)  # warm-up (compiles) outside the capture
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            got = tm.triton_mita(qd, kd, vd, rd, topk, **kw)
-        got.zero_()
-        g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(got, outs[0][0].detach())
-    compiled = [c for fk in launch._REGISTRY.values() for c, _ in fk.cache.values()]
-    assert any(getattr(c.metadata, "launch_pdl", False) for c in compiled)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize(
     "N,m,topk,pad_from", [(4097, 64, 64, None), (65536, 128, 128, None), (4097, 64, 64, (4097, 3000))]
 )
 @pytest.mark.parametrize("growth", [1.0, 12.0])

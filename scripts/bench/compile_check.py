@@ -111,10 +111,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--maxnreg", type=int, default=0, help="compile every kernel with this register cap (0: none)")
     ap.add_argument("--only", default="", help="comma-separated name prefixes of the kernels to compile")
-    ap.add_argument(
-        "--pdl", type=int, default=1, help="kernels with a PDL constexpr: 1 compiles them for programmatic dependent "
-        "launch (griddepcontrol instructions, launch_pdl), 0 without",
-    )  # fmt: skip
     args = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
     common = dict(D=64, PREC="tf32", UP=False)
@@ -281,10 +277,6 @@ def main() -> None:
         if only and not any(name.startswith(x) for x in only):
             continue
         try:
-            # The forward's kernels take PDL (mita.ops.mita.launch.pdl): compiled as a launch with it on gives them.
-            with_pdl = "PDL" in fn.arg_names and "PDL" not in consts
-            if with_pdl:
-                consts = {**consts, "PDL": bool(args.pdl)}
             sig = _sig(fn, consts, over)
             src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=_aligned(fn, sig))
             # warps: the number of warps, or a launch's options (num_warps, num_stages, maxnreg).
@@ -292,14 +284,11 @@ def main() -> None:
             warps = opts["num_warps"]
             if args.maxnreg:
                 opts["maxnreg"] = args.maxnreg
-            if with_pdl and args.pdl:
-                opts["launch_pdl"] = True
             c = triton.compile(src, target=target, options=opts)
             ptx = c.asm["ptx"]
             print(
                 f"{name:28s} ok  shared {c.metadata.shared} B, cp.async {ptx.count('cp.async.')}, "
-                f"bar.sync {ptx.count('bar.sync')}, griddepcontrol {ptx.count('griddepcontrol.')}, "
-                f"{resources(c, warps)}",
+                f"bar.sync {ptx.count('bar.sync')}, {resources(c, warps)}",
                 flush=True,
             )
         except Exception as e:  # noqa: BLE001 (report every kernel, then fail)

@@ -1,8 +1,9 @@
 """How often the long-row exact top-k leaves its fast path: a PyTorch model of its start threshold, on the CPU.
 
 The Triton top-k (mita/ops/mita/triton_routing.py, rows longer than 512 keys) takes, per landmark row, the
-kk-th largest maximum of 64-key blocks (of groups of f blocks when a row has more than 8192 blocks) as a start
-threshold, and emits every key at or above it into a candidate list of ``cap = next_pow2(max(2 k, 64))`` slots.
+kk-th largest maximum of 64-key blocks (of groups of f blocks when a row has more than 8192 blocks), rounded down
+as its early-stopped bisection leaves it (``--start-steps``), as a start threshold, and emits every key at or
+above it into a candidate list of ``cap = next_pow2(max(2 k, 64))`` slots.
 A row with more such keys than cap overflows into the refinement passes (up to 8 extra passes over the keys,
 ~5.7 ms each at N = 1M when every row needs them; run 6). The threshold is tight when a landmark's top keys are
 spread over many blocks (independent tokens) and loose when they cluster in a few blocks (neighbouring tokens
@@ -21,8 +22,20 @@ import math
 import torch
 
 
+def order_key(s: torch.Tensor) -> torch.Tensor:
+    """float32 -> int64 keys in the same order (-0.0 as +0.0), the kernels' int32 order keys."""
+    b = torch.where(s == 0, torch.zeros_like(s), s).float().contiguous().view(torch.int32).long()
+    return torch.where(b >= 0, b, b ^ 0x7FFFFFFF)
+
+
 def start_overflow(
-    r: torch.Tensor, k: torch.Tensor, kk: int, bn: int = 64, max_groups: int = 8192, block_top: int = 1
+    r: torch.Tensor,
+    k: torch.Tensor,
+    kk: int,
+    bn: int = 64,
+    max_groups: int = 8192,
+    block_top: int = 1,
+    steps: int = 32,
 ) -> dict:
     """Share of rows of ``r @ k.T`` whose keys at or above the start threshold exceed the candidate list.
 
@@ -31,6 +44,9 @@ def start_overflow(
         kk: keys per landmark.
         block_top: scores kept per key block (``SCAN_CONFIG["block_top"]``): the start is the kk-th largest of
             them (of their group maxima when a row has more than ``max_groups`` entries).
+        steps: bisection steps of the start kernel (``SCAN_CONFIG["start_steps"]``): below 32 the start's order key
+            is rounded down to a multiple of 2^(32 - steps) above -2^31, as the kernel's early-stopped bisection
+            leaves it.
 
     Returns:
         ``{"overflow": share of rows, "median_count": median keys >= start, "cap": list length, "counts": [m]}``.
@@ -45,7 +61,9 @@ def start_overflow(
     ng = math.ceil(nb / f)
     gmax = torch.nn.functional.pad(bmax, (0, ng * f - nb), value=float("-inf")).view(m, ng, f).amax(-1)
     start = gmax.topk(min(kk, ng), dim=-1).values[:, -1:]
-    cnt = (s >= start).sum(-1)
+    unit = 1 << (32 - steps)
+    t = (order_key(start) + 2**31) // unit * unit - 2**31
+    cnt = (order_key(s) >= t).sum(-1)
     cap = 1 << (max(2 * kk, kk, 64) - 1).bit_length()
     return {
         "overflow": (cnt > cap).float().mean().item(),
@@ -75,6 +93,7 @@ def main() -> None:
     ap.add_argument("--rho", default="0,0.9,0.99,0.999")
     ap.add_argument("--qk", default="", help="a torch.save'd dict with q and k ([N, d] or [B, H, N, d])")
     ap.add_argument("--block-top", default="1,2,4", help="scores kept per key block (SCAN_CONFIG block_top)")
+    ap.add_argument("--start-steps", type=int, default=20, help="the start's bisection steps (SCAN_CONFIG start_steps)")
     args = ap.parse_args()
     if args.qk:
         saved = torch.load(args.qk, map_location="cpu")
@@ -85,7 +104,7 @@ def main() -> None:
         for i in range(q.shape[0]):
             r = q[i][: n - n % mk].reshape(mk, -1, q.shape[-1]).mean(1)
             for t in (int(x) for x in args.block_top.split(",")):
-                res = start_overflow(r, k[i], mk, block_top=t)
+                res = start_overflow(r, k[i], mk, block_top=t, steps=args.start_steps)
                 res.pop("counts")
                 print(f"head {i}: N {n}, m = k = {mk}, block_top {t}: {res}", flush=True)
         return
@@ -98,7 +117,7 @@ def main() -> None:
         q, k = x @ w_q, x @ w_k
         r = q.view(mk, n // mk, d).mean(1)  # 1-D landmarks: means of consecutive query segments
         for t in (int(x) for x in args.block_top.split(",")):
-            res = start_overflow(r, k, mk, block_top=t)
+            res = start_overflow(r, k, mk, block_top=t, steps=args.start_steps)
             res.pop("counts")
             print(f"N {n}, m = k = {mk}, AR(1) rho {rho}, block_top {t}: {res}", flush=True)
 

@@ -16,57 +16,16 @@ the direct path (it then turns itself off for the process with a one-time warnin
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 
 import torch
-import triton
-import triton.language as tl
 
 ENABLED = os.environ.get("MITA_FAST_LAUNCH", "1") not in ("0", "")
-
-# Programmatic dependent launch (Hopper and newer, CUDA): the forward's kernels are launched with the
-# programmatic-stream-serialisation attribute (Triton's ``launch_pdl``), so each one's programs can be resident and
-# waiting (``griddepcontrol.wait`` at their first statement, before any load or store) while the kernel before it
-# drains; each then lets its own successor launch (``griddepcontrol.launch_dependents``). Every program of such a
-# kernel waits before it touches memory, so a kernel's completion still implies its predecessors' (the chain
-# holds across kernels that read older results), and a kernel launched without the attribute (PyTorch's) waits
-# as usual. ``pdl``: 1 on, 0 off; ``MITA_PDL=0`` / ``1`` sets it for a process.
-CONFIG = dict(pdl=int(os.environ.get("MITA_PDL", "0") not in ("0", "")))
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.cache
-def _pdl_device(index: int) -> bool:
-    # sm_90+ and a Triton whose CUDA backend knows the launch option (3.3 and newer).
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return False
-    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {}) and (
-        torch.cuda.get_device_capability(index)[0] >= 9
-    )
-
-
-def pdl(x: torch.Tensor) -> dict:
-    """Launch keywords of a kernel that starts with :func:`pdl_enter` (``PDL`` constexpr): programmatic dependent
-    launch where :data:`CONFIG` turns it on and the device and Triton support it, else ``PDL=False``."""
-    if CONFIG["pdl"] and x.is_cuda and not _interpreting() and _pdl_device(x.device.index or 0):
-        return {"PDL": True, "launch_pdl": True}
-    return {"PDL": False}
-
-
-@triton.jit
-def pdl_enter(PDL: tl.constexpr):
-    # First statement of a kernel launched by pdl(): wait until the kernel before it has finished and its writes are
-    # visible, then let the next kernel's programs launch.
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 def _hooks_installed() -> bool:

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from mita.ops.mita.checks import check_mita_args
-from mita.ops.mita.launch import fast, pdl, pdl_enter
+from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
     _cdiv,
     _dot,
@@ -99,7 +99,6 @@ def _mita_fwd_kernel(
     INIT: tl.constexpr,
     LAZY: tl.constexpr,
     FULL: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # INIT (S = 1, DIRECT, SHARED): the route kernel already wrote each query's attention over the shared entries
     # into O and LSE; start the online softmax from that state (max = its LSE, sum 1, accumulator = its output)
@@ -107,7 +106,6 @@ def _mita_fwd_kernel(
     # LAZY: the online softmax of _softmax_lazy (scale folded into the exponent's FMA, rescaling only when a row's
     # maximum grows by more than 2^8); FULL: every index list holds KSEL >= 0 entries, KSEL % BN == 0, M % BS == 0
     # and S == 1 (no padding), so the key blocks and shared blocks load and score without masks.
-    pdl_enter(PDL)
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     e = tl.load(TILE_E + i_bh * T + i_t)
@@ -546,11 +544,9 @@ def _plan_kernel(
     MP: tl.constexpr,
     BR: tl.constexpr,
     BT: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # The whole routing plan of one (batch, head) in one program: a counting sort of the rows by expert (stable:
     # ranks are cumulative counts in row order) and the tile table. For small N * S * m only.
-    pdl_enter(PDL)
     i_bh = tl.program_id(0).to(tl.int64)
     o_m = tl.arange(0, MP)
     cnt = tl.zeros([MP], tl.int32)
@@ -610,10 +606,9 @@ def _plan_tiles(
 
 
 @triton.jit
-def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr, PDL: tl.constexpr):
+def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr):
     # Chunked plan, step 1 of 3: per chunk of CR rows, the number of rows routed to each expert, summed in registers
     # (a histogram per BR rows) and stored once -> CNTS[bh, c].
-    pdl_enter(PDL)
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     r_lo = i_c * CR
@@ -629,11 +624,10 @@ def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constex
 
 
 @triton.jit
-def _plan_offsets_kernel(CNTS, NC, MP: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr):
+def _plan_offsets_kernel(CNTS, NC, MP: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr):
     # Step 2 of 3, one program per (block of BE experts, batch-head): each chunk's count of an expert becomes the
     # expert's rows in the earlier chunks (exclusive prefix over the chunks, in place), and the expert totals go
     # to the row after the last chunk, CNTS[bh, NC].
-    pdl_enter(PDL)
     i_e = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_e = i_e * BE + tl.arange(0, BE)
@@ -652,13 +646,11 @@ def _plan_offsets_kernel(CNTS, NC, MP: tl.constexpr, BE: tl.constexpr, BC: tl.co
 def _plan_scatter_kernel(
     ROUTE, CNTS, ROWS, STARTS, TILE_E, TILE_RS, TILE_RE, NR, CR, NC, M, T, BMQ, TT,
     MP: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
     # Step 3 of 3: each chunk writes its rows at their expert's next position, in row order (a stable counting
     # sort). The expert totals (step 2) give the experts' first rows; program 0 stores them (STARTS) and program c
     # writes tiles c * TT .. (c + 1) * TT of the tile table. The chunk's [MP] next positions live in its CNTS row
     # (its rows before this chunk from step 2, plus the expert's first row), advanced after each step of BR rows.
-    pdl_enter(PDL)
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_m = tl.arange(0, MP)
@@ -823,21 +815,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
         # One program per (batch, head) builds the whole plan in one launch.
         br = max(16, _PLAN_CHUNK // mp)
         fast(_plan_kernel)[(BH,)](
-            route,
-            rows,
-            starts,
-            tile_e,
-            tile_rs,
-            tile_re,
-            nrows,
-            m,
-            T,
-            bm,
-            MP=mp,
-            BR=br,
-            BT=br,
-            num_warps=8,
-            **pdl(route),
+            route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br, num_warps=8
         )
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets, scatter + tile table.
@@ -851,16 +829,16 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     # Row c < nc: chunk c's expert counts, then its first output positions; row nc: the expert totals.
     cnts = torch.empty(BH, nc + 1, mp, device=dev, dtype=i32)
     brc = min(_PLAN_COUNT_STEP, _next_pow2(cr))
-    fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=brc, num_warps=4, **pdl(route))
+    fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=brc, num_warps=4)
     be = min(mp, _PLAN_EXPERTS)
     bc = max(1, min(_next_pow2(nc), _PLAN_OFFSETS_BLOCK // be))
-    fast(_plan_offsets_kernel)[(mp // be, BH)](cnts, nc, MP=mp, BE=be, BC=bc, num_warps=4, **pdl(route))
+    fast(_plan_offsets_kernel)[(mp // be, BH)](cnts, nc, MP=mp, BE=be, BC=bc, num_warps=4)
     # The tile table in whole blocks of bt tiles per program (the first programs write it, the others none).
     bt = max(2, _PLAN_TILE_ENTRIES // mp)
     tt = _cdiv(_cdiv(T, nc), bt) * bt
     fast(_plan_scatter_kernel)[(nc, BH)](
         route, cnts, rows, starts, tile_e, tile_rs, tile_re, nrows, cr, nc, m, T, bm, tt,
-        MP=mp, BR=br, BT=bt, num_warps=_PLAN_WARPS, **pdl(route),
+        MP=mp, BR=br, BT=bt, num_warps=_PLAN_WARPS,
     )  # fmt: skip
     return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
 
@@ -980,7 +958,6 @@ def mita_fwd(
         LAZY=bool(FWD_CONFIG["lazy"]),
         FULL=bool(FWD_CONFIG["unmasked"]) and bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
         **_fwd_launch(plan.bm, bn, D),
-        **pdl(q),
     )
     if direct:
         return o, lse

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mita.ops.mita.launch import _interpreting, fast, pdl, pdl_enter
+from mita.ops.mita.launch import _interpreting, fast
 
 LOG2E = 1.4426950408889634
 # Rows up to this length take the on-chip top-k (if the [N, d] key tile stays within _SMALL_BYTES).
@@ -71,9 +71,15 @@ _SCAN_PROGRAMS = 2048
 # 0.339 -> 0.327, 1M 1.387 -> 1.267, 64K x 16 0.676 -> 0.646. lv_lazy (default 1): its landmark-value softmax
 # rescales lazily (_softmax_lazy) with the scale in the exponent's FMA; top-k 1.267 -> 1.263 ms at 1M, 0.327 ->
 # 0.322 at 256K, 0.109 -> 0.108 at 64K, 0.646 -> 0.644 at 64K x 16 (the same call).
+# start_steps (default 20): bisection steps of the start threshold (32: the exact kk-th largest block top; fewer:
+# that key rounded down to 2^(32 - steps) order-key units, i.e. by up to ~2^(9 - steps) of its value: a looser
+# lower bound; keys at or above it are still >= kk, a few more of them are emitted). The start kernel's time is its
+# steps (each a reduction over the row's entries); run 19 on the H200 (CUDA-graph forward, one process, i.i.d.
+# tokens): 32 -> 20 steps 64K 0.164 -> 0.161 ms, 256K 0.710 -> 0.693, 1M 3.854 -> 3.802, 64K x 16 1.615 -> 1.589;
+# AR(1) 0.9 tokens at 256K 0.998 -> 0.993; no row overflowed in any of them.
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=32,
+    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -288,9 +294,7 @@ def _topk_small_kernel(
     PREC: tl.constexpr,
     UP: tl.constexpr,
     EXACT: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)
     i_s = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
@@ -361,9 +365,9 @@ def _kth_largest_key(key, valid, kk, LO: tl.constexpr, HI: tl.constexpr, STEPS: 
     # The largest t in [LO, HI) (a range of 2^32 values: int32 order keys, or 32-bit words) with count(valid &
     # key >= t) >= kk, i.e. the kk-th largest key of the 1-D entries valid, by bisection (STEPS = 32 steps); LO when
     # fewer than kk entries are valid, HI - 1 when kk <= 0 (int64). With STEPS < 32 the bisection stops early: t is
-    # then that key rounded down to a multiple of 2^(32 - STEPS) above LO, still with count(key >= t) >= kk (a lower
-    # bound, as the long-row top-k's start threshold may be). (A radix select by four 8-bit tl.histogram rounds was
-    # slower on the H200: run 13.)
+    # then that key rounded down to a multiple of 2^(32 - STEPS) above LO (HI - 2^(32 - STEPS) when kk <= 0), still
+    # with count(key >= t) >= kk: a lower bound, as the long-row top-k's start threshold may be. (A radix select by
+    # four 8-bit tl.histogram rounds was slower on the H200: run 13.)
     # With int32 keys (LO = -2^31) every midpoint fits int32 (mid < hi <= 2^31), so the entries are compared as
     # int32: no int64 copy of the keys (registers, hence programs per SM).
     t = tl.full([], LO, tl.int64)
@@ -401,14 +405,12 @@ def _topk_start_kernel(
     CB: tl.constexpr,
     ONE_PLANE: tl.constexpr,
     STEPS: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # One row per program: lo = the largest order key t that kk maxima of groups of F entries reach (so kk
-    # distinct keys reach it; with STEPS < 32 that key rounded down, see _kth_largest_key), hi = just above the row
-    # maximum; the row's slot counter, refinement counts and
-    # candidate list start empty. Entries: the NB = t * NBLK first of the block-top planes (t = 1: the block
-    # maxima; t = 2: also each block's second largest score), entry e in plane e // NBLK.
-    pdl_enter(PDL)
+    # distinct keys reach it; rounded down when STEPS < 32, see _kth_largest_key), hi = just above the row maximum;
+    # the row's slot counter, refinement counts and candidate list start empty. Entries: the NB = t * NBLK first of
+    # the block-top planes (t = 1: the block maxima; t = 2: also each block's second largest score), entry e in
+    # plane e // NBLK.
     row = tl.program_id(0).to(tl.int64)
     kk = _head_kk(KK, row // M, ksel, HAS_KV)
     o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
@@ -524,7 +526,6 @@ def _topk_scan_kernel(
     LVF: tl.constexpr,
     EVEN: tl.constexpr,
     LAZY: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # EVEN (MODE 0): no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key
@@ -551,7 +552,6 @@ def _topk_scan_kernel(
     #         in [lo, hi) -> CNT tail [rows, G, 2].
     # MODE 3: write the candidates (>= hi first, then [lo, hi), both in key order, truncated at CAP).
     # SKIP (modes 1-3): landmark tiles without a fallback row do nothing.
-    pdl_enter(PDL)
     i_s = tl.program_id(0)
     i_g = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -573,9 +573,9 @@ def _topk_scan_kernel(
                 b_lo64 = tl.load(LO + row, mask=m_j, other=0)
                 b_hi64 = b_lo64
                 need = m_j
-                # The float t with key(s) >= lo <=> s >= t (order keys map one to one onto float bit patterns, in
-                # order: -inf below every score's key; NaN, which no score reaches, above +inf's key: a row without
-                # valid keys).
+                # The float t with key(s) >= lo <=> s >= t (order keys map one to one and in order onto float bit
+                # patterns: -inf below every score's key; NaN, which no score reaches, above +inf's key: a row
+                # without valid keys).
                 b_tf = tl.where(b_lo64 >= 0, b_lo64, b_lo64 ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
                 b_tf = tl.where(b_lo64 <= _KEY_NEG_INF, float("-inf"), b_tf)
             elif MODE == 1:
@@ -810,14 +810,12 @@ def _topk_scan_kernel(
 
 @triton.jit
 def _topk_final_kernel(
-    CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr,
-    PDL: tl.constexpr,
+    CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr
 ):  # fmt: skip
     # One row per program: the KSEL largest packed entries of the candidate list (score desc, index asc; fewer
     # when the list holds fewer valid keys), their key indices ascending, then -1. The selection without a sort:
     # the threshold key t (_kth_largest_key), then, unless every entry at t is taken, the lowest indices among them
     # (the same helper on the low word). The order: one sort of the list (SORT) or ranks from pairwise comparisons.
-    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     o_c = tl.arange(0, CP)
     c = tl.load(CAND + row * CAP + o_c, mask=o_c < CAP, other=_EMPTY)
@@ -936,7 +934,6 @@ def exact_topk(
             UP=up,
             EXACT=_interpreting(),
             num_warps=4 if NP <= 256 else 8,
-            **pdl(r),
         )
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
     bn = SCAN_CONFIG["bn"]
@@ -952,6 +949,9 @@ def exact_topk(
     if e_top not in (2, 3):
         raise ValueError(f"SCAN_CONFIG['emit_top'] must be 2, 3 or None, got {e_top}")
     e3 = int(e_top == 3)
+    steps = int(SCAN_CONFIG["start_steps"])
+    if not 12 <= steps <= 32:
+        raise ValueError(f"SCAN_CONFIG['start_steps'] must be in [12, 32], got {steps}")
     if not 16 <= bn <= 128:
         raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
     lvf = lv is not None and bool(SCAN_CONFIG["lv_fused"])
@@ -1009,13 +1009,10 @@ def exact_topk(
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
             EVEN=even and mode == 0, LAZY=lvf and mode == 0 and bool(SCAN_CONFIG["lv_lazy"]), **common,
-            num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}), **pdl(r),
+            num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
         )  # fmt: skip
 
     run("block maxima" if not lvf else "block maxima + landmark values", lambda: scan(0))
-    steps = int(SCAN_CONFIG["start_steps"])
-    if not 12 <= steps <= 32:
-        raise ValueError(f"SCAN_CONFIG['start_steps'] must be in [12, 32], got {steps}")
     # Groups of f block entries keep the start kernel's maxima in registers (<= _START_ENTRIES per row).
     f = _next_pow2(_cdiv(NB * topt, _START_ENTRIES))
     gp = _next_pow2(_cdiv(NB * topt, f))
@@ -1024,7 +1021,7 @@ def exact_topk(
         lambda: fast(_topk_start_kernel)[(rows,)](
             cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
             HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1, STEPS=steps,
-            num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4), **pdl(r),
+            num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4),
         ),
     )  # fmt: skip
     # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
@@ -1052,7 +1049,6 @@ def exact_topk(
             SORT=bool(SCAN_CONFIG["final_sort"]),
             num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
             **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
-            **pdl(r),
         ),
     )
     if lv is None:
@@ -1064,7 +1060,7 @@ def exact_topk(
     run(
         "landmark values merge",
         lambda: fast(_lv_merge_kernel)[(M, BH)](
-            pm, pl, pacc, vt, lse, M, G, D=D, BC=min(64, _next_pow2(G)), num_warps=4, **pdl(r)
+            pm, pl, pacc, vt, lse, M, G, D=D, BC=min(64, _next_pow2(G)), num_warps=4
         ),
     )
     return idx, vt, lse
@@ -1099,14 +1095,12 @@ def _route_kernel(
     EXACT: tl.constexpr,
     SH_OUT: tl.constexpr,
     EVEN: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # EVEN: N % BM == 0 and M % BS == 0, so the query and landmark tiles load without masks.
     # Top-S landmarks of each query (ROUTE). SH_OUT (S = 1): from the same scores, also the query's attention over
     # the m shared entries (landmark keys R, values VT, logits scaled by sscale): its normalised output into O
     # ([B, N, H, D] order, _out_ptr) and its log-sum-exp (log2 units) into LSE [BH, N], the state the fused
     # attention (INIT) continues from.
-    pdl_enter(PDL)
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
@@ -1225,7 +1219,6 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
         EVEN=bool(ROUTE_CONFIG["unmasked"]) and N % bm == 0 and M % bs == 0,
         num_warps=warps,
         **regs_cap(ROUTE_CONFIG["maxnreg"]),
-        **pdl(q),
     )
     return route
 
@@ -1261,9 +1254,7 @@ def _lv_fwd_kernel(
     BN: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)
     i_s = tl.program_id(0)
     i_c = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -1303,9 +1294,8 @@ def _lv_fwd_kernel(
 
 
 @triton.jit
-def _lv_merge_kernel(PM, PL, PACC, VT, LSE, M, NC, D: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr):
+def _lv_merge_kernel(PM, PL, PACC, VT, LSE, M, NC, D: tl.constexpr, BC: tl.constexpr):
     # One landmark per program, BC key chunks per step: the global maximum first, then the rescaled sums.
-    pdl_enter(PDL)
     i_j = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
@@ -1535,12 +1525,9 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
         UP=_upcast(r.dtype),
         num_warps=LV_CONFIG["num_warps"] or (8 if bs >= 128 else 4),
         **regs_cap(LV_CONFIG["maxnreg"]),
-        **pdl(r),
     )
     if not direct:
-        fast(_lv_merge_kernel)[(M, BH)](
-            pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4, **pdl(r)
-        )
+        fast(_lv_merge_kernel)[(M, BH)](pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4)
     return vt, lse
 
 
@@ -1660,13 +1647,13 @@ def _compile_cases() -> list:
         ("topk_scan mode 3 skip", _topk_scan_kernel,
          dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
         ("topk_start", _topk_start_kernel,
-         dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=32), 8,
+         dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=20), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start kv", _topk_start_kernel,
          dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256, ONE_PLANE=False, STEPS=32), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start 64K", _topk_start_kernel,
-         dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False, STEPS=24), 4,
+         dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False, STEPS=20), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=0), 8, dict(CAND=i64, IDX=i32)),
         ("topk_final sort", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=1), 8, dict(CAND=i64, IDX=i32)),
