@@ -25,16 +25,24 @@ def ovf(monkeypatch):
     return fresh_bench_script(monkeypatch, "topk_overflow")
 
 
-@pytest.mark.parametrize("rho,block_top", [(0.0, 1), (0.95, 1), (0.0, 2), (0.95, 3)])
-def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top):
+@pytest.mark.parametrize(
+    "rho,block_top,start",
+    [(0.0, 1, None), (0.95, 1, None), (0.0, 2, None), (0.95, 3, None), (0.95, 1, (32, 0)), (0.0, 2, (20, 0))],
+)
+def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
     monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", block_top)
+    if start is not None:
+        monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", start[0])
+        monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", start[1])
     n, d, mk = 2048, 32, 16
     gen = torch.Generator().manual_seed(1)
     x = ovf.ar1_tokens(n, d, rho, gen)
     w_q, w_k = (torch.randn(d, d, generator=gen) / math.sqrt(d) for _ in range(2))
     q, k = x @ w_q, x @ w_k
     r = q.view(mk, n // mk, d).mean(1)
-    model = ovf.start_overflow(r, k, mk, block_top=block_top, steps=tr.SCAN_CONFIG["start_steps"])
+    model = ovf.start_overflow(
+        r, k, mk, block_top=block_top, steps=tr.SCAN_CONFIG["start_steps"], narrow=bool(tr.SCAN_CONFIG["start_narrow"])
+    )
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     stats = {}
     idx = tr.exact_topk(r[None].to(dev), k[None].to(dev), None, mk, stats=stats)

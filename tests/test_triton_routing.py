@@ -206,8 +206,9 @@ def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
+@pytest.mark.parametrize("narrow", [0, 1])
 @pytest.mark.parametrize("pad", [False, True])
-def test_exact_topk_start_steps_lower_bound(monkeypatch, pad):
+def test_exact_topk_start_steps_lower_bound(monkeypatch, pad, narrow):
     """SCAN_CONFIG start_steps < 32 stops the start threshold's bisection early: a looser lower bound (more keys at
     or above it in every row, never fewer than k), the same exact selection. Integer scores over a wide range (few
     ties, large magnitudes) make the low bits of the threshold matter: at 12 steps some rows overflow the list
@@ -221,6 +222,8 @@ def test_exact_topk_start_steps_lower_bound(monkeypatch, pad):
         valid[1, 1500:] = False
     ref = _ref_topk(r, k, valid, ksel)
     counts = {}
+    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", narrow)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "final_narrow", narrow)
     for steps in (32, 24, 12):
         monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", steps)
         st = {}
@@ -230,6 +233,37 @@ def test_exact_topk_start_steps_lower_bound(monkeypatch, pad):
     assert (counts[32] >= ksel).all()
     assert (counts[24] >= counts[32]).all() and (counts[12] >= counts[24]).all()
     assert (counts[12] > counts[32]).any(), counts
+    # 32 steps: the exact kk-th largest block top, whichever range the bisection starts from.
+    monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", 32)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", 1 - narrow)
+    st = {}
+    tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
+    assert torch.equal(st["counts"].cpu(), counts[32])
+
+
+@pytest.mark.parametrize("narrow", [0, 1])
+def test_exact_topk_final_narrow_edge_rows(monkeypatch, narrow):
+    """The final kernel's bisection over the list's own key range (final_narrow) and over the whole 32-bit range:
+    the same selection for rows with one valid key, fewer valid keys than k, none, and massive ties; negative and
+    positive scores in one row."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "final_narrow", narrow)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", narrow)
+    N, M, ksel = 700, 4, 6
+    r = _ints((3, M, 32), -3, 4, 41)
+    k = _ints((3, N, 32), -3, 4, 42)
+    k[2, 100:600] = k[2, 50:51]  # head 2: most keys tie
+    valid = torch.ones(3, N, dtype=torch.bool, device=DEV)
+    valid[0, 1:] = False  # one valid key
+    valid[1, 4:] = False  # fewer than k
+    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0)
+    assert _same_sets(got, _ref_topk(r, k, valid, ksel))
+    assert (got[0, :, 1:] == -1).all() and (got[1, :, 4:] == -1).all()
+    key = torch.where(got < 0, 1 << 30, got.long())
+    assert torch.equal(key, key.sort(-1).values)  # ascending valid indices, then -1
+    valid[1] = False  # none
+    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0)
+    assert (got[1] == -1).all()
+    assert _same_sets(got, _ref_topk(r, k, valid, ksel))
 
 
 def test_exact_topk_whole_tiles_of_tied_candidates():

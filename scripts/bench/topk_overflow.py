@@ -28,6 +28,27 @@ def order_key(s: torch.Tensor) -> torch.Tensor:
     return torch.where(b >= 0, b, b ^ 0x7FFFFFFF)
 
 
+def start_key(entries: torch.Tensor, kk: int, steps: int = 32, narrow: bool = True) -> torch.Tensor:
+    """``[m]`` int64: the start kernel's threshold key of each row of ``entries`` ``[m, E]`` (-inf: not an entry),
+    by the kernel's bisection: over [min, max + 1) of the row's keys when at least kk >= 1 entries are valid and
+    ``narrow`` (``_kth_largest_key_narrow``), else over [-2^31, 2^31), halved until at most 2^(32 - steps) wide
+    (32 steps: the kk-th largest key)."""
+    key, valid = order_key(entries), entries > float("-inf")
+    unit = 1 << (32 - steps)
+    ok_rows = (valid.sum(-1) >= kk) & (kk >= 1) & narrow
+    big = torch.full_like(key, 2**31)
+    t = torch.where(ok_rows, torch.where(valid, key, big).amin(-1), torch.full_like(key[:, 0], -(2**31)))
+    hi = torch.where(ok_rows, torch.where(valid, key, -big).amax(-1) + 1, torch.full_like(key[:, 0], 2**31))
+    while True:
+        act = hi - t > unit
+        if not act.any():
+            return t
+        mid = t + (hi - t) // 2
+        ok = ((key >= mid[:, None]) & valid).sum(-1) >= kk
+        t = torch.where(act & ok, mid, t)
+        hi = torch.where(act & ~ok, mid, hi)
+
+
 def start_overflow(
     r: torch.Tensor,
     k: torch.Tensor,
@@ -36,6 +57,7 @@ def start_overflow(
     max_groups: int = 8192,
     block_top: int = 1,
     steps: int = 32,
+    narrow: bool = True,
 ) -> dict:
     """Share of rows of ``r @ k.T`` whose keys at or above the start threshold exceed the candidate list.
 
@@ -44,9 +66,9 @@ def start_overflow(
         kk: keys per landmark.
         block_top: scores kept per key block (``SCAN_CONFIG["block_top"]``): the start is the kk-th largest of
             them (of their group maxima when a row has more than ``max_groups`` entries).
-        steps: bisection steps of the start kernel (``SCAN_CONFIG["start_steps"]``): below 32 the start's order key
-            is rounded down to a multiple of 2^(32 - steps) above -2^31, as the kernel's early-stopped bisection
-            leaves it.
+        steps, narrow: the start kernel's bisection (``SCAN_CONFIG["start_steps"]``, ``["start_narrow"]``), which
+            :func:`start_key` repeats: below 32 steps the start's order key is rounded down, as the kernel's
+            early-stopped bisection leaves it.
 
     Returns:
         ``{"overflow": share of rows, "median_count": median keys >= start, "cap": list length, "counts": [m]}``.
@@ -60,10 +82,8 @@ def start_overflow(
     f = 1 << max(0, math.ceil(nb / max_groups) - 1).bit_length()
     ng = math.ceil(nb / f)
     gmax = torch.nn.functional.pad(bmax, (0, ng * f - nb), value=float("-inf")).view(m, ng, f).amax(-1)
-    start = gmax.topk(min(kk, ng), dim=-1).values[:, -1:]
-    unit = 1 << (32 - steps)
-    t = (order_key(start) + 2**31) // unit * unit - 2**31
-    cnt = (order_key(s) >= t).sum(-1)
+    t = start_key(gmax, kk, steps, narrow)
+    cnt = (order_key(s) >= t[:, None]).sum(-1)
     cap = 1 << (max(2 * kk, kk, 64) - 1).bit_length()
     return {
         "overflow": (cnt > cap).float().mean().item(),
@@ -94,6 +114,7 @@ def main() -> None:
     ap.add_argument("--qk", default="", help="a torch.save'd dict with q and k ([N, d] or [B, H, N, d])")
     ap.add_argument("--block-top", default="1,2,4", help="scores kept per key block (SCAN_CONFIG block_top)")
     ap.add_argument("--start-steps", type=int, default=20, help="the start's bisection steps (SCAN_CONFIG start_steps)")
+    ap.add_argument("--start-narrow", type=int, default=1, help="its range from the entries (SCAN_CONFIG start_narrow)")
     args = ap.parse_args()
     if args.qk:
         saved = torch.load(args.qk, map_location="cpu")
@@ -104,7 +125,7 @@ def main() -> None:
         for i in range(q.shape[0]):
             r = q[i][: n - n % mk].reshape(mk, -1, q.shape[-1]).mean(1)
             for t in (int(x) for x in args.block_top.split(",")):
-                res = start_overflow(r, k[i], mk, block_top=t, steps=args.start_steps)
+                res = start_overflow(r, k[i], mk, block_top=t, steps=args.start_steps, narrow=bool(args.start_narrow))
                 res.pop("counts")
                 print(f"head {i}: N {n}, m = k = {mk}, block_top {t}: {res}", flush=True)
         return
@@ -117,7 +138,7 @@ def main() -> None:
         q, k = x @ w_q, x @ w_k
         r = q.view(mk, n // mk, d).mean(1)  # 1-D landmarks: means of consecutive query segments
         for t in (int(x) for x in args.block_top.split(",")):
-            res = start_overflow(r, k, mk, block_top=t, steps=args.start_steps)
+            res = start_overflow(r, k, mk, block_top=t, steps=args.start_steps, narrow=bool(args.start_narrow))
             res.pop("counts")
             print(f"N {n}, m = k = {mk}, AR(1) rho {rho}, block_top {t}: {res}", flush=True)
 

@@ -76,10 +76,13 @@ _SCAN_PROGRAMS = 2048
 # lower bound; keys at or above it are still >= kk, a few more of them are emitted). The start kernel's time is its
 # steps (each a reduction over the row's entries); run 19 on the H200 (CUDA-graph forward, one process, i.i.d.
 # tokens): 32 -> 20 steps 64K 0.164 -> 0.161 ms, 256K 0.710 -> 0.693, 1M 3.854 -> 3.802, 64K x 16 1.615 -> 1.589;
-# AR(1) 0.9 tokens at 256K 0.998 -> 0.993; no row overflowed in any of them.
+# AR(1) 0.9 tokens at 256K 0.998 -> 0.993; no row overflowed in any of them. start_narrow / final_narrow (default 1):
+# the start kernel's and the final kernel's bisections run over [min, max + 1) of the row's valid keys instead of
+# the whole 32-bit range (_kth_largest_key_narrow): the same exact selection in fewer steps (not timed yet).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
+    start_narrow=1, final_narrow=1,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -384,6 +387,29 @@ def _kth_largest_key(key, valid, kk, LO: tl.constexpr, HI: tl.constexpr, STEPS: 
 
 
 @triton.jit
+def _kth_largest_key_narrow(key, valid, kk, UNIT: tl.constexpr):
+    # _kth_largest_key over int32 order keys with the bisection's range taken from the entries: [min, max + 1) of the
+    # valid keys when kk >= 1 of them are valid (count(key >= min) >= kk > count(key >= max + 1) = 0 bound it as the
+    # full range's invariant does), else the full [-2^31, 2^31) (the same results as there: -2^31, or 2^31 - 1 for
+    # kk <= 0). Halves it until at most UNIT wide: UNIT = 1 gives the kk-th largest key itself; UNIT > 1 a key at
+    # most UNIT - 1 below it that still has count(key >= t) >= kk (a lower bound). Scores of one row span a few
+    # binary exponents (a range of ~2^25 keys), so this takes ~25 steps for the exact key instead of 32, and ~13
+    # instead of 20 for a start threshold within 2^12 keys.
+    n_valid = tl.sum(valid.to(tl.int32), 0)
+    k_min = tl.min(tl.where(valid, key, 2147483647), 0)
+    k_max = tl.max(tl.where(valid, key, -2147483648), 0)
+    narrow = (kk >= 1) & (n_valid >= kk)
+    t = tl.where(narrow, k_min.to(tl.int64), -2147483648)
+    hi = tl.where(narrow, k_max.to(tl.int64) + 1, 2147483648)
+    while hi - t > UNIT:
+        mid = t + (hi - t) // 2
+        ok = tl.sum((valid & (key >= mid.to(tl.int32))).to(tl.int32), 0) >= kk
+        t = tl.where(ok, mid, t)
+        hi = tl.where(ok, hi, mid)
+    return t
+
+
+@triton.jit
 def _topk_start_kernel(
     CMAX,
     KK,
@@ -405,6 +431,7 @@ def _topk_start_kernel(
     CB: tl.constexpr,
     ONE_PLANE: tl.constexpr,
     STEPS: tl.constexpr,
+    NARROW: tl.constexpr,
 ):
     # One row per program: lo = the largest order key t that kk maxima of groups of F entries reach (so kk
     # distinct keys reach it; rounded down when STEPS < 32, see _kth_largest_key), hi = just above the row maximum;
@@ -422,7 +449,10 @@ def _topk_start_kernel(
     g = tl.max(tl.load(e_ptr, mask=o_b < NB, other=float("-inf")), 1)
     m_g = g > float("-inf")
     g_key = _order_key(g)
-    lo = _kth_largest_key(g_key, m_g, kk, -2147483648, 2147483648, STEPS)
+    if NARROW:
+        lo = _kth_largest_key_narrow(g_key, m_g, kk, 1 << (32 - STEPS))
+    else:
+        lo = _kth_largest_key(g_key, m_g, kk, -2147483648, 2147483648, STEPS)
     r_max = tl.max(tl.where(m_g, g_key, _KEY_NEG_INF), 0)
     tl.store(LO + row, lo)
     tl.store(HI + row, r_max.to(tl.int64) + 1)
@@ -810,7 +840,8 @@ def _topk_scan_kernel(
 
 @triton.jit
 def _topk_final_kernel(
-    CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr
+    CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr,
+    NARROW: tl.constexpr,
 ):  # fmt: skip
     # One row per program: the KSEL largest packed entries of the candidate list (score desc, index asc; fewer
     # when the list holds fewer valid keys), their key indices ascending, then -1. The selection without a sort:
@@ -823,7 +854,10 @@ def _topk_final_kernel(
     n_sel = tl.minimum(tl.sum(valid.to(tl.int32), 0), KSEL)
     c_key = c >> 32
     c_low = c & 0xFFFFFFFF
-    lo = _kth_largest_key(c_key.to(tl.int32), valid, n_sel, -2147483648, 2147483648, 32)
+    if NARROW:
+        lo = _kth_largest_key_narrow(c_key.to(tl.int32), valid, n_sel, 1)
+    else:
+        lo = _kth_largest_key(c_key.to(tl.int32), valid, n_sel, -2147483648, 2147483648, 32)
     m_gt = valid & (c_key > lo)
     m_tie = valid & (c_key == lo)
     n_tie = n_sel - tl.sum(m_gt.to(tl.int32), 0)
@@ -1021,6 +1055,7 @@ def exact_topk(
         lambda: fast(_topk_start_kernel)[(rows,)](
             cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
             HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1, STEPS=steps,
+            NARROW=bool(SCAN_CONFIG["start_narrow"]),
             num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4),
         ),
     )  # fmt: skip
@@ -1047,6 +1082,7 @@ def exact_topk(
             KP=kp,
             CB=max(1, min(64, 8192 // kp)),
             SORT=bool(SCAN_CONFIG["final_sort"]),
+            NARROW=bool(SCAN_CONFIG["final_narrow"]),
             num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
             **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
         ),
@@ -1647,19 +1683,20 @@ def _compile_cases() -> list:
         ("topk_scan mode 3 skip", _topk_scan_kernel,
          dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
         ("topk_start", _topk_start_kernel,
-         dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=20), 8,
+         dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=20, NARROW=1), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start kv", _topk_start_kernel,
-         dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256, ONE_PLANE=False, STEPS=32), 4,
+         dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256, ONE_PLANE=False, STEPS=32, NARROW=0), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_start 64K", _topk_start_kernel,
-         dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False, STEPS=20), 4,
+         dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False, STEPS=20, NARROW=1), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=0), 8, dict(CAND=i64, IDX=i32)),
-        ("topk_final sort", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=1), 8, dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=0), dict(num_warps=4, maxnreg=96),
+        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=0, NARROW=0), 8, dict(CAND=i64, IDX=i32)),
+        ("topk_final sort", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1), 8,
          dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K sort", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=1),
+        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=0, NARROW=0),
+         dict(num_warps=4, maxnreg=96), dict(CAND=i64, IDX=i32)),
+        ("topk_final 64K sort", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1),
          dict(num_warps=4, maxnreg=96), dict(CAND=i64, IDX=i32)),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=0, **common), 8, None),
         ("route S=1 even", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=1, **common), 8,
