@@ -76,9 +76,11 @@ _SCAN_PROGRAMS = 2048
 # lower bound; keys at or above it are still >= kk, a few more of them are emitted). The start kernel's time is its
 # steps (each a reduction over the row's entries); run 19 on the H200 (CUDA-graph forward, one process, i.i.d.
 # tokens): 32 -> 20 steps 64K 0.164 -> 0.161 ms, 256K 0.710 -> 0.693, 1M 3.854 -> 3.802, 64K x 16 1.615 -> 1.589;
-# AR(1) 0.9 tokens at 256K 0.998 -> 0.993; no row overflowed in any of them. start_narrow / final_narrow (default 1):
-# the start kernel's and the final kernel's bisections run over [min, max + 1) of the row's valid keys instead of
-# the whole 32-bit range (_kth_largest_key_narrow): the same exact selection in fewer steps (not timed yet).
+# AR(1) 0.9 tokens at 256K 0.998 -> 0.993, at 64K 0.293 -> 0.291 (1 of 256 rows overflowing with either, none
+# elsewhere). 16 steps were no faster than 20 (call 2). start_narrow / final_narrow (default 1): the start and final
+# kernels' bisections run over [min, max + 1) of the row's valid keys instead of the whole 32-bit range
+# (_kth_largest_key_narrow): the same exact selection in fewer steps; run 19 call 3 (both off -> both on): 64K
+# 0.164 -> 0.159-0.162 ms, 256K 0.694 -> 0.684-0.687, 1M 3.805 -> 3.789, 64K x 16 1.605 -> 1.568-1.582.
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
