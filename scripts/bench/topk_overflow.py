@@ -21,11 +21,7 @@ import math
 
 import torch
 
-
-def order_key(s: torch.Tensor) -> torch.Tensor:
-    """float32 -> int64 keys in the same order (-0.0 as +0.0), the kernels' int32 order keys."""
-    b = torch.where(s == 0, torch.zeros_like(s), s).float().contiguous().view(torch.int32).long()
-    return torch.where(b >= 0, b, b ^ 0x7FFFFFFF)
+from mita.ops.mita.triton_mita import order_key
 
 
 def start_key(entries: torch.Tensor, kk: int, steps: int = 32, narrow: bool = True) -> torch.Tensor:

@@ -694,6 +694,12 @@ def _plan_scatter_kernel(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def order_key(scores: torch.Tensor) -> torch.Tensor:
+    """int64 images of float32 scores in the same order (-0.0 as +0.0): the kernels' int32 order keys."""
+    bits = (scores.float() + 0.0).view(torch.int32)
+    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+
+
 def topk_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest float32 scores along the last dim, ties to the lower index, in no order.
 
@@ -706,8 +712,7 @@ def topk_lowest_index(scores: torch.Tensor, k: int) -> torch.Tensor:
         into one int64 key, so ``torch.topk`` on the keys is exact whatever its own tie order.
     """
     L = scores.shape[-1]
-    bits = (scores.float() + 0.0).view(torch.int32)
-    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    key = order_key(scores)
     low = 0xFFFFFFFF - torch.arange(L, device=scores.device, dtype=torch.int64)
     packed = (key << 32) + low
     top = torch.topk(packed, k, dim=-1, sorted=False).values

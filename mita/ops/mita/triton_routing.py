@@ -389,17 +389,17 @@ def _kth_largest_key(key, valid, kk, LO: tl.constexpr, HI: tl.constexpr, STEPS: 
 
 
 @triton.jit
-def _kth_largest_key_narrow(key, valid, kk, UNIT: tl.constexpr):
+def _kth_largest_key_narrow(key, valid, kk, k_max, UNIT: tl.constexpr):
     # _kth_largest_key over int32 order keys with the bisection's range taken from the entries: [min, max + 1) of the
-    # valid keys when kk >= 1 of them are valid (count(key >= min) >= kk > count(key >= max + 1) = 0 bound it as the
-    # full range's invariant does), else the full [-2^31, 2^31) (the same results as there: -2^31, or 2^31 - 1 for
-    # kk <= 0). Halves it until at most UNIT wide: UNIT = 1 gives the kk-th largest key itself; UNIT > 1 a key at
-    # most UNIT - 1 below it that still has count(key >= t) >= kk (a lower bound). Scores of one row span a few
-    # binary exponents (a range of ~2^25 keys), so this takes ~25 steps for the exact key instead of 32, and ~13
-    # instead of 20 for a start threshold within 2^12 keys.
+    # valid keys (k_max: the largest valid key, any value when none is valid) when kk >= 1 of them are valid
+    # (count(key >= min) >= kk > count(key >= max + 1) = 0 bound it as the full range's invariant does), else the
+    # full [-2^31, 2^31) (the same results as there: -2^31, or 2^31 - 1 for kk <= 0). Halves it until at most UNIT
+    # wide: UNIT = 1 gives the kk-th largest key itself; UNIT > 1 a key at most UNIT - 1 below it that still has
+    # count(key >= t) >= kk (a lower bound). Scores of one row span a few binary exponents (a range of ~2^25 keys),
+    # so this takes ~25 steps for the exact key instead of 32, and ~13 instead of 20 for a start threshold within
+    # 2^12 keys.
     n_valid = tl.sum(valid.to(tl.int32), 0)
     k_min = tl.min(tl.where(valid, key, 2147483647), 0)
-    k_max = tl.max(tl.where(valid, key, -2147483648), 0)
     narrow = (kk >= 1) & (n_valid >= kk)
     t = tl.where(narrow, k_min.to(tl.int64), -2147483648)
     hi = tl.where(narrow, k_max.to(tl.int64) + 1, 2147483648)
@@ -451,11 +451,11 @@ def _topk_start_kernel(
     g = tl.max(tl.load(e_ptr, mask=o_b < NB, other=float("-inf")), 1)
     m_g = g > float("-inf")
     g_key = _order_key(g)
+    r_max = tl.max(tl.where(m_g, g_key, _KEY_NEG_INF), 0)
     if NARROW:
-        lo = _kth_largest_key_narrow(g_key, m_g, kk, 1 << (32 - STEPS))
+        lo = _kth_largest_key_narrow(g_key, m_g, kk, r_max, 1 << (32 - STEPS))
     else:
         lo = _kth_largest_key(g_key, m_g, kk, -2147483648, 2147483648, STEPS)
-    r_max = tl.max(tl.where(m_g, g_key, _KEY_NEG_INF), 0)
     tl.store(LO + row, lo)
     tl.store(HI + row, r_max.to(tl.int64) + 1)
     tl.store(OFF + row, 0)
@@ -857,7 +857,8 @@ def _topk_final_kernel(
     c_key = c >> 32
     c_low = c & 0xFFFFFFFF
     if NARROW:
-        lo = _kth_largest_key_narrow(c_key.to(tl.int32), valid, n_sel, 1)
+        c_k32 = c_key.to(tl.int32)
+        lo = _kth_largest_key_narrow(c_k32, valid, n_sel, tl.max(tl.where(valid, c_k32, -2147483648), 0), 1)
     else:
         lo = _kth_largest_key(c_key.to(tl.int32), valid, n_sel, -2147483648, 2147483648, 32)
     m_gt = valid & (c_key > lo)
