@@ -50,6 +50,13 @@ def block_top(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=[1, 0], ids=["persistent_fallback", "fallback_launches"])
+def fallback(request, monkeypatch):
+    """The fallback rows' passes in one persistent launch (1, the default) and as ten launches (0)."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", request.param)
+    return request.param
+
+
 def _same_sets(a, b):
     a = torch.where(a < 0, 1 << 30, a.long()).sort(-1).values
     b = torch.where(b < 0, 1 << 30, b.long()).sort(-1).values
@@ -78,7 +85,7 @@ def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
     assert torch.equal(key, key.sort(-1).values)
 
 
-def test_exact_topk_long_rows_massive_ties_and_refinement(block_top):
+def test_exact_topk_long_rows_massive_ties_and_refinement(block_top, fallback):
     # Many keys tie with the k-th score and the candidate list is short: the refinement passes must narrow the
     # threshold to the k-th key itself and the emitting pass must keep the lowest-index ties.
     BH, N, M, d, ksel = 1, 200, 3, 32, 20
@@ -100,7 +107,7 @@ def test_exact_topk_long_rows_start_from_block_maxima(block_top):
     assert _same_sets(got, _ref_topk(r, k, valid, 8))
 
 
-def test_exact_topk_long_rows_count_first_then_refine_some_rows(block_top):
+def test_exact_topk_long_rows_count_first_then_refine_some_rows(block_top, fallback):
     # One landmark tile mixes rows the count pass settles (random scores) with a row it cannot: its start (the
     # 4th largest block maximum) is a level 600 keys reach, above which only two keys lie, so it is refined.
     N, M, d, ksel = 1024, 5, 32, 4
@@ -148,7 +155,7 @@ def _mixed_rows_padding(N):
 
 
 @pytest.mark.parametrize("pad", [False, True])
-def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad, block_top):
+def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad, block_top, fallback):
     N, d, ksel = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = _mixed_rows_padding(N) if pad else None
@@ -171,16 +178,16 @@ def test_exact_topk_long_rows_fewer_valid_keys_than_k(block_top):
     assert torch.all(got[1, :, 25:] == -1)
 
 
-def test_exact_topk_long_rows_launches(triton_launches):
-    # Without padding the long-row path is Triton launches only: block maxima, start, count + emit, 8 refinement
-    # passes, recount, ordered emission, final top-k (14), and no PyTorch kernel besides the allocations.
+def test_exact_topk_long_rows_launches(triton_launches, fallback):
+    # Without padding the long-row path is Triton launches only: block maxima, start, count + emit, the fallback
+    # (one persistent launch, or 8 refinement passes, recount and ordered emission), final top-k (5 or 14), and no
+    # PyTorch kernel besides the allocations.
     launches = triton_launches
     r = _ints((1, 3, 32), -1, 2, 15)
     k = _ints((1, 70, 32), -1, 2, 16)
     got = tr.exact_topk(r, k, None, 5, small_max_n=0)
-    assert launches == ["_topk_scan_kernel", "_topk_start_kernel"] + ["_topk_scan_kernel"] * 11 + [
-        "_topk_final_kernel"
-    ], launches
+    fb = ["_topk_fallback_kernel"] if fallback else ["_topk_scan_kernel"] * 10
+    assert launches == ["_topk_scan_kernel", "_topk_start_kernel", "_topk_scan_kernel", *fb, "_topk_final_kernel"]
     assert _same_sets(got, _ref_topk(r, k, None, 5))
 
 
@@ -524,7 +531,8 @@ def _lse_ref(r, k, valid, scale):
 )
 def test_exact_topk_with_landmark_values(poison, monkeypatch, fused, N, M, d, ksel, dtype, pad, small):
     """exact_topk(lv=...): the same selection as without it, and the landmark values and their LSE, from the
-    block-top pass's scores (fused) or from the separate split-key pass. Fully padded rows give zeros, -inf."""
+    block-top pass's scores (fused; merged by the final top-k kernel) or from the separate split-key pass. Fully
+    padded rows give zeros, -inf."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", fused)
     # Several key chunks, so the merge combines partials (lv_div 1: up to N / m chunks).
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 1)
@@ -578,17 +586,25 @@ def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launch
     assert torch.allclose(lse.double(), _lse_ref(r, k, None, scale), atol=1e-4, rtol=0)
 
 
-def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches):
-    """With lv fused: the top-k's launches, then one merge; no separate landmark-value pass."""
+@pytest.mark.parametrize("merge", [1, 0])
+def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches, fallback, merge):
+    """With lv fused: the top-k's launches, the merge inside the final top-k kernel (or one merge launch after it);
+    no separate landmark-value pass."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", 1)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "merge_in_final", merge)
     launches = triton_launches
     r = _ints((1, 3, 32), -1, 2, 15)
     k, v = _ints((1, 70, 32), -1, 2, 16), _ints((1, 70, 32), -2, 3, 17)
-    tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
-    assert launches == ["_topk_scan_kernel", "_topk_start_kernel"] + ["_topk_scan_kernel"] * 11 + [
-        "_topk_final_kernel",
-        "_lv_merge_kernel",
-    ], launches
+    idx, vt, lse = tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
+    assert _same_sets(idx, _ref_topk(r, k, None, 5))
+    fb = ["_topk_fallback_kernel"] if fallback else ["_topk_scan_kernel"] * 10
+    want = ["_topk_scan_kernel", "_topk_start_kernel", "_topk_scan_kernel", *fb, "_topk_final_kernel"]
+    assert launches == want + ([] if merge else ["_lv_merge_kernel"]), launches
+    finals = [kw for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"]
+    assert finals[0]["MERGE"] == bool(merge)
+    ref = _lv_ref(r, k, v, None, 0.5)
+    assert ((vt.double() - ref).norm() / ref.norm()).item() < 1e-5
+    assert torch.allclose(lse.double(), _lse_ref(r, k, None, 0.5), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="lv_div"):
         monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 0)
         tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
@@ -628,6 +644,39 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, bt):
         assert _same_sets(got, _ref_topk(r, k, kv, M))
         key = torch.where(got < 0, 1 << 30, got.long())
         assert torch.equal(key, key.sort(-1).values)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,M,pad", [(65536, 128, False), (262144, 256, True)])
+def test_gpu_persistent_fallback_graph_replays(monkeypatch, N, M, pad):
+    """The persistent fallback kernel (one program per SM, grid barriers between its passes) where most rows
+    overflow (cap = k, integer scores with ties): bitwise the ten-launch fallback's result and a stable sort's
+    selection, eagerly and in a CUDA graph replayed three times over a poisoned output (the barrier counter starts
+    again at every replay); and with the default list."""
+    r = _ints((2, M, 64), -8, 9, N + 7, torch.bfloat16)
+    k = _ints((2, N, 64), -8, 9, N + 8, torch.bfloat16)
+    valid = None
+    if pad:
+        valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
+        valid[1, N // 3 :] = False
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", 0)
+    base = tr.exact_topk(r, k, valid, M, cap=M)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", 1)
+    st = {}
+    got = tr.exact_topk(r, k, valid, M, cap=M, stats=st)
+    assert int(st["overflow_rows"]) > 0
+    assert torch.equal(got, base)
+    assert _same_sets(base, _ref_topk(r, k, valid, M))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tr.exact_topk(r, k, valid, M, cap=M)
+    for _ in range(3):
+        out.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, base)
+    assert _same_sets(tr.exact_topk(r, k, valid, M), _ref_topk(r, k, valid, M))
 
 
 @pytest.mark.gpu

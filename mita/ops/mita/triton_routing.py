@@ -81,10 +81,15 @@ _SCAN_PROGRAMS = 2048
 # kernels' bisections run over [min, max + 1) of the row's valid keys instead of the whole 32-bit range
 # (_kth_largest_key_narrow): the same exact selection in fewer steps; run 19 call 3 (both off -> both on): 64K
 # 0.164 -> 0.159-0.162 ms, 256K 0.694 -> 0.684-0.687, 1M 3.805 -> 3.789, 64K x 16 1.605 -> 1.568-1.582.
+# fallback (default 1): the fallback rows' refinement passes, recount and ordered emit run in one launch of persistent
+# programs with grid barriers (_topk_fallback_kernel), which returns at once when no row overflows; 0: ten launches
+# of the scan kernel (each returning at once without overflow rows: ~2-3 us apiece inside a CUDA graph).
+# merge_in_final (default 1): with the fused landmark values, the final top-k kernel (one program per landmark)
+# also merges their split-key partials (0: the merge kernel, one launch more).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
-    start_narrow=1, final_narrow=1,
+    start_narrow=1, final_narrow=1, fallback=1, merge_in_final=1,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -96,6 +101,18 @@ ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None, maxnreg=None, unmasked=1)
 # Landmark-value forward kernel: warps (None: 8 for 128-landmark tiles, else 4) and register cap (None: the
 # compiler's choice; 80 spilled in its key loop, 1.4-1.6x slower on the H200, run 15).
 LV_CONFIG = dict(num_warps=None, maxnreg=None)
+
+
+def _sm_count(dev: torch.device) -> int:
+    # Streaming multiprocessors of a CUDA device (cached): the persistent fallback kernel's program count.
+    i = dev.index if dev.index is not None else torch.cuda.current_device()
+    n = _SM_COUNT.get(i)
+    if n is None:
+        n = _SM_COUNT[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return n
+
+
+_SM_COUNT: dict = {}
 
 
 def regs_cap(maxnreg) -> dict:
@@ -459,16 +476,20 @@ def _topk_start_kernel(
     tl.store(LO + row, lo)
     tl.store(HI + row, r_max.to(tl.int64) + 1)
     tl.store(OFF + row, 0)
+    if row == 0:
+        # The persistent fallback kernel's barrier counter.
+        tl.store(OFF + nrows, 0)
     o_c = tl.arange(0, _NPASS * P)
     tl.store(CNT + ((o_c // P) * nrows + row) * P + o_c % P, tl.zeros([_NPASS * P], tl.int32))
     _clear_list(CAND, row, CAP, CB)
 
 
 @triton.jit
-def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, P: tl.constexpr):
+def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, P: tl.constexpr, VOL: tl.constexpr):
     # (lo, hi, done) of the rows before refinement pass i_pass (i_pass = _NPASS: the final state), from the state
     # before pass i_pass - 1 and that pass's counts; write: store it in slot i_pass (one program per landmark tile).
-    # Invariant for a row not done: count(key >= lo) >= kk > count(key >= hi).
+    # Invariant for a row not done: count(key >= lo) >= kk > count(key >= hi). VOL: the previous slot and counts
+    # were written by other programs of the same launch (the persistent fallback kernel): volatile loads (not L1).
     if i_pass == 0:
         lo = tl.load(LO + row, mask=m_j, other=0)
         hi = tl.load(HI + row, mask=m_j, other=1)
@@ -476,11 +497,11 @@ def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, 
         done = (~fb) | (hi - lo <= 1)
     else:
         prev = (i_pass - 1) * nrows + row
-        lo = tl.load(LO + prev, mask=m_j, other=0)
-        hi = tl.load(HI + prev, mask=m_j, other=1)
-        done_p = tl.load(DONE + prev, mask=m_j, other=1) != 0
+        lo = tl.load(LO + prev, mask=m_j, other=0, volatile=VOL)
+        hi = tl.load(HI + prev, mask=m_j, other=1, volatile=VOL)
+        done_p = tl.load(DONE + prev, mask=m_j, other=1, volatile=VOL) != 0
         o_p = tl.arange(0, P)
-        cnt = tl.load(CNT + prev[:, None] * P + o_p[None, :], mask=m_j[:, None], other=0)
+        cnt = tl.load(CNT + prev[:, None] * P + o_p[None, :], mask=m_j[:, None], other=0, volatile=VOL)
         # Counts fall with the threshold, so the thresholds kk keys reach are a prefix; p = 0 (lo) always is.
         n_ok = tl.sum((cnt >= kk).to(tl.int32), 1)
         p_star = tl.maximum(n_ok - 1, 0)
@@ -510,7 +531,10 @@ def _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV: tl.conste
 
 
 @triton.jit
-def _topk_scan_kernel(
+def _topk_scan_body(
+    i_s,
+    i_g,
+    i_bh,
     R,
     K,
     KV,
@@ -558,6 +582,7 @@ def _topk_scan_kernel(
     LVF: tl.constexpr,
     EVEN: tl.constexpr,
     LAZY: tl.constexpr,
+    VOL: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # EVEN (MODE 0): no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key
@@ -584,9 +609,6 @@ def _topk_scan_kernel(
     #         in [lo, hi) -> CNT tail [rows, G, 2].
     # MODE 3: write the candidates (>= hi first, then [lo, hi), both in key order, truncated at CAP).
     # SKIP (modes 1-3): landmark tiles without a fallback row do nothing.
-    i_s = tl.program_id(0)
-    i_g = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
     o_d = tl.arange(0, D)
     o_j = i_s * BS + tl.arange(0, BS)
     m_j = o_j < M
@@ -611,10 +633,10 @@ def _topk_scan_kernel(
                 b_tf = tl.where(b_lo64 >= 0, b_lo64, b_lo64 ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
                 b_tf = tl.where(b_lo64 <= _KEY_NEG_INF, float("-inf"), b_tf)
             elif MODE == 1:
-                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P)
+                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, VOL)
                 need = fb & ~done
             elif MODE == 2:
-                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, _NPASS, nrows, CAP, i_g == 0, P)
+                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, _NPASS, nrows, CAP, i_g == 0, P, VOL)
                 need = fb
                 if i_g == 0:
                     for c0 in range(0, CAP, BN):
@@ -625,8 +647,8 @@ def _topk_scan_kernel(
                             mask=fb[:, None] & (o_e < CAP)[None, :],
                         )
             else:
-                b_lo64 = tl.load(LO + _NPASS * nrows + row, mask=m_j, other=0)
-                b_hi64 = tl.load(HI + _NPASS * nrows + row, mask=m_j, other=0)
+                b_lo64 = tl.load(LO + _NPASS * nrows + row, mask=m_j, other=0, volatile=VOL)
+                b_hi64 = tl.load(HI + _NPASS * nrows + row, mask=m_j, other=0, volatile=VOL)
                 need = fb
             # Compares in int32 (keys are int32; hi = 2^31 only above a NaN key, which scores never are).
             b_lo = b_lo64.to(tl.int32)
@@ -649,8 +671,8 @@ def _topk_scan_kernel(
             for g0 in range(0, G, BN):
                 o_g = g0 + tl.arange(0, BN)
                 m_g = need[:, None] & (o_g < G)[None, :]
-                a_hi = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2, mask=m_g, other=0)
-                a_band = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2 + 1, mask=m_g, other=0)
+                a_hi = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2, mask=m_g, other=0, volatile=VOL)
+                a_band = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2 + 1, mask=m_g, other=0, volatile=VOL)
                 before = (o_g < i_g)[None, :]
                 n_hi += tl.sum(a_hi, 1)
                 w_hi += tl.sum(tl.where(before, a_hi, 0), 1)
@@ -841,15 +863,92 @@ def _topk_scan_kernel(
 
 
 @triton.jit
+def _topk_scan_kernel(
+    R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel,
+    H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr, HAS_KV: tl.constexpr,
+    D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
+    TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
+    LAZY: tl.constexpr,
+):  # fmt: skip
+    # One program per (landmark tile, key chunk, batch-head): _topk_scan_body.
+    _topk_scan_body(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
+        OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE, P,
+        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, False,
+    )  # fmt: skip
+
+
+@triton.jit
+def _grid_barrier(BAR, target):
+    # Every program of the launch waits here until BAR (zeroed before the launch, raised by one per program and
+    # barrier) reaches target = (barriers so far) x programs. The writes before it are released at GPU scope, the
+    # reads after it acquire them. Only for launches whose programs are all resident at once (at most one per SM).
+    tl.debug_barrier()
+    tl.atomic_add(BAR, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _topk_fallback_kernel(
+    R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, n_s, BH, NPROG,
+    P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+    UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr,
+):  # fmt: skip
+    # The long-row top-k's fallback (refinement passes, recount, ordered emit: _topk_scan_body's modes 1-3) in one
+    # launch of NPROG persistent programs (at most one per SM, so all are resident; 1 under the interpreter, which
+    # runs programs one after another). Each program first checks every row's count (OFF, final since the count +
+    # emit pass): when no row has more than CAP, all return at once, which is the common case. Otherwise the
+    # programs take the (landmark tile, key chunk, batch-head) items of each pass in turn, with a grid barrier
+    # between passes (the counter is OFF[nrows], zeroed by the start kernel); every program passes every barrier.
+    pid = tl.program_id(0)
+    n_fb = 0
+    for r0 in range(0, nrows, RB):
+        o_r = r0 + tl.arange(0, RB)
+        n_fb += tl.sum((tl.load(OFF + o_r, mask=o_r < nrows, other=0) > CAP).to(tl.int32), 0)
+    if n_fb > 0:
+        BAR = OFF + nrows
+        n_items = n_s * G * BH
+        n_bar = 0
+        for i_pass in range(_NPASS):
+            for it in range(pid, n_items, NPROG):
+                _topk_scan_body(
+                    (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT,
+                    OFF, CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, 1, P,
+                    True, HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, True,
+                )  # fmt: skip
+            n_bar += NPROG
+            _grid_barrier(BAR, n_bar)
+        for it in range(pid, n_items, NPROG):
+            _topk_scan_body(
+                (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
+                CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, _NPASS, 2, P, True,
+                HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, True,
+            )  # fmt: skip
+        _grid_barrier(BAR, n_bar + NPROG)
+        for it in range(pid, n_items, NPROG):
+            _topk_scan_body(
+                (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
+                CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, _NPASS, 3, P, True,
+                HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, True,
+            )  # fmt: skip
+
+
+@triton.jit
 def _topk_final_kernel(
-    CAND, IDX, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr,
-    NARROW: tl.constexpr,
+    CAND, IDX, KSEL, CAP, PM, PL, PACC, VT, LSE, M, NC, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr,
+    SORT: tl.constexpr, NARROW: tl.constexpr, MERGE: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     # One row per program: the KSEL largest packed entries of the candidate list (score desc, index asc; fewer
     # when the list holds fewer valid keys), their key indices ascending, then -1. The selection without a sort:
     # the threshold key t (_kth_largest_key), then, unless every entry at t is taken, the lowest indices among them
     # (the same helper on the low word). The order: one sort of the list (SORT) or ranks from pairwise comparisons.
+    # MERGE: the row's landmark values from their NC split-key partials first (_lv_merge_row: one launch fewer).
     row = tl.program_id(0).to(tl.int64)
+    if MERGE:
+        _lv_merge_row(PM, PL, PACC, VT, LSE, row % M, row // M, M, NC, D, BC)
     o_c = tl.arange(0, CP)
     c = tl.load(CAND + row * CAP + o_c, mask=o_c < CAP, other=_EMPTY)
     valid = c != _EMPTY
@@ -992,6 +1091,9 @@ def exact_topk(
     if not 16 <= bn <= 128:
         raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
     lvf = lv is not None and bool(SCAN_CONFIG["lv_fused"])
+    if SCAN_CONFIG["fallback"] not in (0, 1):
+        raise ValueError(f"SCAN_CONFIG['fallback'] must be 0 or 1, got {SCAN_CONFIG['fallback']}")
+    persistent = bool(SCAN_CONFIG["fallback"])
     G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
     if lvf:
         if int(SCAN_CONFIG["lv_div"]) < 1:
@@ -1023,8 +1125,9 @@ def exact_topk(
     lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
     hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
     done = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int32)
-    # Per row: the atomic slot counter of the candidate list (ends as the count of keys >= the start threshold).
-    off = torch.empty(rows, device=dev, dtype=torch.int32)
+    # Per row: the atomic slot counter of the candidate list (ends as the count of keys >= the start threshold);
+    # then the persistent fallback kernel's barrier counter.
+    off = torch.empty(rows + 1, device=dev, dtype=torch.int32)
     # Refinement counts [passes, rows, P], then the per-chunk counts of the fallback rows [rows, G, 2].
     cnt = torch.empty(_PASSES * rows * _P + rows * G * 2, device=dev, dtype=torch.int32)
     cand = torch.empty(rows, cap, device=dev, dtype=torch.int64)
@@ -1066,36 +1169,47 @@ def exact_topk(
     run("count + emit (sparse, atomic slots)", lambda: scan(4))
     if stats is not None:
         stats["cap"] = cap
-        stats["counts"] = off.clone()
-        stats["overflow_rows"] = (off > cap).sum()
-    for i in range(_PASSES):
-        run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
-    run("recount (fallback rows)", lambda: scan(2))
-    run("ordered emit (fallback rows)", lambda: scan(3))
+        stats["counts"] = off[:rows].clone()
+        stats["overflow_rows"] = (off[:rows] > cap).sum()
+    if persistent:
+        nprog = 1 if _interpreting() else min(n_s * G * BH, _sm_count(dev))
+        run(
+            "fallback rows (refinement, recount, ordered emit; persistent)",
+            lambda: fast(_topk_fallback_kernel)[(nprog,)](
+                r, k, kv, kk, lo, hi, done, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
+                P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
+                RB=min(4096, _next_pow2(rows)), num_warps=SCAN_CONFIG["num_warps"],
+            ),
+        )  # fmt: skip
+    else:
+        for i in range(_PASSES):
+            run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
+        run("recount (fallback rows)", lambda: scan(2))
+        run("ordered emit (fallback rows)", lambda: scan(3))
     kp = _next_pow2(ksel)
     final_cap = 96 if cap <= 512 and kp >= 64 else 0
+    merge = lvf and bool(SCAN_CONFIG["merge_in_final"])
+    if lvf:
+        vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
+        lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
+    else:
+        vt = lse = r
     run(
-        "top-k of the candidate list",
+        "top-k of the candidate list" + (" + landmark values merge" if merge else ""),
         lambda: fast(_topk_final_kernel)[(rows,)](
-            cand,
-            idx,
-            ksel,
-            cap,
-            CP=cap,
-            KP=kp,
-            CB=max(1, min(64, 8192 // kp)),
-            SORT=bool(SCAN_CONFIG["final_sort"]),
-            NARROW=bool(SCAN_CONFIG["final_narrow"]),
+            cand, idx, ksel, cap, pm, pl, pacc, vt, lse, M, G,
+            CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), SORT=bool(SCAN_CONFIG["final_sort"]),
+            NARROW=bool(SCAN_CONFIG["final_narrow"]), MERGE=merge, D=D, BC=min(64, _next_pow2(G)),
             num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
             **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
         ),
-    )
+    )  # fmt: skip
     if lv is None:
         return idx
     if not lvf:
         return (idx, *run("landmark values", lambda: landmark_values_fwd(r, k, lv[0], key_valid, lv[1])))
-    vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
-    lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
+    if merge:
+        return idx, vt, lse
     run(
         "landmark values merge",
         lambda: fast(_lv_merge_kernel)[(M, BH)](
@@ -1334,9 +1448,14 @@ def _lv_fwd_kernel(
 
 @triton.jit
 def _lv_merge_kernel(PM, PL, PACC, VT, LSE, M, NC, D: tl.constexpr, BC: tl.constexpr):
-    # One landmark per program, BC key chunks per step: the global maximum first, then the rescaled sums.
-    i_j = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
+    # One landmark per program.
+    _lv_merge_row(PM, PL, PACC, VT, LSE, tl.program_id(0), tl.program_id(1).to(tl.int64), M, NC, D, BC)
+
+
+@triton.jit
+def _lv_merge_row(PM, PL, PACC, VT, LSE, i_j, i_bh, M, NC, D: tl.constexpr, BC: tl.constexpr):
+    # Landmark i_j of head i_bh from its NC split-key partials, BC key chunks per step: the global maximum first,
+    # then the rescaled sums.
     o_d = tl.arange(0, D)
     b_m = tl.full([BC], float("-inf"), tl.float32)
     for c0 in range(0, NC, BC):
@@ -1685,6 +1804,10 @@ def _compile_cases() -> list:
          dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
         ("topk_scan mode 3 skip", _topk_scan_kernel,
          dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
+        ("topk_fallback (persistent)", _topk_fallback_kernel,
+         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, **common), 4, dict(scan, BH="i32", NPROG="i32")),
+        ("topk_fallback (persistent) kv", _topk_fallback_kernel,
+         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, **common), 4, dict(scan, BH="i32", NPROG="i32")),
         ("topk_start", _topk_start_kernel,
          dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=20, NARROW=1), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
@@ -1694,13 +1817,20 @@ def _compile_cases() -> list:
         ("topk_start 64K", _topk_start_kernel,
          dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False, STEPS=20, NARROW=1), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=0, NARROW=0), 8, dict(CAND=i64, IDX=i32)),
-        ("topk_final sort", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1), 8,
+        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=0, NARROW=0, MERGE=0, D=64, BC=64), 8,
          dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=0, NARROW=0),
+        ("topk_final sort", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1, MERGE=0, D=64, BC=64),
+         8, dict(CAND=i64, IDX=i32)),
+        ("topk_final sort merge", _topk_final_kernel,
+         dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1, MERGE=1, D=64, BC=64), 8, dict(CAND=i64, IDX=i32, VT="*bf16")),
+        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=0, NARROW=0, MERGE=0, D=64, BC=64),
          dict(num_warps=4, maxnreg=96), dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K sort", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1),
-         dict(num_warps=4, maxnreg=96), dict(CAND=i64, IDX=i32)),
+        ("topk_final 64K sort", _topk_final_kernel,
+         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=0, D=64, BC=64), dict(num_warps=4, maxnreg=96),
+         dict(CAND=i64, IDX=i32)),
+        ("topk_final 64K sort merge", _topk_final_kernel,
+         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=1, D=64, BC=64), dict(num_warps=4, maxnreg=96),
+         dict(CAND=i64, IDX=i32, VT="*bf16")),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=0, **common), 8, None),
         ("route S=1 even", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=1, **common), 8,
          None),
