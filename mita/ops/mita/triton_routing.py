@@ -83,13 +83,15 @@ _SCAN_PROGRAMS = 2048
 # 0.164 -> 0.159-0.162 ms, 256K 0.694 -> 0.684-0.687, 1M 3.805 -> 3.789, 64K x 16 1.605 -> 1.568-1.582.
 # fallback (default 1): the fallback rows' refinement passes, recount and ordered emit run in one launch of persistent
 # programs with grid barriers (_topk_fallback_kernel), which returns at once when no row overflows; 0: ten launches
-# of the scan kernel (each returning at once without overflow rows: ~2-3 us apiece inside a CUDA graph).
+# of the scan kernel (each returning at once without overflow rows: ~2-3 us apiece inside a CUDA graph). fb_spin:
+# how its grid barrier polls (_grid_barrier); fb_programs: at most this many programs (None: one per SM).
 # merge_in_final (default 1): with the fused landmark values, the final top-k kernel (one program per landmark)
 # also merges their split-key partials (0: the merge kernel, one launch more).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
-    start_narrow=1, final_narrow=1, fallback=1, merge_in_final=1,
+    start_narrow=1, final_narrow=1, fallback=1, merge_in_final=1, fb_spin=0,
+    fb_programs=None,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -879,15 +881,22 @@ def _topk_scan_kernel(
 
 
 @triton.jit
-def _grid_barrier(BAR, target):
+def _grid_barrier(BAR, target, SPIN: tl.constexpr):
     # Every program of the launch waits here until BAR (zeroed before the launch, raised by one per program and
     # barrier) reaches target = (barriers so far) x programs. The writes before it are released at GPU scope, the
     # reads after it acquire them. Only for launches whose programs are all resident at once (at most one per SM).
+    # SPIN 0: one thread polls with acquire loads; 1: every thread polls with volatile loads, then one acquire.
     tl.debug_barrier()
     tl.atomic_add(BAR, 1, sem="release", scope="gpu")
-    seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
-    while seen < target:
+    if SPIN == 0:
         seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
+    else:
+        seen = tl.load(BAR, volatile=True)
+        while seen < target:
+            seen = tl.load(BAR, volatile=True)
+        tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
@@ -895,7 +904,7 @@ def _grid_barrier(BAR, target):
 def _topk_fallback_kernel(
     R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, n_s, BH, NPROG,
     P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
-    UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr,
+    UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
 ):  # fmt: skip
     # The long-row top-k's fallback (refinement passes, recount, ordered emit: _topk_scan_body's modes 1-3) in one
     # launch of NPROG persistent programs (at most one per SM, so all are resident; 1 under the interpreter, which
@@ -920,14 +929,14 @@ def _topk_fallback_kernel(
                     True, HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, True,
                 )  # fmt: skip
             n_bar += NPROG
-            _grid_barrier(BAR, n_bar)
+            _grid_barrier(BAR, n_bar, SPIN)
         for it in range(pid, n_items, NPROG):
             _topk_scan_body(
                 (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
                 CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, _NPASS, 2, P, True,
                 HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, True,
             )  # fmt: skip
-        _grid_barrier(BAR, n_bar + NPROG)
+        _grid_barrier(BAR, n_bar + NPROG, SPIN)
         for it in range(pid, n_items, NPROG):
             _topk_scan_body(
                 (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
@@ -1173,12 +1182,14 @@ def exact_topk(
         stats["overflow_rows"] = (off[:rows] > cap).sum()
     if persistent:
         nprog = 1 if _interpreting() else min(n_s * G * BH, _sm_count(dev))
+        if SCAN_CONFIG["fb_programs"]:
+            nprog = min(nprog, int(SCAN_CONFIG["fb_programs"]))
         run(
             "fallback rows (refinement, recount, ordered emit; persistent)",
             lambda: fast(_topk_fallback_kernel)[(nprog,)](
                 r, k, kv, kk, lo, hi, done, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
                 P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
-                RB=min(4096, _next_pow2(rows)), num_warps=SCAN_CONFIG["num_warps"],
+                RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), num_warps=SCAN_CONFIG["num_warps"],
             ),
         )  # fmt: skip
     else:
@@ -1805,9 +1816,9 @@ def _compile_cases() -> list:
         ("topk_scan mode 3 skip", _topk_scan_kernel,
          dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
         ("topk_fallback (persistent)", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, **common), 4, dict(scan, BH="i32", NPROG="i32")),
+         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, **common), 4, dict(scan, BH="i32", NPROG="i32")),
         ("topk_fallback (persistent) kv", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, **common), 4, dict(scan, BH="i32", NPROG="i32")),
+         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, **common), 4, dict(scan, BH="i32", NPROG="i32")),
         ("topk_start", _topk_start_kernel,
          dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=20, NARROW=1), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
