@@ -767,3 +767,31 @@ def test_gpu_exact_topk_with_landmark_values(poison, monkeypatch, fused, even_la
     assert torch.isfinite(vt).all()
     assert ((vt.float() - ref).norm() / ref.norm()).item() < 1e-2
     assert torch.allclose(lse, torch.logsumexp(s, -1) * 1.4426950408889634, atol=1e-3, rtol=0)
+
+
+def test_fallback_programs_resident_per_sm(monkeypatch):
+    """The persistent fallback kernel's programs per SM: what the SM's registers (per-warp units of 256), shared
+    memory (1 KiB reserved per program) and threads hold at once, capped at _FB_RESIDENT_MAX; 1 when the compiled
+    kernel or the device does not say."""
+    import types
+
+    prop = types.SimpleNamespace(
+        regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472, max_threads_per_multi_processor=2048
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: prop)
+    dev = torch.device("cuda", 0)
+
+    def kern(regs, smem):
+        return types.SimpleNamespace(n_regs=regs, metadata=types.SimpleNamespace(shared=smem))
+
+    assert tr._resident_per_sm(kern(249, 65536), 4, dev) == 2  # 2 x 32K registers
+    assert tr._resident_per_sm(kern(255, 0), 8, dev) == 1  # 64K registers for one
+    assert tr._resident_per_sm(kern(64, 120000), 4, dev) == 1  # shared memory for one
+    monkeypatch.setattr(tr, "_FB_RESIDENT_MAX", 8)
+    assert tr._resident_per_sm(kern(64, 0), 4, dev) == 8
+    assert tr._resident_per_sm(kern(64, 0), 16, dev) == 4  # 2048 threads
+    prop.shared_memory_per_multiprocessor = 102400
+    assert tr._resident_per_sm(kern(64, 65536), 4, dev) == 1
+    assert tr._resident_per_sm(types.SimpleNamespace(), 4, dev) == 1
+    del prop.regs_per_multiprocessor
+    assert tr._resident_per_sm(kern(64, 0), 4, dev) == 1

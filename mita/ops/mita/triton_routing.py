@@ -84,7 +84,8 @@ _SCAN_PROGRAMS = 2048
 # fallback (default 1): the fallback rows' refinement passes, recount and ordered emit run in one launch of persistent
 # programs with grid barriers (_topk_fallback_kernel), which returns at once when no row overflows; 0: ten launches
 # of the scan kernel (each returning at once without overflow rows: ~2-3 us apiece inside a CUDA graph). fb_spin:
-# how its grid barrier polls (_grid_barrier); fb_programs: at most this many programs (None: one per SM).
+# how its grid barrier polls (_grid_barrier); fb_programs: at most this many programs (None: as many as the SMs hold
+# at once, _resident_per_sm).
 # merge_in_final (default 1): with the fused landmark values, the final top-k kernel (one program per landmark)
 # also merges their split-key partials (0: the merge kernel, one launch more).
 SCAN_CONFIG = dict(
@@ -115,6 +116,25 @@ def _sm_count(dev: torch.device) -> int:
 
 
 _SM_COUNT: dict = {}
+# Programs of the persistent fallback kernel one SM holds at once, per compiled specialisation (_resident_per_sm).
+_FB_RESIDENT: dict = {}
+_FB_RESIDENT_MAX = 2
+
+
+def _resident_per_sm(compiled, num_warps: int, dev: torch.device) -> int:
+    # Programs of a compiled kernel that one SM of dev holds at once: its registers (allocated per warp in units of
+    # 256), its shared memory (1 KiB reserved per program) and threads; at most _FB_RESIDENT_MAX; 1 when anything
+    # needed is unknown.
+    try:
+        regs, smem = int(compiled.n_regs), int(compiled.metadata.shared)
+        prop = torch.cuda.get_device_properties(dev)
+        sm_regs, sm_smem = int(prop.regs_per_multiprocessor), int(prop.shared_memory_per_multiprocessor)
+        sm_threads = int(prop.max_threads_per_multi_processor)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return 1
+    per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    fit = min(sm_regs // (per_warp * num_warps), sm_smem // (smem + 1024), sm_threads // (32 * num_warps))
+    return max(1, min(fit, _FB_RESIDENT_MAX))
 
 
 def regs_cap(maxnreg) -> dict:
@@ -1181,17 +1201,29 @@ def exact_topk(
         stats["counts"] = off[:rows].clone()
         stats["overflow_rows"] = (off[:rows] > cap).sum()
     if persistent:
-        nprog = 1 if _interpreting() else min(n_s * G * BH, _sm_count(dev))
+        fb_kw = dict(
+            P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
+            RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), num_warps=SCAN_CONFIG["num_warps"],
+        )  # fmt: skip
+        if _interpreting():
+            nprog = 1
+        else:
+            # As many programs as the SMs hold at once (the compiled kernel's registers and shared memory; one per SM
+            # until its first launch has compiled it), so that every program is resident.
+            okey = (dev.index, tuple(sorted(fb_kw.items())))
+            nprog = min(n_s * G * BH, _sm_count(dev) * _FB_RESIDENT.get(okey, 1))
         if SCAN_CONFIG["fb_programs"]:
             nprog = min(nprog, int(SCAN_CONFIG["fb_programs"]))
-        run(
-            "fallback rows (refinement, recount, ordered emit; persistent)",
-            lambda: fast(_topk_fallback_kernel)[(nprog,)](
+
+        def fallback():
+            compiled = fast(_topk_fallback_kernel)[(nprog,)](
                 r, k, kv, kk, lo, hi, done, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
-                P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
-                RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), num_warps=SCAN_CONFIG["num_warps"],
-            ),
-        )  # fmt: skip
+                **fb_kw,
+            )  # fmt: skip
+            if not _interpreting() and okey not in _FB_RESIDENT and compiled is not None:
+                _FB_RESIDENT[okey] = _resident_per_sm(compiled, fb_kw["num_warps"], dev)
+
+        run("fallback rows (refinement, recount, ordered emit; persistent)", fallback)
     else:
         for i in range(_PASSES):
             run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
