@@ -789,7 +789,8 @@ def test_fallback_programs_resident_per_sm(monkeypatch):
     assert tr._resident_per_sm(kern(64, 120000), 4, dev) == 1  # shared memory for one
     monkeypatch.setattr(tr, "_FB_RESIDENT_MAX", 8)
     assert tr._resident_per_sm(kern(64, 0), 4, dev) == 8
-    assert tr._resident_per_sm(kern(64, 0), 16, dev) == 4  # 2048 threads
+    assert tr._resident_per_sm(kern(32, 0), 16, dev) == 4  # 2048 threads
+    assert tr._resident_per_sm(kern(64, 0), 16, dev) == 2  # 64K registers
     prop.shared_memory_per_multiprocessor = 102400
     assert tr._resident_per_sm(kern(64, 65536), 4, dev) == 1
     assert tr._resident_per_sm(types.SimpleNamespace(), 4, dev) == 1
