@@ -507,11 +507,11 @@ def _topk_start_kernel(
 
 
 @triton.jit
-def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, P: tl.constexpr, VOL: tl.constexpr):
+def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, P: tl.constexpr, CM: tl.constexpr):
     # (lo, hi, done) of the rows before refinement pass i_pass (i_pass = _NPASS: the final state), from the state
     # before pass i_pass - 1 and that pass's counts; write: store it in slot i_pass (one program per landmark tile).
-    # Invariant for a row not done: count(key >= lo) >= kk > count(key >= hi). VOL: the previous slot and counts
-    # were written by other programs of the same launch (the persistent fallback kernel): volatile loads (not L1).
+    # Invariant for a row not done: count(key >= lo) >= kk > count(key >= hi). CM ".cg": the previous slot and counts
+    # were written by other programs of the same launch (the persistent fallback kernel): loaded from L2, not L1.
     if i_pass == 0:
         lo = tl.load(LO + row, mask=m_j, other=0)
         hi = tl.load(HI + row, mask=m_j, other=1)
@@ -519,11 +519,11 @@ def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, 
         done = (~fb) | (hi - lo <= 1)
     else:
         prev = (i_pass - 1) * nrows + row
-        lo = tl.load(LO + prev, mask=m_j, other=0, volatile=VOL)
-        hi = tl.load(HI + prev, mask=m_j, other=1, volatile=VOL)
-        done_p = tl.load(DONE + prev, mask=m_j, other=1, volatile=VOL) != 0
+        lo = tl.load(LO + prev, mask=m_j, other=0, cache_modifier=CM)
+        hi = tl.load(HI + prev, mask=m_j, other=1, cache_modifier=CM)
+        done_p = tl.load(DONE + prev, mask=m_j, other=1, cache_modifier=CM) != 0
         o_p = tl.arange(0, P)
-        cnt = tl.load(CNT + prev[:, None] * P + o_p[None, :], mask=m_j[:, None], other=0, volatile=VOL)
+        cnt = tl.load(CNT + prev[:, None] * P + o_p[None, :], mask=m_j[:, None], other=0, cache_modifier=CM)
         # Counts fall with the threshold, so the thresholds kk keys reach are a prefix; p = 0 (lo) always is.
         n_ok = tl.sum((cnt >= kk).to(tl.int32), 1)
         p_star = tl.maximum(n_ok - 1, 0)
@@ -604,7 +604,7 @@ def _topk_scan_body(
     LVF: tl.constexpr,
     EVEN: tl.constexpr,
     LAZY: tl.constexpr,
-    VOL: tl.constexpr,
+    CM: tl.constexpr,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # EVEN (MODE 0): no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key
@@ -655,10 +655,10 @@ def _topk_scan_body(
                 b_tf = tl.where(b_lo64 >= 0, b_lo64, b_lo64 ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
                 b_tf = tl.where(b_lo64 <= _KEY_NEG_INF, float("-inf"), b_tf)
             elif MODE == 1:
-                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, VOL)
+                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM)
                 need = fb & ~done
             elif MODE == 2:
-                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, _NPASS, nrows, CAP, i_g == 0, P, VOL)
+                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, _NPASS, nrows, CAP, i_g == 0, P, CM)
                 need = fb
                 if i_g == 0:
                     for c0 in range(0, CAP, BN):
@@ -669,8 +669,8 @@ def _topk_scan_body(
                             mask=fb[:, None] & (o_e < CAP)[None, :],
                         )
             else:
-                b_lo64 = tl.load(LO + _NPASS * nrows + row, mask=m_j, other=0, volatile=VOL)
-                b_hi64 = tl.load(HI + _NPASS * nrows + row, mask=m_j, other=0, volatile=VOL)
+                b_lo64 = tl.load(LO + _NPASS * nrows + row, mask=m_j, other=0, cache_modifier=CM)
+                b_hi64 = tl.load(HI + _NPASS * nrows + row, mask=m_j, other=0, cache_modifier=CM)
                 need = fb
             # Compares in int32 (keys are int32; hi = 2^31 only above a NaN key, which scores never are).
             b_lo = b_lo64.to(tl.int32)
@@ -693,8 +693,8 @@ def _topk_scan_body(
             for g0 in range(0, G, BN):
                 o_g = g0 + tl.arange(0, BN)
                 m_g = need[:, None] & (o_g < G)[None, :]
-                a_hi = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2, mask=m_g, other=0, volatile=VOL)
-                a_band = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2 + 1, mask=m_g, other=0, volatile=VOL)
+                a_hi = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2, mask=m_g, other=0, cache_modifier=CM)
+                a_band = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2 + 1, mask=m_g, other=0, cache_modifier=CM)
                 before = (o_g < i_g)[None, :]
                 n_hi += tl.sum(a_hi, 1)
                 w_hi += tl.sum(tl.where(before, a_hi, 0), 1)
@@ -896,7 +896,7 @@ def _topk_scan_kernel(
     _topk_scan_body(
         tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
         OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE, P,
-        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, False,
+        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, "",
     )  # fmt: skip
 
 
@@ -946,7 +946,7 @@ def _topk_fallback_kernel(
                 _topk_scan_body(
                     (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT,
                     OFF, CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, 1, P,
-                    True, HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, True,
+                    True, HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
                 )  # fmt: skip
             n_bar += NPROG
             _grid_barrier(BAR, n_bar, SPIN)
@@ -954,14 +954,14 @@ def _topk_fallback_kernel(
             _topk_scan_body(
                 (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
                 CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, _NPASS, 2, P, True,
-                HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, True,
+                HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
             )  # fmt: skip
         _grid_barrier(BAR, n_bar + NPROG, SPIN)
         for it in range(pid, n_items, NPROG):
             _topk_scan_body(
                 (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
                 CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, _NPASS, 3, P, True,
-                HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, True,
+                HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
             )  # fmt: skip
 
 
