@@ -627,9 +627,10 @@ def _topk_scan_body(
     #         _lv_merge_kernel), so the keys are scored once for both.
     # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
     # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P].
-    # MODE 2: final state (slot _NPASS), empty candidate lists, per key chunk the count of keys >= hi and of keys
+    # MODE 2: final state (slot i_pass: _NPASS, or the pass after the last one the persistent kernel ran), empty
+    #         candidate lists, per key chunk the count of keys >= hi and of keys
     #         in [lo, hi) -> CNT tail [rows, G, 2].
-    # MODE 3: write the candidates (>= hi first, then [lo, hi), both in key order, truncated at CAP).
+    # MODE 3: from the final state (slot i_pass), write the candidates (>= hi first, then [lo, hi), both in key order, truncated at CAP).
     # SKIP (modes 1-3): landmark tiles without a fallback row do nothing.
     o_d = tl.arange(0, D)
     o_j = i_s * BS + tl.arange(0, BS)
@@ -658,7 +659,7 @@ def _topk_scan_body(
                 b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM)
                 need = fb & ~done
             elif MODE == 2:
-                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, _NPASS, nrows, CAP, i_g == 0, P, CM)
+                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM)
                 need = fb
                 if i_g == 0:
                     for c0 in range(0, CAP, BN):
@@ -669,8 +670,8 @@ def _topk_scan_body(
                             mask=fb[:, None] & (o_e < CAP)[None, :],
                         )
             else:
-                b_lo64 = tl.load(LO + _NPASS * nrows + row, mask=m_j, other=0, cache_modifier=CM)
-                b_hi64 = tl.load(HI + _NPASS * nrows + row, mask=m_j, other=0, cache_modifier=CM)
+                b_lo64 = tl.load(LO + i_pass * nrows + row, mask=m_j, other=0, cache_modifier=CM)
+                b_hi64 = tl.load(HI + i_pass * nrows + row, mask=m_j, other=0, cache_modifier=CM)
                 need = fb
             # Compares in int32 (keys are int32; hi = 2^31 only above a NaN key, which scores never are).
             b_lo = b_lo64.to(tl.int32)
@@ -932,6 +933,8 @@ def _topk_fallback_kernel(
     # emit pass): when no row has more than CAP, all return at once, which is the common case. Otherwise the
     # programs take the (landmark tile, key chunk, batch-head) items of each pass in turn, with a grid barrier
     # between passes (the counter is OFF[nrows], zeroed by the start kernel); every program passes every barrier.
+    # The refinement stops after the first pass whose state has every fallback row done (the recount and the
+    # ordered emit then read the slot after it), so a row that settles in a few passes costs a few barriers.
     pid = tl.program_id(0)
     n_fb = 0
     for r0 in range(0, nrows, RB):
@@ -941,7 +944,11 @@ def _topk_fallback_kernel(
         BAR = OFF + nrows
         n_items = n_s * G * BH
         n_bar = 0
-        for i_pass in range(_NPASS):
+        # Refinement passes until every fallback row is done (its state slot after a pass says so; every program
+        # reads the same slots after the barrier, so all leave the loop together), at most _NPASS.
+        i_pass = 0
+        fin = 0
+        while i_pass < _NPASS:
             for it in range(pid, n_items, NPROG):
                 _topk_scan_body(
                     (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT,
@@ -950,17 +957,28 @@ def _topk_fallback_kernel(
                 )  # fmt: skip
             n_bar += NPROG
             _grid_barrier(BAR, n_bar, SPIN)
+            n_open = 0
+            for r0 in range(0, nrows, RB):
+                o_r = r0 + tl.arange(0, RB)
+                m_r = o_r < nrows
+                fb_r = m_r & (tl.load(OFF + o_r, mask=m_r, other=0) > CAP)
+                d_r = tl.load(DONE + i_pass * nrows + o_r, mask=fb_r, other=1, cache_modifier=".cg")
+                n_open += tl.sum((fb_r & (d_r == 0)).to(tl.int32), 0)
+            i_pass += 1
+            fin = i_pass
+            if n_open == 0:
+                i_pass = _NPASS
         for it in range(pid, n_items, NPROG):
             _topk_scan_body(
                 (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
-                CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, _NPASS, 2, P, True,
+                CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, fin, 2, P, True,
                 HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
             )  # fmt: skip
         _grid_barrier(BAR, n_bar + NPROG, SPIN)
         for it in range(pid, n_items, NPROG):
             _topk_scan_body(
                 (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
-                CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, _NPASS, 3, P, True,
+                CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, fin, 3, P, True,
                 HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
             )  # fmt: skip
 
@@ -1227,8 +1245,8 @@ def exact_topk(
     else:
         for i in range(_PASSES):
             run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
-        run("recount (fallback rows)", lambda: scan(2))
-        run("ordered emit (fallback rows)", lambda: scan(3))
+        run("recount (fallback rows)", lambda: scan(2, _PASSES))
+        run("ordered emit (fallback rows)", lambda: scan(3, _PASSES))
     kp = _next_pow2(ksel)
     final_cap = 96 if cap <= 512 and kp >= 64 else 0
     merge = lvf and bool(SCAN_CONFIG["merge_in_final"])
