@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Run 20, call 5: the routing plan's chunking (more, shorter chunks; warps of the scatter) at the op points; the op
-# benchmark (CUDA graphs) and Figure F at 64K-256K at this commit's defaults.
+# Run 20, call 5 (the shipped kernels: persistent fallback with .cg loads and the early stop of its refinement,
+# merge in the final kernel): GPU tests of the fallback paths, the forward side by side with the ten launches
+# (i.i.d. and AR(1) tokens), and the op benchmark (CUDA graphs).
 C=call5
 source results/bench/call_lib.sh
-for s in "" "_PLAN_PROGRAMS=4096" "_PLAN_PROGRAMS=8192" "_PLAN_WARPS=2" "_PLAN_STEP=32"; do
-    step 40 "plan${s:+_$s}" $py scripts/bench/plan_bench.py --points 2:65536:128,2:262144:256,2:1048576:512 --dists uniform ${s:+--set $s}
-done
+step 150 t_fb $py -m pytest -q tests/test_triton_routing.py -m gpu -k "persistent_fallback or correlated or atomic_and_fallback"
+step 50 ab_ar $py scripts/bench/ab_scan.py --points 65536:128,262144:256 --rho 0.9 --timing cuda_graph --reps 20 --variants "|fallback=0|"
+step 70 ab $py scripts/bench/ab_scan.py --points 65536:128,262144:256,1048576:512 --rho 0 --timing cuda_graph --reps 20 --variants "|fallback=0|"
 step 130 op_bench_graph $py scripts/bench/bench_op.py --out "$O" --points N65536,N262144,N1048576 --backends triton --dense-long cudnn --dense-reps-long 2 --graph
-step 170 figf $py scripts/bench/bench_figf.py --out "$O" --compile --fused-mlp --min-n 65536 --max-n 262144 --dense cudnn --time-budget-s 120 --compile-start-tokens 1048576
 finish
