@@ -148,6 +148,19 @@ def point_rows(
     return rows
 
 
+def time_mita(res: dict, backends: list, q, k, v, p: dict, ins, do, timing: str) -> None:
+    """Time each MiTA backend at one point into ``res`` (``mita_<backend>``: a measurement or an error)."""
+    for b in backends:
+        try:
+            # MiTA's calls are short at every N (at most ~16 ms at 1M): 3 warm-ups and 20 timed runs, not the few
+            # long-N runs of dense attention (before run 18, 1 and 3 at N >= 256K).
+            res[f"mita_{b}"] = measure(mita_fn(q, k, v, p, b), ins, do, False, timing)
+        except (RuntimeError, ValueError) as e:
+            res[f"mita_{b}"] = {"error": str(e).splitlines()[0][:80]}
+            torch.cuda.empty_cache()
+        print(f"{p['name']} mita_{b} {res[f'mita_{b}']}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/bench")
@@ -186,6 +199,13 @@ def main() -> None:
         help="kernel settings for the whole run, ';'-separated key=value as ab_scan.py --set takes them (e.g. "
         "'lv_fused=0;fwd.maxnreg=0'); recorded in each row's settings column",
     )
+    ap.add_argument(
+        "--order",
+        choices=("dense-first", "mita-first"),
+        default="dense-first",
+        help="at each point, time dense attention before MiTA (dense-first, the default) or after it; recorded in each "
+        "row's order column",
+    )
     args = ap.parse_args()
     from ab_scan import apply_settings
 
@@ -207,6 +227,7 @@ def main() -> None:
     env = environment()
     if settings:
         env["settings"] = ";".join(settings)
+    env["order"] = args.order
     backends = [b for b in args.backends.split(",") if b in list_backends()]
     gate = {b: mita_correct(b) for b in backends}
     for b, (ok, msg) in gate.items():
@@ -223,6 +244,8 @@ def main() -> None:
         ins = [t.requires_grad_() for t in (q, k, v)]
         long_run = N >= 1 << 18
         res = {}
+        if args.order == "mita-first":
+            time_mita(res, backends, q, k, v, p, ins, do, timing)
         for name in DENSE:
             if long_run and name not in args.dense_long.split(","):
                 continue
@@ -233,15 +256,8 @@ def main() -> None:
                 res[f"dense_{name}"] = {"error": str(e).splitlines()[0][:80]}
                 torch.cuda.empty_cache()
             print(f"{p['name']} dense_{name} {res[f'dense_{name}']} ({time.time() - t0:.1f}s)", flush=True)
-        for b in backends:
-            try:
-                # MiTA's calls are short at every N (at most ~16 ms at 1M): 3 warm-ups and 20 timed runs, not the
-                # few long-N runs of dense attention (before run 18, 1 and 3 at N >= 256K).
-                res[f"mita_{b}"] = measure(mita_fn(q, k, v, p, b), ins, do, False, timing)
-            except (RuntimeError, ValueError) as e:
-                res[f"mita_{b}"] = {"error": str(e).splitlines()[0][:80]}
-                torch.cuda.empty_cache()
-            print(f"{p['name']} mita_{b} {res[f'mita_{b}']}", flush=True)
+        if args.order == "dense-first":
+            time_mita(res, backends, q, k, v, p, ins, do, timing)
         rows += point_rows(p, res, gate, timing, env, args.rho)
         del q, k, v, do, ins
         torch.cuda.empty_cache()

@@ -5,10 +5,10 @@ rows overflow the candidate list.
     python scripts/bench/fallback_bench.py [--points 65536:128,262144:256] [--reps 20]
         [--variants "fallback=0|fallback=1|fallback=1;fb_spin=1"]
 
-Inputs per point (B 1, H 2, d 64, bf16, m = k, landmarks pooled from the queries as ab_scan.py's): i.i.d. tokens (no row overflows), AR(1) 0.9 tokens (a few rows
-overflow at 64K) and i.i.d. tokens with the list forced to k entries (cap = k: most rows take the fallback). Each
-line gives the total of the passes and each pass's time, the overflowing rows, and whether the selection is bitwise
-the first variant's.
+Inputs per point (B 1, H 2, d 64, bf16, m = k, landmarks pooled from the queries as ab_scan.py's): i.i.d. tokens (no
+row overflows), AR(1) 0.9 tokens (a few rows overflow at 64K) and i.i.d. tokens with the list forced to k entries (cap
+= k: most rows take the fallback). Each line gives the total of the passes and each pass's time, the overflowing rows,
+and whether the selection is bitwise the first variant's.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@
   (bisection and one sort in one kernel). Rows with more than cap such keys (many ties, or a loose start) fall back
   on the device: 16-way refinement passes raise the threshold until at most cap keys reach it (or until it is the
   k-th key itself), then a counting pass and an emitting pass write the keys in key order (ties truncated to the lowest
-  indices). The fallback launches exit at once when no row needs them: no host synchronisation, and the result
-  is exact for any input.
+  indices), all in one launch of persistent programs with grid barriers between the passes, which returns at once
+  when no row needs it: no host synchronisation, and the result is exact for any input. With the landmark values
+  (below), the final kernel also merges their partials.
 - ``route_topk``: per query, the S landmarks with the largest ``q_n . R_i`` (first maximum on ties), in order.
 - ``landmark_values``: ``softmax(R k^T s) v`` as a split-key (flash-decoding style) attention of m queries over
   N keys: each program takes a key chunk for a tile of landmarks and writes a partial (max, sum, accumulator);
@@ -630,7 +631,8 @@ def _topk_scan_body(
     # MODE 2: final state (slot i_pass: _NPASS, or the pass after the last one the persistent kernel ran), empty
     #         candidate lists, per key chunk the count of keys >= hi and of keys
     #         in [lo, hi) -> CNT tail [rows, G, 2].
-    # MODE 3: from the final state (slot i_pass), write the candidates (>= hi first, then [lo, hi), both in key order, truncated at CAP).
+    # MODE 3: from the final state (slot i_pass), write the candidates (>= hi first, then [lo, hi), both in key
+    #         order, truncated at CAP).
     # SKIP (modes 1-3): landmark tiles without a fallback row do nothing.
     o_d = tl.arange(0, D)
     o_j = i_s * BS + tl.arange(0, BS)
@@ -656,10 +658,14 @@ def _topk_scan_body(
                 b_tf = tl.where(b_lo64 >= 0, b_lo64, b_lo64 ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
                 b_tf = tl.where(b_lo64 <= _KEY_NEG_INF, float("-inf"), b_tf)
             elif MODE == 1:
-                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM)
+                b_lo64, b_hi64, done = _topk_state(
+                    LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM
+                )
                 need = fb & ~done
             elif MODE == 2:
-                b_lo64, b_hi64, done = _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM)
+                b_lo64, b_hi64, done = _topk_state(
+                    LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM
+                )
                 need = fb
                 if i_g == 0:
                     for c0 in range(0, CAP, BN):
@@ -1866,9 +1872,11 @@ def _compile_cases() -> list:
         ("topk_scan mode 3 skip", _topk_scan_kernel,
          dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
         ("topk_fallback (persistent)", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, **common), 4, dict(scan, BH="i32", NPROG="i32")),
+         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, **common), 4,
+         dict(scan, BH="i32", NPROG="i32")),
         ("topk_fallback (persistent) kv", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, **common), 4, dict(scan, BH="i32", NPROG="i32")),
+         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, **common), 4,
+         dict(scan, BH="i32", NPROG="i32")),
         ("topk_start", _topk_start_kernel,
          dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=20, NARROW=1), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
