@@ -23,20 +23,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
+from ab_scan import Variants  # noqa: E402
 from common import correlated_tokens, environment  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
-
-
-def parse_variant(text: str) -> dict:
-    out = {}
-    for item in filter(None, text.split(";")):
-        key, _, val = item.partition("=")
-        if key not in tr.SCAN_CONFIG:
-            raise SystemExit(f"unknown SCAN_CONFIG key {key!r}; keys: {sorted(tr.SCAN_CONFIG)}")
-        out[key] = None if val == "None" else int(val)
-    return out
 
 
 def time_passes(r, k, ksel, cap, reps: int) -> tuple[dict, torch.Tensor, int]:
@@ -71,8 +62,9 @@ def main() -> None:
     ap.add_argument("--variants", default="fallback=0|fallback=1|fallback=1;fb_spin=1")
     args = ap.parse_args()
     print(environment())
-    variants = [parse_variant(t) for t in args.variants.split("|")]
-    base_cfg = dict(tr.SCAN_CONFIG)
+    texts = args.variants.split("|")
+    # Each entry's settings over the defaults (any key ab_scan.py --variants takes), put back after it.
+    apply = Variants()
     for point in args.points.split(","):
         n, m = (int(x) for x in point.split(":"))
         for label, rho, cap in (("iid", 0.0, None), ("ar0.9", 0.9, None), ("iid cap=k", 0.0, m)):
@@ -81,9 +73,8 @@ def main() -> None:
             r = pool_landmarks(q, m, layout="1d").reshape(2, m, 64)
             k = k.reshape(2, n, 64)
             first = None
-            for var, text in zip(variants, args.variants.split("|")):
-                tr.SCAN_CONFIG.clear()
-                tr.SCAN_CONFIG.update(base_cfg, **var)
+            for text in texts:
+                apply["variant"] = text
                 t, idx, ov = time_passes(r, k, m, cap, args.reps)
                 first = idx if first is None else first
                 parts = ", ".join(f"{name} {ms * 1e3:.1f}" for name, ms in t.items())
@@ -92,8 +83,7 @@ def main() -> None:
                     f"{2 * m}; same as first: {torch.equal(idx, first)}; passes (us): {parts}",
                     flush=True,
                 )
-    tr.SCAN_CONFIG.clear()
-    tr.SCAN_CONFIG.update(base_cfg)
+    apply["variant"] = ""
 
 
 if __name__ == "__main__":

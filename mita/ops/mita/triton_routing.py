@@ -928,6 +928,22 @@ def _grid_barrier(BAR, target, SPIN: tl.constexpr):
 
 
 @triton.jit
+def _fallback_items(
+    pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows,
+    i_pass, MODE: tl.constexpr, P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+    BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    # One fallback pass (_topk_scan_body's MODE 1, 2 or 3) over program pid's share of the (landmark tile, key chunk,
+    # batch-head) items, items pid, pid + NPROG, ...; the state other programs wrote is read from L2 (".cg").
+    for it in range(pid, n_s * G * BH, NPROG):
+        _topk_scan_body(
+            (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF, CAND,
+            R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE, P, True, HAS_KV, D, BS,
+            BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
+        )  # fmt: skip
+
+
+@triton.jit
 def _topk_fallback_kernel(
     R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, n_s, BH, NPROG,
     P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
@@ -948,19 +964,16 @@ def _topk_fallback_kernel(
         n_fb += tl.sum((tl.load(OFF + o_r, mask=o_r < nrows, other=0) > CAP).to(tl.int32), 0)
     if n_fb > 0:
         BAR = OFF + nrows
-        n_items = n_s * G * BH
         n_bar = 0
         # Refinement passes until every fallback row is done (its state slot after a pass says so; every program
         # reads the same slots after the barrier, so all leave the loop together), at most _NPASS.
         i_pass = 0
         fin = 0
         while i_pass < _NPASS:
-            for it in range(pid, n_items, NPROG):
-                _topk_scan_body(
-                    (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT,
-                    OFF, CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, 1, P,
-                    True, HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
-                )  # fmt: skip
+            _fallback_items(
+                pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB,
+                SH, SN, nrows, i_pass, 1, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
+            )  # fmt: skip
             n_bar += NPROG
             _grid_barrier(BAR, n_bar, SPIN)
             n_open = 0
@@ -974,19 +987,15 @@ def _topk_fallback_kernel(
             fin = i_pass
             if n_open == 0:
                 i_pass = _NPASS
-        for it in range(pid, n_items, NPROG):
-            _topk_scan_body(
-                (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
-                CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, fin, 2, P, True,
-                HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
-            )  # fmt: skip
+        _fallback_items(
+            pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
+            SN, nrows, fin, 2, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
+        )  # fmt: skip
         _grid_barrier(BAR, n_bar + NPROG, SPIN)
-        for it in range(pid, n_items, NPROG):
-            _topk_scan_body(
-                (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF,
-                CAND, R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, fin, 3, P, True,
-                HAS_KV, D, BS, BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
-            )  # fmt: skip
+        _fallback_items(
+            pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
+            SN, nrows, fin, 3, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
+        )  # fmt: skip
 
 
 @triton.jit
