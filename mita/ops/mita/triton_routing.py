@@ -86,7 +86,8 @@ _SCAN_PROGRAMS = 2048
 # programs with grid barriers (_topk_fallback_kernel), which returns at once when no row overflows; 0: ten launches
 # of the scan kernel (each returning at once without overflow rows: ~2-3 us apiece inside a CUDA graph). fb_spin:
 # how its grid barrier polls (_grid_barrier); fb_programs: at most this many programs (None: as many as the SMs hold
-# at once, _resident_per_sm).
+# at once, _resident_per_sm). The barrier needs every program resident at once: on a GPU share that reports more SMs
+# than it runs (e.g. an MPS thread limit), set fb_programs to what it holds, or fallback 0.
 # merge_in_final (default 1): with the fused landmark values, the final top-k kernel (one program per landmark)
 # also merges their split-key partials (0: the merge kernel, one launch more).
 SCAN_CONFIG = dict(
