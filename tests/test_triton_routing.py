@@ -770,9 +770,9 @@ def test_gpu_exact_topk_with_landmark_values(poison, monkeypatch, fused, even_la
 
 
 def test_fallback_programs_resident_per_sm(monkeypatch):
-    """The persistent fallback kernel's programs per SM: what the SM's registers (per-warp units of 256), shared
-    memory (1 KiB reserved per program) and threads hold at once, capped at _FB_RESIDENT_MAX; 1 when the compiled
-    kernel or the device does not say."""
+    """The persistent fallback kernel's programs per SM: what the SM's registers (255 per thread, the most any
+    specialisation takes, in per-warp units of 256), shared memory (the compiled kernel's, 1 KiB reserved per program)
+    and threads hold at once, capped at _FB_RESIDENT_MAX; 1 when the compiled kernel or the device does not say."""
     import types
 
     prop = types.SimpleNamespace(
@@ -781,18 +781,18 @@ def test_fallback_programs_resident_per_sm(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: prop)
     dev = torch.device("cuda", 0)
 
-    def kern(regs, smem):
-        return types.SimpleNamespace(n_regs=regs, metadata=types.SimpleNamespace(shared=smem))
+    def kern(smem):
+        return types.SimpleNamespace(n_regs=64, metadata=types.SimpleNamespace(shared=smem))
 
-    assert tr._resident_per_sm(kern(249, 65536), 4, dev) == 2  # 2 x 32K registers
-    assert tr._resident_per_sm(kern(255, 0), 8, dev) == 1  # 64K registers for one
-    assert tr._resident_per_sm(kern(64, 120000), 4, dev) == 1  # shared memory for one
+    assert tr._resident_per_sm(kern(65536), 4, dev) == 2  # 2 x 4 warps x 8K registers
+    assert tr._resident_per_sm(kern(0), 8, dev) == 1  # 64K registers for one, whatever this binary takes
+    assert tr._resident_per_sm(kern(120000), 4, dev) == 1  # shared memory for one
     monkeypatch.setattr(tr, "_FB_RESIDENT_MAX", 8)
-    assert tr._resident_per_sm(kern(64, 0), 4, dev) == 8
-    assert tr._resident_per_sm(kern(32, 0), 16, dev) == 4  # 2048 threads
-    assert tr._resident_per_sm(kern(64, 0), 16, dev) == 2  # 64K registers
+    assert tr._resident_per_sm(kern(0), 1, dev) == 8
+    prop.regs_per_multiprocessor = 1 << 20
+    assert tr._resident_per_sm(kern(0), 16, dev) == 4  # 2048 threads
     prop.shared_memory_per_multiprocessor = 102400
-    assert tr._resident_per_sm(kern(64, 65536), 4, dev) == 1
+    assert tr._resident_per_sm(kern(65536), 4, dev) == 1
     assert tr._resident_per_sm(types.SimpleNamespace(), 4, dev) == 1
     del prop.regs_per_multiprocessor
-    assert tr._resident_per_sm(kern(64, 0), 4, dev) == 1
+    assert tr._resident_per_sm(kern(0), 4, dev) == 1

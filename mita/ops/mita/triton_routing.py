@@ -124,17 +124,18 @@ _FB_RESIDENT_MAX = 2
 
 
 def _resident_per_sm(compiled, num_warps: int, dev: torch.device) -> int:
-    # Programs of a compiled kernel that one SM of dev holds at once: its registers (allocated per warp in units of
-    # 256), its shared memory (1 KiB reserved per program) and threads; at most _FB_RESIDENT_MAX; 1 when anything
+    # Programs of a compiled kernel that one SM of dev holds at once, for every specialisation of its constexprs: 255
+    # registers per thread (the most any specialisation can take; allocated per warp in units of 256), its shared
+    # memory (set by the constexprs; 1 KiB reserved per program) and threads; at most _FB_RESIDENT_MAX; 1 when anything
     # needed is unknown.
     try:
-        regs, smem = int(compiled.n_regs), int(compiled.metadata.shared)
+        smem = int(compiled.metadata.shared)
         prop = torch.cuda.get_device_properties(dev)
         sm_regs, sm_smem = int(prop.regs_per_multiprocessor), int(prop.shared_memory_per_multiprocessor)
         sm_threads = int(prop.max_threads_per_multi_processor)
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return 1
-    per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    per_warp = -(-255 * 32 // 256) * 256
     fit = min(sm_regs // (per_warp * num_warps), sm_smem // (smem + 1024), sm_threads // (32 * num_warps))
     return max(1, min(fit, _FB_RESIDENT_MAX))
 
@@ -1242,8 +1243,8 @@ def exact_topk(
         if _interpreting():
             nprog = 1
         else:
-            # As many programs as the SMs hold at once (the compiled kernel's registers and shared memory; one per SM
-            # until its first launch has compiled it), so that every program is resident.
+            # As many programs as the SMs hold at once (_resident_per_sm; one per SM until the first launch of these
+            # constexprs has compiled the kernel), so that every program is resident.
             okey = (dev.index, tuple(sorted(fb_kw.items())))
             nprog = min(n_s * G * BH, _sm_count(dev) * _FB_RESIDENT.get(okey, 1))
         if SCAN_CONFIG["fb_programs"]:
