@@ -99,11 +99,7 @@ def resources(c, warps: int) -> str:
     if m is None:
         return "registers ?"
     reg, stack = int(m.group(1)), int(m.group(2))
-    # Registers are allocated per warp in units of 256 (8 per thread).
-    per_warp = -(-reg * 32 // 256) * 256
-    by_reg = 65536 // (per_warp * warps)
-    by_smem = (228 * 1024) // max(1, c.metadata.shared + 1024)
-    per_sm = min(by_reg, by_smem, 64 // warps, 32)
+    per_sm = tr.programs_per_sm(reg, c.metadata.shared, warps)
     return f"{reg} regs{f' (stack {stack} B)' if stack else ''}, {per_sm} programs/SM"
 
 

@@ -118,9 +118,20 @@ def _sm_count(dev: torch.device) -> int:
 
 
 _SM_COUNT: dict = {}
-# Programs of the persistent fallback kernel one SM holds at once, per compiled specialisation (_resident_per_sm).
+# Programs of the persistent fallback kernel one SM holds at once, per device and constexpr settings
+# (_resident_per_sm).
 _FB_RESIDENT: dict = {}
 _FB_RESIDENT_MAX = 2
+
+
+def programs_per_sm(
+    regs: int, smem: int, num_warps: int, sm_regs: int = 65536, sm_smem: int = 228 * 1024, sm_threads: int = 2048
+) -> int:
+    """Programs of a kernel (``regs`` registers per thread, ``smem`` bytes of shared memory, ``num_warps`` warps)
+    that one SM holds at once: registers are allocated per warp in units of 256, each program reserves 1 KiB of
+    shared memory besides its own, at most 32 programs; the defaults are an sm_90 SM's (H100 / H200)."""
+    per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    return min(sm_regs // (per_warp * num_warps), sm_smem // (smem + 1024), sm_threads // (32 * num_warps), 32)
 
 
 def _resident_per_sm(compiled, num_warps: int, dev: torch.device) -> int:
@@ -135,9 +146,7 @@ def _resident_per_sm(compiled, num_warps: int, dev: torch.device) -> int:
         sm_threads = int(prop.max_threads_per_multi_processor)
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return 1
-    per_warp = -(-255 * 32 // 256) * 256
-    fit = min(sm_regs // (per_warp * num_warps), sm_smem // (smem + 1024), sm_threads // (32 * num_warps))
-    return max(1, min(fit, _FB_RESIDENT_MAX))
+    return max(1, min(programs_per_sm(255, smem, num_warps, sm_regs, sm_smem, sm_threads), _FB_RESIDENT_MAX))
 
 
 def regs_cap(maxnreg) -> dict:
@@ -913,7 +922,7 @@ def _topk_scan_kernel(
 def _grid_barrier(BAR, target, SPIN: tl.constexpr):
     # Every program of the launch waits here until BAR (zeroed before the launch, raised by one per program and
     # barrier) reaches target = (barriers so far) x programs. The writes before it are released at GPU scope, the
-    # reads after it acquire them. Only for launches whose programs are all resident at once (at most one per SM).
+    # reads after it acquire them. Only for launches whose programs are all resident at once.
     # SPIN 0: one thread polls with acquire loads; 1: every thread polls with volatile loads, then one acquire.
     tl.debug_barrier()
     tl.atomic_add(BAR, 1, sem="release", scope="gpu")
@@ -952,11 +961,12 @@ def _topk_fallback_kernel(
     UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
 ):  # fmt: skip
     # The long-row top-k's fallback (refinement passes, recount, ordered emit: _topk_scan_body's modes 1-3) in one
-    # launch of NPROG persistent programs (at most one per SM, so all are resident; 1 under the interpreter, which
-    # runs programs one after another). Each program first checks every row's count (OFF, final since the count +
-    # emit pass): when no row has more than CAP, all return at once, which is the common case. Otherwise the
-    # programs take the (landmark tile, key chunk, batch-head) items of each pass in turn, with a grid barrier
-    # between passes (the counter is OFF[nrows], zeroed by the start kernel); every program passes every barrier.
+    # launch of NPROG persistent programs (no more than the SMs hold at once, so all are resident; 1 under the
+    # interpreter, which runs programs one after another). Each program first checks every row's count (OFF, final
+    # since the count + emit pass): when no row has more than CAP, all return at once, which is the common case.
+    # Otherwise the programs take the (landmark tile, key chunk, batch-head) items of each pass in turn, with a grid
+    # barrier between passes (the counter is OFF[nrows], zeroed by the start kernel); every program passes every
+    # barrier.
     # The refinement stops after the first pass whose state has every fallback row done (the recount and the
     # ordered emit then read the slot after it), so a row that settles in a few passes costs a few barriers.
     pid = tl.program_id(0)
@@ -1240,12 +1250,12 @@ def exact_topk(
             P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
             RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
+        okey = (dev.index, tuple(sorted(fb_kw.items())))
         if _interpreting():
             nprog = 1
         else:
             # As many programs as the SMs hold at once (_resident_per_sm; one per SM until the first launch of these
             # constexprs has compiled the kernel), so that every program is resident.
-            okey = (dev.index, tuple(sorted(fb_kw.items())))
             nprog = min(n_s * G * BH, _sm_count(dev) * _FB_RESIDENT.get(okey, 1))
         if SCAN_CONFIG["fb_programs"]:
             nprog = min(nprog, int(SCAN_CONFIG["fb_programs"]))
