@@ -1,6 +1,6 @@
 """Per-kernel GPU time of MiTA and dense attention (torch.profiler), to see where an op-level call spends time.
 
-    python scripts/bench/kernel_profile.py [--points deit_s,N65536] [--backend triton]
+    python scripts/bench/kernel_profile.py [--points deit_s,N65536] [--backend triton] [--sequence]
     python scripts/bench/kernel_profile.py --figf 65536:16,1048576:2 [--compile] [--fused-mlp]  # Figure F's MiTA model
     python scripts/bench/kernel_profile.py --layers deit_s [--attentions mita,full[cudnn]]  # bench_layers' layers
 
@@ -83,6 +83,21 @@ def kernel_table(fn, reps: int = 5, top: int | None = 14) -> tuple[float, list[t
     return sum(r[1] for r in rows), rows[:top]
 
 
+def kernel_sequence(fn, reps: int = 3) -> list[tuple[str, float]]:
+    """The GPU kernels of one call of ``fn`` in launch order with their durations in ms (the last of ``reps``
+    profiled calls), so kernels that share a name (the scan passes) are told apart."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    evs.sort(key=lambda e: e.time_range.start)
+    per = len(evs) // reps
+    return [(e.name[:70], e.time_range.elapsed_us() / 1e3) for e in evs[len(evs) - per :]]
+
+
 def profile_layers(names: list[str], labels: list[str]) -> None:
     """Wall and per-kernel GPU time of whole layers (projections included) as bench_layers.py builds them, forward
     (no_grad) and forward + backward."""
@@ -117,6 +132,9 @@ def main() -> None:
     ap.add_argument("--fused-mlp", action="store_true", help="with --figf: the blocks' fused MLP kernel")
     ap.add_argument("--layers", default="", help="bench_layers.py point names: profile whole layers instead")
     ap.add_argument("--attentions", default="mita,full[cudnn]", help="with --layers: bench_layers method labels")
+    ap.add_argument(
+        "--sequence", action="store_true", help="also list the MiTA forward's kernels in launch order with durations"
+    )
     args = ap.parse_args()
     if args.layers:
         profile_layers(args.layers.split(","), args.attentions.split(","))
@@ -153,6 +171,12 @@ def main() -> None:
             print(f"== {name} {fname}: wall {wall:.3f} ms (spread {spread:.3f}), GPU kernels {gpu:.3f} ms", flush=True)
             for key, ms, cnt in rows:
                 print(f"   {ms:8.4f} ms  x{cnt:<3d} {key}", flush=True)
+            if args.sequence and fname == "mita fwd":
+                with torch.no_grad():
+                    seq = kernel_sequence(fn)
+                print(f"   launch order ({len(seq)} kernels, {sum(t for _, t in seq):.4f} ms):")
+                for i, (key, ms) in enumerate(seq):
+                    print(f"   [{i:2d}] {ms:8.4f} ms  {key}", flush=True)
         torch.cuda.empty_cache()
 
 
