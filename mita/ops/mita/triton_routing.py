@@ -90,11 +90,15 @@ _SCAN_PROGRAMS = 2048
 # than it runs (e.g. an MPS thread limit), set fb_programs to what it holds, or fallback 0.
 # merge_in_final (default 1): with the fused landmark values, the final top-k kernel (one program per landmark)
 # also merges their split-key partials (0: the merge kernel, one launch more).
+# fused_select (default 1): the start, count + emit and final kernels as one kernel of one program per row
+# (_topk_select_kernel): no atomics (each row's candidates go to its list in block order), two launches fewer; rows
+# whose candidates overflow the list still take the fallback, then the final kernel for those rows only. 0: the
+# three kernels. select_eb: blocks per step of its emission (None: up to 1024).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
     start_narrow=1, final_narrow=1, fallback=1, merge_in_final=1, fb_spin=0,
-    fb_programs=None,
+    fb_programs=None, fused_select=1, select_eb=None,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -463,35 +467,15 @@ def _kth_largest_key_narrow(key, valid, kk, k_max, UNIT: tl.constexpr):
 
 
 @triton.jit
-def _topk_start_kernel(
-    CMAX,
-    KK,
-    LO,
-    HI,
-    OFF,
-    CNT,
-    CAND,
-    M,
-    NB,
-    NBLK,
-    CAP,
-    ksel,
-    nrows,
-    HAS_KV: tl.constexpr,
-    F: tl.constexpr,
-    GP: tl.constexpr,
-    P: tl.constexpr,
-    CB: tl.constexpr,
-    ONE_PLANE: tl.constexpr,
-    STEPS: tl.constexpr,
-    NARROW: tl.constexpr,
-):
-    # One row per program: lo = the largest order key t that kk maxima of groups of F entries reach (so kk
-    # distinct keys reach it; rounded down when STEPS < 32, see _kth_largest_key), hi = just above the row maximum;
-    # the row's slot counter, refinement counts and candidate list start empty. Entries: the NB = t * NBLK first of
-    # the block-top planes (t = 1: the block maxima; t = 2: also each block's second largest score), entry e in
-    # plane e // NBLK.
-    row = tl.program_id(0).to(tl.int64)
+def _start_row(
+    CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, ksel, nrows, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr,
+    P: tl.constexpr, ONE_PLANE: tl.constexpr, STEPS: tl.constexpr, NARROW: tl.constexpr,
+):  # fmt: skip
+    # Row row's start threshold lo = the largest order key t that kk maxima of groups of F entries reach (so kk
+    # distinct keys reach it; rounded down when STEPS < 32, see _kth_largest_key), hi = just above the row maximum,
+    # stored as state slot 0 of the refinement (LO, HI); its refinement counts start at zero. Entries: the NB = t *
+    # NBLK first of the block-top planes (t = 1: the block maxima; t = 2: also each block's second largest score),
+    # entry e in plane e // NBLK. Returns lo (int64).
     kk = _head_kk(KK, row // M, ksel, HAS_KV)
     o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
     if ONE_PLANE:
@@ -509,12 +493,25 @@ def _topk_start_kernel(
         lo = _kth_largest_key(g_key, m_g, kk, -2147483648, 2147483648, STEPS)
     tl.store(LO + row, lo)
     tl.store(HI + row, r_max.to(tl.int64) + 1)
+    o_c = tl.arange(0, _NPASS * P)
+    tl.store(CNT + ((o_c // P) * nrows + row) * P + o_c % P, tl.zeros([_NPASS * P], tl.int32))
+    return lo
+
+
+@triton.jit
+def _topk_start_kernel(
+    CMAX, KK, LO, HI, OFF, CNT, CAND, M, NB, NBLK, CAP, ksel, nrows, HAS_KV: tl.constexpr, F: tl.constexpr,
+    GP: tl.constexpr, P: tl.constexpr, CB: tl.constexpr, ONE_PLANE: tl.constexpr, STEPS: tl.constexpr,
+    NARROW: tl.constexpr,
+):  # fmt: skip
+    # One row per program: the start threshold and state slot 0 (_start_row); the row's slot counter and candidate
+    # list start empty.
+    row = tl.program_id(0).to(tl.int64)
+    _start_row(CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, ksel, nrows, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW)
     tl.store(OFF + row, 0)
     if row == 0:
         # The persistent fallback kernel's barrier counter.
         tl.store(OFF + nrows, 0)
-    o_c = tl.arange(0, _NPASS * P)
-    tl.store(CNT + ((o_c // P) * nrows + row) * P + o_c % P, tl.zeros([_NPASS * P], tl.int32))
     _clear_list(CAND, row, CAP, CB)
 
 
@@ -1011,20 +1008,18 @@ def _topk_fallback_kernel(
 
 
 @triton.jit
-def _topk_final_kernel(
-    CAND, IDX, KSEL, CAP, PM, PL, PACC, VT, LSE, M, NC, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr,
-    SORT: tl.constexpr, NARROW: tl.constexpr, MERGE: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+def _final_row(
+    CAND, IDX, row, LIM, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr,
+    NARROW: tl.constexpr, CM: tl.constexpr,
 ):  # fmt: skip
-    # One row per program: the KSEL largest packed entries of the candidate list (score desc, index asc; fewer
-    # when the list holds fewer valid keys), their key indices ascending, then -1. The selection without a sort:
-    # the threshold key t (_kth_largest_key), then, unless every entry at t is taken, the lowest indices among them
-    # (the same helper on the low word). The order: one sort of the list (SORT) or ranks from pairwise comparisons.
-    # MERGE: the row's landmark values from their NC split-key partials first (_lv_merge_row: one launch fewer).
-    row = tl.program_id(0).to(tl.int64)
-    if MERGE:
-        _lv_merge_row(PM, PL, PACC, VT, LSE, row % M, row // M, M, NC, D, BC)
+    # Row row's KSEL largest packed entries among the first min(LIM, CAP) of its candidate list (score desc, index
+    # asc; fewer when the list holds fewer valid keys; the entries past them read as empty), their key indices
+    # ascending, then -1. The selection without a sort: the threshold key t (_kth_largest_key), then, unless every
+    # entry at t is taken, the lowest indices among them (the same helper on the low word). The order: one sort of
+    # the list (SORT) or ranks from pairwise comparisons. CM: the list's cache modifier (".cg" where other programs
+    # of the same launch wrote it).
     o_c = tl.arange(0, CP)
-    c = tl.load(CAND + row * CAP + o_c, mask=o_c < CAP, other=_EMPTY)
+    c = tl.load(CAND + row * CAP + o_c, mask=o_c < tl.minimum(LIM, CAP), other=_EMPTY, cache_modifier=CM)
     valid = c != _EMPTY
     n_sel = tl.minimum(tl.sum(valid.to(tl.int32), 0), KSEL)
     c_key = c >> 32
@@ -1047,21 +1042,137 @@ def _topk_final_kernel(
         # The chosen indices ascending by one sort of the list (the others as INT32_MAX, after them), then -1.
         srt = tl.sort(tl.where(sel, (0xFFFFFFFF - c_low).to(tl.int32), 2147483647), 0)
         tl.store(base + o_c, tl.where(o_c < n_sel, srt, -1), mask=o_c < KSEL)
-        return
-    # Compact the n_sel chosen indices into the output row (list order), then write each at its rank.
-    pos = tl.cumsum(sel.to(tl.int32), 0) - 1
-    tl.store(base + pos, (0xFFFFFFFF - c_low).to(tl.int32), mask=sel)
-    tl.debug_barrier()
-    o_k = tl.arange(0, KP)
-    x = tl.load(base + o_k, mask=o_k < n_sel, other=2147483647)
-    rank = tl.zeros([KP], tl.int32)
-    for j0 in range(0, n_sel, CB):
-        o_i = j0 + tl.arange(0, CB)
-        x_j = tl.load(base + o_i, mask=o_i < n_sel, other=2147483647)
-        rank += tl.sum((x_j[None, :] < x[:, None]).to(tl.int32), 1)
-    tl.debug_barrier()
-    tl.store(base + rank, x, mask=o_k < n_sel)
-    tl.store(base + o_k, tl.full([KP], -1, tl.int32), mask=(o_k >= n_sel) & (o_k < KSEL))
+    else:
+        # Compact the n_sel chosen indices into the output row (list order), then write each at its rank.
+        pos = tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(base + pos, (0xFFFFFFFF - c_low).to(tl.int32), mask=sel)
+        tl.debug_barrier()
+        o_k = tl.arange(0, KP)
+        x = tl.load(base + o_k, mask=o_k < n_sel, other=2147483647)
+        rank = tl.zeros([KP], tl.int32)
+        for j0 in range(0, n_sel, CB):
+            o_i = j0 + tl.arange(0, CB)
+            x_j = tl.load(base + o_i, mask=o_i < n_sel, other=2147483647)
+            rank += tl.sum((x_j[None, :] < x[:, None]).to(tl.int32), 1)
+        tl.debug_barrier()
+        tl.store(base + rank, x, mask=o_k < n_sel)
+        tl.store(base + o_k, tl.full([KP], -1, tl.int32), mask=(o_k >= n_sel) & (o_k < KSEL))
+
+
+@triton.jit
+def _topk_final_kernel(
+    CAND, IDX, KSEL, CAP, PM, PL, PACC, VT, LSE, OFF, M, NC, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr,
+    SORT: tl.constexpr, NARROW: tl.constexpr, MERGE: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+    FB_ONLY: tl.constexpr,
+):  # fmt: skip
+    # One row per program: the top-k of its candidate list (_final_row). MERGE: the row's landmark values from their
+    # NC split-key partials first (_lv_merge_row: one launch fewer). FB_ONLY: only the rows with more than CAP
+    # candidates (OFF; the others were selected by _topk_select_kernel).
+    row = tl.program_id(0).to(tl.int64)
+    if MERGE:
+        _lv_merge_row(PM, PL, PACC, VT, LSE, row % M, row // M, M, NC, D, BC)
+    if FB_ONLY:
+        if tl.load(OFF + row) > CAP:
+            _final_row(CAND, IDX, row, CAP, KSEL, CAP, CP, KP, CB, SORT, NARROW, "")
+    else:
+        _final_row(CAND, IDX, row, CAP, KSEL, CAP, CP, KP, CB, SORT, NARROW, "")
+
+
+@triton.jit
+def _emit_row(
+    R, K, KV, CMAX, ARG, CAND, row, lo, N, M, NBLK, CAP, H, SB, SH, SN, nrows, HAS_KV: tl.constexpr, D: tl.constexpr,
+    BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr,
+    EB: tl.constexpr,
+):  # fmt: skip
+    # The count + emit pass (_topk_scan_body's MODE 4) for one row, without atomics: every key with order key >= lo
+    # goes to the row's candidate list in block order (positions from prefix sums; those past CAP are dropped) and
+    # the count is returned. A block whose second largest score is below the threshold holds at most one such key,
+    # its maximum, written from the block tops (CMAX, ARG); E3: one whose third largest is below it at most two.
+    # Only the other blocks are scored again, one after another, with the same dot of the same landmark tile as the
+    # block-top pass (so the same scores to the bit: this kernel runs with the passes' warps), the row's scores
+    # taken out of the tile's. EB blocks per step.
+    i_bh = row // M
+    i_j = row % M
+    # The float t with key(s) >= lo <=> s >= t (as MODE 4).
+    t_f = tl.where(lo >= 0, lo, lo ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    t_f = tl.where(lo <= _KEY_NEG_INF, float("-inf"), t_f)
+    PS = (i_bh * 0 + nrows) * NBLK
+    o_e = tl.arange(0, EB)
+    o_d = tl.arange(0, D)
+    o_j = (i_j // BS) * BS + tl.arange(0, BS)
+    K_h = _head_ptr(K, i_bh, H, SB, SH)
+    n = tl.zeros([], tl.int32)
+    for b0 in range(0, NBLK, EB):
+        o_b = b0 + o_e
+        m_b = o_b < NBLK
+        e_at = row * NBLK + o_b
+        e_max = tl.load(CMAX + e_at, mask=m_b, other=float("-inf"))
+        e_sec = tl.load(CMAX + PS + e_at, mask=m_b, other=float("-inf"))
+        one = m_b & (e_max >= t_f) & (e_sec < t_f)
+        if E3:
+            e_thr = tl.load(CMAX + 2 * PS + e_at, mask=m_b, other=float("-inf"))
+            two = m_b & (e_sec >= t_f) & (e_thr < t_f)
+            more = m_b & (e_thr >= t_f)
+            w = tl.where(one, 1, tl.where(two, 2, 0))
+        else:
+            more = m_b & (e_sec >= t_f)
+            w = one.to(tl.int32)
+        pos = n + tl.cumsum(w, 0) - w
+        e_n = o_b * BN + tl.load(ARG + e_at, mask=m_b, other=0).to(tl.int32)
+        packed = (_order_key(e_max).to(tl.int64) << 32) + (0xFFFFFFFF - e_n.to(tl.int64))
+        tl.store(CAND + row * CAP + pos, packed, mask=(w > 0) & (pos < CAP))
+        if E3:
+            e_n2 = o_b * BN + tl.load(ARG + PS + e_at, mask=m_b, other=0).to(tl.int32)
+            packed2 = (_order_key(e_sec).to(tl.int64) << 32) + (0xFFFFFFFF - e_n2.to(tl.int64))
+            tl.store(CAND + row * CAP + pos + 1, packed2, mask=two & (pos + 1 < CAP))
+        n += tl.sum(w, 0)
+        n_more = tl.sum(more.to(tl.int32), 0)
+        while n_more > 0:
+            blk = tl.min(tl.where(more, o_b, 2147483647), 0)
+            more = more & (o_b != blk)
+            n_more -= 1
+            o_n = blk * BN + tl.arange(0, BN)
+            b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
+            m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, N, SN, o_d, HAS_KV, PREC, UP, EXACT)
+            s_row = tl.max(tl.where((o_j == i_j)[:, None], b_sc, float("-inf")), 0)
+            w_c = (m_n & (s_row >= t_f)).to(tl.int32)
+            p_c = n + tl.cumsum(w_c, 0) - w_c
+            r_packed = (_order_key(s_row).to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))
+            tl.store(CAND + row * CAP + p_c, r_packed, mask=(w_c > 0) & (p_c < CAP))
+            n += tl.sum(w_c, 0)
+    return n
+
+
+@triton.jit
+def _topk_select_kernel(
+    R, K, KV, CMAX, ARG, KK, LO, HI, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, N, M, NB, NBLK, CAP, ksel, H, SB, SH,
+    SN, nrows, NC, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr, P: tl.constexpr,
+    ONE_PLANE: tl.constexpr, STEPS: tl.constexpr, NARROW: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+    BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr, EB: tl.constexpr,
+    CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr, FNARROW: tl.constexpr,
+    MERGE: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    # The start, count + emit and final kernels of one row in one program (SCAN_CONFIG["fused_select"]): the start
+    # threshold and state slot 0 (_start_row), the row's keys at or above it into its candidate list (_emit_row), and
+    # when they fit the list (count <= CAP) its top-k (_final_row); OFF[row] = the count, so rows with more than CAP
+    # take the fallback (then _topk_final_kernel with FB_ONLY). MERGE: the row's landmark values from their split-key
+    # partials too.
+    row = tl.program_id(0).to(tl.int64)
+    if MERGE:
+        _lv_merge_row(PM, PL, PACC, VT, LSE, row % M, row // M, M, NC, D, BC)
+    lo = _start_row(CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, ksel, nrows, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW)
+    if row == 0:
+        # The persistent fallback kernel's barrier counter.
+        tl.store(OFF + nrows, 0)
+    n = _emit_row(
+        R, K, KV, CMAX, ARG, CAND, row, lo, N, M, NBLK, CAP, H, SB, SH, SN, nrows, HAS_KV, D, BS, BN, PREC, UP, EXACT,
+        E3, EB,
+    )  # fmt: skip
+    tl.store(OFF + row, n)
+    if n <= CAP:
+        # The list's entries were written by this program's threads: make them visible to all of them.
+        tl.debug_barrier()
+        _final_row(CAND, IDX, row, n, ksel, CAP, CP, KP, CB, SORT, FNARROW, "")
 
 
 def _emit_top(N: int, ksel: int, bn: int) -> int:
@@ -1230,17 +1341,42 @@ def exact_topk(
     # Groups of f block entries keep the start kernel's maxima in registers (<= _START_ENTRIES per row).
     f = _next_pow2(_cdiv(NB * topt, _START_ENTRIES))
     gp = _next_pow2(_cdiv(NB * topt, f))
-    run(
-        "start threshold",
-        lambda: fast(_topk_start_kernel)[(rows,)](
-            cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
-            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1, STEPS=steps,
-            NARROW=bool(SCAN_CONFIG["start_narrow"]),
-            num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4),
-        ),
-    )  # fmt: skip
-    # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
-    run("count + emit (sparse, atomic slots)", lambda: scan(4))
+    kp = _next_pow2(ksel)
+    merge = lvf and bool(SCAN_CONFIG["merge_in_final"])
+    if lvf:
+        vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
+        lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
+    else:
+        vt = lse = r
+    fused = bool(SCAN_CONFIG["fused_select"])
+    final_kw = dict(CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), SORT=bool(SCAN_CONFIG["final_sort"]))
+    if fused:
+        eb = SCAN_CONFIG["select_eb"] or min(1024, _next_pow2(NB))
+        if eb & (eb - 1) or eb < 16:
+            raise ValueError(f"SCAN_CONFIG['select_eb'] must be a power of 2 >= 16 or None, got {eb}")
+        run(
+            "start + count + emit + top-k (per row)" + (" + landmark values merge" if merge else ""),
+            lambda: fast(_topk_select_kernel)[(rows,)](
+                r, k, kv, cmax, arg, kk, lo, hi, off, cnt, cand, idx, pm, pl, pacc, vt, lse, N, M, NB * topt, NB, cap,
+                ksel, *lay, rows, G,
+                HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, ONE_PLANE=topt == 1, STEPS=steps,
+                NARROW=bool(SCAN_CONFIG["start_narrow"]), D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
+                E3=e3, EB=eb, FNARROW=bool(SCAN_CONFIG["final_narrow"]), MERGE=merge, BC=min(64, _next_pow2(G)),
+                **final_kw, num_warps=SCAN_CONFIG["num_warps"],
+            ),
+        )  # fmt: skip
+    else:
+        run(
+            "start threshold",
+            lambda: fast(_topk_start_kernel)[(rows,)](
+                cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
+                HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1, STEPS=steps,
+                NARROW=bool(SCAN_CONFIG["start_narrow"]),
+                num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4),
+            ),
+        )  # fmt: skip
+        # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
+        run("count + emit (sparse, atomic slots)", lambda: scan(4))
     if stats is not None:
         stats["cap"] = cap
         stats["counts"] = off[:rows].clone()
@@ -1274,21 +1410,14 @@ def exact_topk(
             run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
         run("recount (fallback rows)", lambda: scan(2, _PASSES))
         run("ordered emit (fallback rows)", lambda: scan(3, _PASSES))
-    kp = _next_pow2(ksel)
     final_cap = 96 if cap <= 512 and kp >= 64 else 0
-    merge = lvf and bool(SCAN_CONFIG["merge_in_final"])
-    if lvf:
-        vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
-        lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
-    else:
-        vt = lse = r
     run(
-        "top-k of the candidate list" + (" + landmark values merge" if merge else ""),
+        ("top-k of the fallback rows' lists" if fused else "top-k of the candidate list")
+        + (" + landmark values merge" if merge and not fused else ""),
         lambda: fast(_topk_final_kernel)[(rows,)](
-            cand, idx, ksel, cap, pm, pl, pacc, vt, lse, M, G,
-            CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), SORT=bool(SCAN_CONFIG["final_sort"]),
-            NARROW=bool(SCAN_CONFIG["final_narrow"]), MERGE=merge, D=D, BC=min(64, _next_pow2(G)),
-            num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
+            cand, idx, ksel, cap, pm, pl, pacc, vt, lse, off, M, G,
+            NARROW=bool(SCAN_CONFIG["final_narrow"]), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
+            FB_ONLY=fused, **final_kw, num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
             **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
         ),
     )  # fmt: skip
