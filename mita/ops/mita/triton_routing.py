@@ -1994,6 +1994,7 @@ def _compile_cases() -> list:
     scan = dict(KK=i32, LO=i64, HI=i64, DONE=i32, CMAX="*fp32", ARG="*i8", CNT=i32, OFF=i32, CAND=i64)
     sc = dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, LVF=0, EVEN=0, LAZY=0, **common)
     lvf = dict(scan, PM="*fp32", PL="*fp32", PACC="*fp32")
+    sel = dict(lvf, IDX=i32)
     return [
         ("topk_scan mode 0 e3 + lv", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1}), 4, lvf),
@@ -2050,6 +2051,21 @@ def _compile_cases() -> list:
         ("topk_final 64K sort merge", _topk_final_kernel,
          dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=1, D=64, BC=64), dict(num_warps=4, maxnreg=96),
          dict(CAND=i64, IDX=i32, VT="*bf16")),
+        ("topk_final 64K fb only", _topk_final_kernel,
+         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=1), dict(num_warps=4, maxnreg=96),
+         dict(CAND=i64, IDX=i32, OFF=i32)),
+        ("topk_select 64K e3 merge", _topk_select_kernel,
+         dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=1,
+              EB=1024, CP=256, KP=128, CB=64, SORT=1, FNARROW=1, MERGE=1, BC=64, **common), 4,
+         dict(sel, VT="*bf16")),
+        ("topk_select 1M", _topk_select_kernel,
+         dict(HAS_KV=False, F=2, GP=8192, P=_P, ONE_PLANE=True, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=0,
+              EB=1024, CP=1024, KP=512, CB=16, SORT=1, FNARROW=1, MERGE=1, BC=64, **common), 4,
+         dict(sel, VT="*bf16")),
+        ("topk_select kv", _topk_select_kernel,
+         dict(HAS_KV=True, F=1, GP=1024, P=_P, ONE_PLANE=False, STEPS=32, NARROW=0, BS=32, BN=64, EXACT=False, E3=0,
+              EB=512, CP=256, KP=128, CB=64, SORT=0, FNARROW=0, MERGE=0, BC=64, **common), 4,
+         dict(sel, VT="*bf16")),
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=0, **common), 8, None),
         ("route S=1 even", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=1, **common), 8,
          None),
