@@ -57,6 +57,27 @@ def fallback(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(
+    params=[(1, 1), (1, 0), (0, 1)], ids=["select_persistent", "select_fallback_launches", "three_kernels_persistent"]
+)
+def topk_path(request, monkeypatch):
+    """(fused_select, fallback): the per-row select kernel (the default) with the persistent fallback or its ten
+    launches, and the start + count + emit + final kernels with the persistent fallback."""
+    fused, fb = request.param
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", fb)
+    return request.param
+
+
+def _topk_launches(fused: int, fallback: int) -> list[str]:
+    """The long-row top-k's launches without padding: block tops, then the select kernel (or start and count +
+    emit), the fallback (one persistent launch or ten of the scan kernel) and the final kernel (with the select
+    kernel: for fallback rows only)."""
+    fb = ["_topk_fallback_kernel"] if fallback else ["_topk_scan_kernel"] * 10
+    mid = ["_topk_select_kernel"] if fused else ["_topk_start_kernel", "_topk_scan_kernel"]
+    return ["_topk_scan_kernel", *mid, *fb, "_topk_final_kernel"]
+
+
 def _same_sets(a, b):
     a = torch.where(a < 0, 1 << 30, a.long()).sort(-1).values
     b = torch.where(b < 0, 1 << 30, b.long()).sort(-1).values
@@ -85,7 +106,7 @@ def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
     assert torch.equal(key, key.sort(-1).values)
 
 
-def test_exact_topk_long_rows_massive_ties_and_refinement(block_top, fallback):
+def test_exact_topk_long_rows_massive_ties_and_refinement(block_top, topk_path):
     # Many keys tie with the k-th score and the candidate list is short: the refinement passes must narrow the
     # threshold to the k-th key itself and the emitting pass must keep the lowest-index ties.
     BH, N, M, d, ksel = 1, 200, 3, 32, 20
@@ -107,7 +128,7 @@ def test_exact_topk_long_rows_start_from_block_maxima(block_top):
     assert _same_sets(got, _ref_topk(r, k, valid, 8))
 
 
-def test_exact_topk_long_rows_count_first_then_refine_some_rows(block_top, fallback):
+def test_exact_topk_long_rows_count_first_then_refine_some_rows(block_top, topk_path):
     # One landmark tile mixes rows the count pass settles (random scores) with a row it cannot: its start (the
     # 4th largest block maximum) is a level 600 keys reach, above which only two keys lie, so it is refined.
     N, M, d, ksel = 1024, 5, 32, 4
@@ -155,7 +176,7 @@ def _mixed_rows_padding(N):
 
 
 @pytest.mark.parametrize("pad", [False, True])
-def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad, block_top, fallback):
+def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad, block_top, topk_path):
     N, d, ksel = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = _mixed_rows_padding(N) if pad else None
@@ -178,17 +199,78 @@ def test_exact_topk_long_rows_fewer_valid_keys_than_k(block_top):
     assert torch.all(got[1, :, 25:] == -1)
 
 
-def test_exact_topk_long_rows_launches(triton_launches, fallback):
-    # Without padding the long-row path is Triton launches only: block maxima, start, count + emit, the fallback
-    # (one persistent launch, or 8 refinement passes, recount and ordered emission), final top-k (5 or 14), and no
-    # PyTorch kernel besides the allocations.
+def test_exact_topk_long_rows_launches(triton_launches, topk_path):
+    # Without padding the long-row path is Triton launches only: block maxima, the select kernel (or start and
+    # count + emit), the fallback (one persistent launch, or 8 refinement passes, recount and ordered emission),
+    # final top-k (4, 13 or 5), and no PyTorch kernel besides the allocations.
     launches = triton_launches
     r = _ints((1, 3, 32), -1, 2, 15)
     k = _ints((1, 70, 32), -1, 2, 16)
     got = tr.exact_topk(r, k, None, 5, small_max_n=0)
-    fb = ["_topk_fallback_kernel"] if fallback else ["_topk_scan_kernel"] * 10
-    assert launches == ["_topk_scan_kernel", "_topk_start_kernel", "_topk_scan_kernel", *fb, "_topk_final_kernel"]
+    assert launches == _topk_launches(*topk_path)
+    finals = [kw for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"]
+    assert finals[0]["FB_ONLY"] == bool(topk_path[0])
     assert _same_sets(got, _ref_topk(r, k, None, 5))
+
+
+def _float_inputs(BH, M, N, d, seed, rho=0.0):
+    # bf16 Gaussian landmarks and keys (AR(1) along N with correlation rho): real-valued scores, few exact ties.
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randn(BH, M, d, generator=g)
+    k = torch.randn(BH, N, d, generator=g)
+    if rho:
+        for i in range(1, N):
+            k[:, i] = rho * k[:, i - 1] + (1 - rho**2) ** 0.5 * k[:, i]
+    return r.to(DEV, torch.bfloat16), k.to(DEV, torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "N,M,ksel,cap,rho,pad,emit_top,eb",
+    [
+        (2000, 8, 16, None, 0.0, False, None, None),
+        (4096, 8, 32, None, 0.0, True, 2, 16),
+        (3000, 6, 64, 64, 0.0, False, 3, 16),  # with a coarse start (12 bisection steps): rows overflow
+        (2048, 8, 16, None, 0.95, False, None, None),
+    ],
+    ids=["iid", "pad_e2_steps", "cap_k_overflow", "correlated"],
+)
+def test_exact_topk_select_kernel_matches_three_kernels(monkeypatch, N, M, ksel, cap, rho, pad, emit_top, eb):
+    """The per-row select kernel (start, count + emit from the block tops with blocks scored again, top-k) against
+    the start + count + emit + final kernels on real-valued scores: the same selection and the same count of keys
+    at or above each row's start, bitwise; overflowing rows (cap = k, correlated keys) take the fallback then the
+    final kernel (cap = k with a coarse start: 12 bisection steps); several emission steps per row (select_eb 16)
+    with padding; against a stable sort too."""
+    r, k = _float_inputs(2, M, N, 32, 40 + N, rho)
+    valid = None
+    if pad:
+        valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
+        valid[1, N // 2 :] = False
+    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_top", emit_top)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "select_eb", eb)
+    if cap is not None:
+        monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", 12)
+    out = {}
+    for fused in (1, 0):
+        monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
+        st: dict = {}
+        out[fused] = (
+            tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=cap, stats=st),
+            st["counts"].cpu(),
+            int(st["overflow_rows"]),
+        )
+    assert torch.equal(out[1][0].cpu(), out[0][0].cpu())
+    assert torch.equal(out[1][1], out[0][1])
+    assert out[1][2] == out[0][2]
+    if cap is not None or rho:
+        assert out[1][2] > 0, "expected rows that overflow the candidate list"
+    assert _same_sets(out[1][0], _ref_topk(r.float(), k.float(), valid, ksel))
+
+
+def test_exact_topk_select_eb_out_of_range(monkeypatch):
+    r, k = _float_inputs(1, 4, 600, 32, 3)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "select_eb", 24)
+    with pytest.raises(ValueError, match="select_eb"):
+        tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
 @pytest.mark.parametrize(
@@ -280,14 +362,15 @@ def test_exact_topk_whole_tiles_of_tied_candidates():
     assert torch.equal(got.cpu().long(), _ref_topk(r, k, None, 40).sort(-1).values.cpu())
 
 
+@pytest.mark.parametrize("fused", [1, 0], ids=["select_kernel", "count_emit_pass"])
 @pytest.mark.parametrize("emit_top", [2, 3])
 @pytest.mark.parametrize("pad", [False, True])
-def test_exact_topk_sparse_emit_single_and_rescanned_blocks(monkeypatch, block_top, pad, emit_top):
-    """The count + emit pass writes a block's one key at or above the start from the block tops alone (emit_top 3:
-    also a block's two) and scores again only the other blocks: keys planted so that one row has single-key
-    blocks, one has blocks with two (a tie at the maximum in one of them) and one a whole block of equal keys, over
-    several key chunks, with and without padding."""
-    _sparse_emit_case(monkeypatch, pad, emit_top)
+def test_exact_topk_sparse_emit_single_and_rescanned_blocks(monkeypatch, block_top, pad, emit_top, fused):
+    """The count + emit step (the select kernel's, or the count + emit pass's) writes a block's one key at or above
+    the start from the block tops alone (emit_top 3: also a block's two) and scores again only the other blocks:
+    keys planted so that one row has single-key blocks, one has blocks with two (a tie at the maximum in one of
+    them) and one a whole block of equal keys, over several key chunks, with and without padding."""
+    _sparse_emit_case(monkeypatch, pad, emit_top, fused)
 
 
 @pytest.mark.parametrize("emit_bb", [None, 2])
@@ -299,8 +382,9 @@ def test_exact_topk_sparse_emit_long_chunks(monkeypatch, block_top, emit_bb):
     _sparse_emit_case(monkeypatch, True, 3)
 
 
-def _sparse_emit_case(monkeypatch, pad, emit_top):
+def _sparse_emit_case(monkeypatch, pad, emit_top, fused=1):
     monkeypatch.setitem(tr.SCAN_CONFIG, "emit_top", emit_top)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
     BH, M, N, d = 2, 6, 3000, 32
     r = _ints((BH, M, d), -1, 2, 5)
     k = _ints((BH, N, d), -1, 2, 6) * 0.25  # background scores well below the planted keys
@@ -587,9 +671,9 @@ def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launch
 
 
 @pytest.mark.parametrize("merge", [1, 0])
-def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches, fallback, merge):
-    """With lv fused: the top-k's launches, the merge inside the final top-k kernel (or one merge launch after it);
-    no separate landmark-value pass."""
+def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches, topk_path, merge):
+    """With lv fused: the top-k's launches, the merge inside the select kernel or the final top-k kernel (or one
+    merge launch after it); no separate landmark-value pass."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "merge_in_final", merge)
     launches = triton_launches
@@ -597,11 +681,12 @@ def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches,
     k, v = _ints((1, 70, 32), -1, 2, 16), _ints((1, 70, 32), -2, 3, 17)
     idx, vt, lse = tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
     assert _same_sets(idx, _ref_topk(r, k, None, 5))
-    fb = ["_topk_fallback_kernel"] if fallback else ["_topk_scan_kernel"] * 10
-    want = ["_topk_scan_kernel", "_topk_start_kernel", "_topk_scan_kernel", *fb, "_topk_final_kernel"]
+    want = _topk_launches(*topk_path)
     assert launches == want + ([] if merge else ["_lv_merge_kernel"]), launches
-    finals = [kw for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"]
-    assert finals[0]["MERGE"] == bool(merge)
+    merger = "_topk_select_kernel" if topk_path[0] else "_topk_final_kernel"
+    assert [kw["MERGE"] for name, kw in triton_launches.kwargs if name == merger] == [bool(merge)]
+    if topk_path[0]:
+        assert [kw["MERGE"] for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"] == [False]
     ref = _lv_ref(r, k, v, None, 0.5)
     assert ((vt.double() - ref).norm() / ref.norm()).item() < 1e-5
     assert torch.allclose(lse.double(), _lse_ref(r, k, None, 0.5), atol=1e-4, rtol=0)
@@ -726,6 +811,39 @@ def test_gpu_exact_topk_correlated_tokens(monkeypatch, bt):
     assert int(st["overflow_rows"]) > 200
     median = st["counts"].float().median().item()
     assert (median < 1000) if bt == 2 else (median > 1300)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "N,M,rho,lv",
+    [(65536, 128, 0.0, True), (262144, 256, 0.0, True), (65536, 128, 0.9, False), (1 << 20, 512, 0.0, False)],
+)
+def test_gpu_select_kernel_matches_three_kernels(monkeypatch, N, M, rho, lv):
+    """The per-row select kernel on the GPU, bf16 Gaussian tokens (AR(1) with rho along N): the blocks it scores
+    again must reproduce the block-top pass's tensor-core scores to the bit, so its selection, counts and
+    landmark values equal the start + count + emit + final kernels' exactly (64K uses three block-top planes,
+    256K and 1M two, so more blocks are scored again); correlated tokens make rows overflow into the fallback."""
+    g = torch.Generator(device=DEV).manual_seed(N)
+    k = torch.randn(2, N, 64, device=DEV, generator=g)
+    if rho:
+        # AR(1) along N by a scan: x_i = rho x_{i-1} + sqrt(1 - rho^2) e_i.
+        w = rho ** torch.arange(N, device=DEV, dtype=torch.float64)
+        k = (torch.cumsum(k.double() * ((1 - rho**2) ** 0.5) / w[:, None], 1) * w[:, None]).float()
+    k = k.to(torch.bfloat16)
+    v = torch.randn(2, N, 64, device=DEV, generator=g).to(torch.bfloat16)
+    r = k.view(2, M, N // M, 64).float().mean(2).to(torch.bfloat16)
+    out = {}
+    for fused in (1, 0):
+        monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
+        st: dict = {}
+        res = tr.exact_topk(r, k, None, M, stats=st, lv=(v, 0.125) if lv else None)
+        out[fused] = (res if lv else (res,)), st["counts"], int(st["overflow_rows"])
+    for a, b in zip(out[1][0], out[0][0]):
+        assert torch.equal(a, b)
+    assert torch.equal(out[1][1], out[0][1])
+    assert out[1][2] == out[0][2]
+    assert (out[1][2] > 0) == bool(rho)
 
 
 @pytest.mark.gpu

@@ -1351,7 +1351,7 @@ def exact_topk(
     fused = bool(SCAN_CONFIG["fused_select"])
     final_kw = dict(CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), SORT=bool(SCAN_CONFIG["final_sort"]))
     if fused:
-        eb = SCAN_CONFIG["select_eb"] or min(1024, _next_pow2(NB))
+        eb = SCAN_CONFIG["select_eb"] or max(16, min(1024, _next_pow2(NB)))
         if eb & (eb - 1) or eb < 16:
             raise ValueError(f"SCAN_CONFIG['select_eb'] must be a power of 2 >= 16 or None, got {eb}")
         run(
