@@ -93,7 +93,12 @@ _SCAN_PROGRAMS = 2048
 # fused_select (default 1): the start, count + emit and final kernels as one kernel of one program per row
 # (_topk_select_kernel): no atomics (each row's candidates go to its list in block order), two launches fewer; rows
 # whose candidates overflow the list still take the fallback, then the final kernel for those rows only. 0: the
-# three kernels. select_eb: blocks per step of its emission (None: up to 1024).
+# three kernels. select_eb: blocks per step of its emission (None: up to 1024). Run 21 on the H200 (forward, CUDA
+# graphs, one process, 0 -> 1): 64K 0.144 -> 0.128-0.129 ms, 256K 0.658 -> 0.619-0.626, 1M 3.742 -> 3.690-3.702;
+# the three kernels took 37 us at 64K and 159 us at 256K (of which the count + emit pass 23 and 117; compiled for
+# sm_90 it holds 255 registers with spills, and each candidate takes a slot by an atomic on its row's counter;
+# which of the two costs more was not measured), the select kernel 19 and 116. AR(1) 0.9 tokens at 64K (one row
+# overflows): 0.302 -> 0.308 ms.
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
