@@ -57,12 +57,23 @@ def fallback(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(
-    params=[(1, 1), (1, 0), (0, 1)], ids=["select_persistent", "select_fallback_launches", "three_kernels_persistent"]
-)
+_TOPK_PATHS = dict(select_persistent=(1, 1), select_fallback_launches=(1, 0), three_kernels_persistent=(0, 1))
+
+
+@pytest.fixture(params=[(1, 1), (1, 0)], ids=["select_persistent", "select_fallback_launches"])
 def topk_path(request, monkeypatch):
     """(fused_select, fallback): the per-row select kernel (the default) with the persistent fallback or its ten
-    launches, and the start + count + emit + final kernels with the persistent fallback."""
+    launches. The start + count + emit + final kernels (fused_select 0) are compared with it in
+    test_exact_topk_select_kernel_matches_three_kernels and take the launch tests (topk_path_all)."""
+    fused, fb = request.param
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", fb)
+    return request.param
+
+
+@pytest.fixture(params=list(_TOPK_PATHS.values()), ids=list(_TOPK_PATHS))
+def topk_path_all(request, monkeypatch):
+    """topk_path and the start + count + emit + final kernels with the persistent fallback."""
     fused, fb = request.param
     monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
     monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", fb)
@@ -71,8 +82,10 @@ def topk_path(request, monkeypatch):
 
 def _topk_launches(fused: int, fallback: int) -> list[str]:
     """The long-row top-k's launches without padding: block tops, then the select kernel (or start and count +
-    emit), the fallback (one persistent launch or ten of the scan kernel) and the final kernel (with the select
-    kernel: for fallback rows only)."""
+    emit), the fallback (one persistent launch, which with the select kernel also selects the fallback rows' top-k,
+    or ten of the scan kernel) and the final kernel (with the select kernel: for fallback rows only)."""
+    if fused and fallback:
+        return ["_topk_scan_kernel", "_topk_select_kernel", "_topk_fallback_kernel"]
     fb = ["_topk_fallback_kernel"] if fallback else ["_topk_scan_kernel"] * 10
     mid = ["_topk_select_kernel"] if fused else ["_topk_start_kernel", "_topk_scan_kernel"]
     return ["_topk_scan_kernel", *mid, *fb, "_topk_final_kernel"]
@@ -199,7 +212,7 @@ def test_exact_topk_long_rows_fewer_valid_keys_than_k(block_top):
     assert torch.all(got[1, :, 25:] == -1)
 
 
-def test_exact_topk_long_rows_launches(triton_launches, topk_path):
+def test_exact_topk_long_rows_launches(triton_launches, topk_path_all):
     # Without padding the long-row path is Triton launches only: block maxima, the select kernel (or start and
     # count + emit), the fallback (one persistent launch, or 8 refinement passes, recount and ordered emission),
     # final top-k (4, 13 or 5), and no PyTorch kernel besides the allocations.
@@ -207,10 +220,34 @@ def test_exact_topk_long_rows_launches(triton_launches, topk_path):
     r = _ints((1, 3, 32), -1, 2, 15)
     k = _ints((1, 70, 32), -1, 2, 16)
     got = tr.exact_topk(r, k, None, 5, small_max_n=0)
-    assert launches == _topk_launches(*topk_path)
-    finals = [kw for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"]
-    assert finals[0]["FB_ONLY"] == bool(topk_path[0])
+    assert launches == _topk_launches(*topk_path_all)
+    finals = [kw["FB_ONLY"] for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"]
+    assert finals == ([] if topk_path_all == (1, 1) else [bool(topk_path_all[0])])
+    fbk = [kw["FINAL"] for name, kw in triton_launches.kwargs if name == "_topk_fallback_kernel"]
+    assert fbk == ([bool(topk_path_all[0])] if topk_path_all[1] else [])
     assert _same_sets(got, _ref_topk(r, k, None, 5))
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_exact_topk_fallback_rows_top_k_in_fallback_or_final_kernel(monkeypatch, triton_launches, pad):
+    """With the select kernel, the fallback rows' top-k is selected inside the persistent fallback kernel (fb_final
+    1, the default: no final kernel) or by the final kernel for those rows only (0): the same result, the
+    reference's, on rows that mix list-fitting and overflowing candidates."""
+    N, d, ksel = 700, 32, 8
+    r, k = _mixed_rows_inputs(N, d)
+    valid = _mixed_rows_padding(N) if pad else None
+    ref = _ref_topk(r, k, valid, ksel)
+    got = {}
+    for fb_final in (1, 0):
+        monkeypatch.setitem(tr.SCAN_CONFIG, "fb_final", fb_final)
+        triton_launches.clear()
+        st: dict = {}
+        got[fb_final] = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
+        assert int(st["overflow_rows"]) > 0
+        assert _same_sets(got[fb_final], ref)
+        names = [n for n in triton_launches if n.startswith("_topk")]
+        assert ("_topk_final_kernel" in names) == (not fb_final), names
+    assert torch.equal(got[1].cpu(), got[0].cpu())
 
 
 def _float_inputs(BH, M, N, d, seed, rho=0.0):
@@ -229,7 +266,7 @@ def _float_inputs(BH, M, N, d, seed, rho=0.0):
     [
         (2000, 8, 16, None, 0.0, False, None, None),
         (4096, 8, 32, None, 0.0, True, 2, 16),
-        (3000, 6, 64, 64, 0.0, False, 3, 16),  # with a coarse start (12 bisection steps): rows overflow
+        (2048, 4, 64, 64, 0.0, False, 3, 16),  # with a coarse start (12 bisection steps): rows overflow
         (2048, 8, 16, None, 0.95, False, None, None),
     ],
     ids=["iid", "pad_e2_steps", "cap_k_overflow", "correlated"],
@@ -362,9 +399,10 @@ def test_exact_topk_whole_tiles_of_tied_candidates():
     assert torch.equal(got.cpu().long(), _ref_topk(r, k, None, 40).sort(-1).values.cpu())
 
 
-@pytest.mark.parametrize("fused", [1, 0], ids=["select_kernel", "count_emit_pass"])
+@pytest.mark.parametrize(
+    "pad,fused", [(False, 1), (True, 1), (True, 0)], ids=["select_kernel", "select_kernel_pad", "count_emit_pass_pad"]
+)
 @pytest.mark.parametrize("emit_top", [2, 3])
-@pytest.mark.parametrize("pad", [False, True])
 def test_exact_topk_sparse_emit_single_and_rescanned_blocks(monkeypatch, block_top, pad, emit_top, fused):
     """The count + emit step (the select kernel's, or the count + emit pass's) writes a block's one key at or above
     the start from the block tops alone (emit_top 3: also a block's two) and scores again only the other blocks:
@@ -656,11 +694,11 @@ def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launch
     r, k, v = (t.to(DEV, dtype) for t in (r, k, v))
     scale = d**-0.5
     monkeypatch.setitem(tr.SCAN_CONFIG, "even", 0)
-    base = tr.exact_topk(r, k, None, 64, small_max_n=0)
+    base = tr.exact_topk(r, k, None, 16, small_max_n=0)
     monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)
     triton_launches.kwargs.clear()
-    idx, vt, lse = tr.exact_topk(r, k, None, 64, small_max_n=0, lv=(v, scale))
+    idx, vt, lse = tr.exact_topk(r, k, None, 16, small_max_n=0, lv=(v, scale))
     mode0 = [kw for name, kw in triton_launches.kwargs if name == "_topk_scan_kernel" and kw["MODE"] == 0]
     assert len(mode0) == 1 and mode0[0]["EVEN"] and mode0[0]["LAZY"] and mode0[0]["LVF"]
     assert torch.equal(idx, base)
@@ -671,7 +709,7 @@ def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launch
 
 
 @pytest.mark.parametrize("merge", [1, 0])
-def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches, topk_path, merge):
+def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches, topk_path_all, merge):
     """With lv fused: the top-k's launches, the merge inside the select kernel or the final top-k kernel (or one
     merge launch after it); no separate landmark-value pass."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", 1)
@@ -681,12 +719,13 @@ def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches,
     k, v = _ints((1, 70, 32), -1, 2, 16), _ints((1, 70, 32), -2, 3, 17)
     idx, vt, lse = tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
     assert _same_sets(idx, _ref_topk(r, k, None, 5))
-    want = _topk_launches(*topk_path)
+    want = _topk_launches(*topk_path_all)
     assert launches == want + ([] if merge else ["_lv_merge_kernel"]), launches
-    merger = "_topk_select_kernel" if topk_path[0] else "_topk_final_kernel"
+    merger = "_topk_select_kernel" if topk_path_all[0] else "_topk_final_kernel"
     assert [kw["MERGE"] for name, kw in triton_launches.kwargs if name == merger] == [bool(merge)]
-    if topk_path[0]:
-        assert [kw["MERGE"] for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"] == [False]
+    if topk_path_all[0]:
+        finals = [kw["MERGE"] for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"]
+        assert finals == ([] if topk_path_all[1] else [False])
     ref = _lv_ref(r, k, v, None, 0.5)
     assert ((vt.double() - ref).norm() / ref.norm()).item() < 1e-5
     assert torch.allclose(lse.double(), _lse_ref(r, k, None, 0.5), atol=1e-4, rtol=0)

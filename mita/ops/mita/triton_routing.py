@@ -99,11 +99,13 @@ _SCAN_PROGRAMS = 2048
 # sm_90 it holds 255 registers with spills, and each candidate takes a slot by an atomic on its row's counter;
 # which of the two costs more was not measured), the select kernel 19 and 116. AR(1) 0.9 tokens at 64K (one row
 # overflows): 0.302 -> 0.308 ms.
+# fb_final (default 1, with fused_select and the persistent fallback): the fallback kernel also selects the
+# fallback rows' top-k after one more grid barrier, so no final kernel follows (0: the final kernel for those rows).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
     start_narrow=1, final_narrow=1, fallback=1, merge_in_final=1, fb_spin=0,
-    fb_programs=None, fused_select=1, select_eb=None,
+    fb_programs=None, fused_select=1, select_eb=None, fb_final=1,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -958,9 +960,11 @@ def _fallback_items(
 
 @triton.jit
 def _topk_fallback_kernel(
-    R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, n_s, BH, NPROG,
-    P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
-    UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
+    R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, IDX, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, n_s, BH,
+    NPROG, P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr,
+    PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
+    FINAL: tl.constexpr, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr,
+    FNARROW: tl.constexpr,
 ):  # fmt: skip
     # The long-row top-k's fallback (refinement passes, recount, ordered emit: _topk_scan_body's modes 1-3) in one
     # launch of NPROG persistent programs (no more than the SMs hold at once, so all are resident; 1 under the
@@ -971,6 +975,8 @@ def _topk_fallback_kernel(
     # barrier.
     # The refinement stops after the first pass whose state has every fallback row done (the recount and the
     # ordered emit then read the slot after it), so a row that settles in a few passes costs a few barriers.
+    # FINAL (with the select kernel): after one more barrier the programs also select the fallback rows' top-k
+    # (_final_row; CP, KP, CB, SORT, FNARROW as the final kernel's), so no final kernel follows.
     pid = tl.program_id(0)
     n_fb = 0
     for r0 in range(0, nrows, RB):
@@ -1010,6 +1016,14 @@ def _topk_fallback_kernel(
             pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
             SN, nrows, fin, 3, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
         )  # fmt: skip
+        if FINAL:
+            # The fallback rows' top-k (the select kernel did the others'), rows in turn, once every list is
+            # written; other programs wrote them: loaded from L2.
+            _grid_barrier(BAR, n_bar + 2 * NPROG, SPIN)
+            for r_i in range(pid, nrows, NPROG):
+                row = r_i + tl.zeros([], tl.int64)
+                if tl.load(OFF + row) > CAP:
+                    _final_row(CAND, IDX, row, CAP, ksel, CAP, CP, KP, CB, SORT, FNARROW, ".cg")
 
 
 @triton.jit
@@ -1137,9 +1151,16 @@ def _emit_row(
             more = more & (o_b != blk)
             n_more -= 1
             o_n = blk * BN + tl.arange(0, BN)
-            b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
-            m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, N, SN, o_d, HAS_KV, PREC, UP, EXACT)
-            s_row = tl.max(tl.where((o_j == i_j)[:, None], b_sc, float("-inf")), 0)
+            if EXACT:
+                # The interpreter's elementwise scores are the same for the row alone (no tile to match).
+                o_1 = i_j + tl.arange(0, 1)
+                b_r = tl.load(R + i_bh * M * D + o_1[:, None] * D + o_d[None, :])
+                m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, N, SN, o_d, HAS_KV, PREC, UP, EXACT)
+                s_row = tl.max(b_sc, 0)
+            else:
+                b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
+                m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, N, SN, o_d, HAS_KV, PREC, UP, EXACT)
+                s_row = tl.max(tl.where((o_j == i_j)[:, None], b_sc, float("-inf")), 0)
             w_c = (m_n & (s_row >= t_f)).to(tl.int32)
             p_c = n + tl.cumsum(w_c, 0) - w_c
             r_packed = (_order_key(s_row).to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))
@@ -1387,9 +1408,11 @@ def exact_topk(
         stats["counts"] = off[:rows].clone()
         stats["overflow_rows"] = (off[:rows] > cap).sum()
     if persistent:
+        fb_final = fused and bool(SCAN_CONFIG["fb_final"])
         fb_kw = dict(
             P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
-            RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), num_warps=SCAN_CONFIG["num_warps"],
+            RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FINAL=fb_final,
+            FNARROW=bool(SCAN_CONFIG["final_narrow"]), **final_kw, num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
         okey = (dev.index, tuple(sorted(fb_kw.items())))
         if _interpreting():
@@ -1403,29 +1426,34 @@ def exact_topk(
 
         def fallback():
             compiled = fast(_topk_fallback_kernel)[(nprog,)](
-                r, k, kv, kk, lo, hi, done, cnt, off, cand, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
+                r, k, kv, kk, lo, hi, done, cnt, off, cand, idx, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
                 **fb_kw,
             )  # fmt: skip
             if not _interpreting() and okey not in _FB_RESIDENT and compiled is not None:
                 _FB_RESIDENT[okey] = _resident_per_sm(compiled, fb_kw["num_warps"], dev)
 
-        run("fallback rows (refinement, recount, ordered emit; persistent)", fallback)
+        run(
+            "fallback rows (refinement, recount, ordered emit" + (", top-k" if fb_final else "") + "; persistent)",
+            fallback,
+        )
     else:
+        fb_final = False
         for i in range(_PASSES):
             run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
         run("recount (fallback rows)", lambda: scan(2, _PASSES))
         run("ordered emit (fallback rows)", lambda: scan(3, _PASSES))
     final_cap = 96 if cap <= 512 and kp >= 64 else 0
-    run(
-        ("top-k of the fallback rows' lists" if fused else "top-k of the candidate list")
-        + (" + landmark values merge" if merge and not fused else ""),
-        lambda: fast(_topk_final_kernel)[(rows,)](
-            cand, idx, ksel, cap, pm, pl, pacc, vt, lse, off, M, G,
-            NARROW=bool(SCAN_CONFIG["final_narrow"]), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
-            FB_ONLY=fused, **final_kw, num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
-            **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
-        ),
-    )  # fmt: skip
+    if not fb_final:
+        run(
+            ("top-k of the fallback rows' lists" if fused else "top-k of the candidate list")
+            + (" + landmark values merge" if merge and not fused else ""),
+            lambda: fast(_topk_final_kernel)[(rows,)](
+                cand, idx, ksel, cap, pm, pl, pacc, vt, lse, off, M, G,
+                NARROW=bool(SCAN_CONFIG["final_narrow"]), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
+                FB_ONLY=fused, **final_kw, num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
+                **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
+            ),
+        )  # fmt: skip
     if lv is None:
         return idx
     if not lvf:
@@ -2028,11 +2056,17 @@ def _compile_cases() -> list:
         ("topk_scan mode 3 skip", _topk_scan_kernel,
          dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
         ("topk_fallback (persistent)", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, **common), 4,
-         dict(scan, BH="i32", NPROG="i32")),
+         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, FINAL=1, CP=256, KP=128, CB=64, SORT=1,
+              FNARROW=1, **common), 4,
+         dict(scan, BH="i32", NPROG="i32", IDX=i32)),
+        ("topk_fallback (persistent) 1M", _topk_fallback_kernel,
+         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=1024, SPIN=0, FINAL=1, CP=1024, KP=512, CB=16,
+              SORT=1, FNARROW=1, **common), 4,
+         dict(scan, BH="i32", NPROG="i32", IDX=i32)),
         ("topk_fallback (persistent) kv", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, **common), 4,
-         dict(scan, BH="i32", NPROG="i32")),
+         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, FINAL=0, CP=256, KP=128, CB=64, SORT=0,
+              FNARROW=0, **common), 4,
+         dict(scan, BH="i32", NPROG="i32", IDX=i32)),
         ("topk_start", _topk_start_kernel,
          dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=20, NARROW=1), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
