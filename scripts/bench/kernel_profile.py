@@ -65,13 +65,19 @@ def make_fns(p: dict, backend: str):
     return {"mita fwd": mita, "mita fwd+bwd": fb(mita), "dense fwd": dense, "dense fwd+bwd": fb(dense)}
 
 
-def kernel_table(fn, reps: int = 5, top: int | None = 14) -> tuple[float, list[tuple[str, float, int]]]:
+def _profiled(fn, reps: int):
+    """The profiler after one warm-up call and ``reps`` profiled calls of ``fn``."""
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_table(fn, reps: int = 5, top: int | None = 14) -> tuple[float, list[tuple[str, float, int]]]:
+    prof = _profiled(fn, reps)
     rows = []
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None)
@@ -86,12 +92,7 @@ def kernel_table(fn, reps: int = 5, top: int | None = 14) -> tuple[float, list[t
 def kernel_sequence(fn, reps: int = 3) -> list[tuple[str, float]]:
     """The GPU kernels of one call of ``fn`` in launch order with their durations in ms (the last of ``reps``
     profiled calls), so kernels that share a name (the scan passes) are told apart."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
+    prof = _profiled(fn, reps)
     evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     evs.sort(key=lambda e: e.time_range.start)
     per = len(evs) // reps
