@@ -60,24 +60,28 @@ def fallback(request, monkeypatch):
 _TOPK_PATHS = dict(select_persistent=(1, 1), select_fallback_launches=(1, 0), three_kernels_persistent=(0, 1))
 
 
-@pytest.fixture(params=[(1, 1), (1, 0)], ids=["select_persistent", "select_fallback_launches"])
+def _use_topk_path(monkeypatch, path: tuple[int, int]) -> tuple[int, int]:
+    fused, fb = path
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", fb)
+    return path
+
+
+_SELECT_PATHS = [name for name, (fused, _) in _TOPK_PATHS.items() if fused]
+
+
+@pytest.fixture(params=[_TOPK_PATHS[n] for n in _SELECT_PATHS], ids=_SELECT_PATHS)
 def topk_path(request, monkeypatch):
     """(fused_select, fallback): the per-row select kernel (the default) with the persistent fallback or its ten
     launches. The start + count + emit + final kernels (fused_select 0) are compared with it in
     test_exact_topk_select_kernel_matches_three_kernels and take the launch tests (topk_path_all)."""
-    fused, fb = request.param
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", fb)
-    return request.param
+    return _use_topk_path(monkeypatch, request.param)
 
 
 @pytest.fixture(params=list(_TOPK_PATHS.values()), ids=list(_TOPK_PATHS))
 def topk_path_all(request, monkeypatch):
     """topk_path and the start + count + emit + final kernels with the persistent fallback."""
-    fused, fb = request.param
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", fb)
-    return request.param
+    return _use_topk_path(monkeypatch, request.param)
 
 
 def _topk_launches(fused: int, fallback: int) -> list[str]:

@@ -312,6 +312,22 @@ def _order_key(s):
 
 
 @triton.jit
+def _pack_key(s, n):
+    # One int64 per (score, key index) whose order is score desc, index asc: the order key above, the reversed index
+    # below (_final_row decodes it).
+    return (_order_key(s).to(tl.int64) << 32) + (0xFFFFFFFF - n.to(tl.int64))
+
+
+@triton.jit
+def _key_threshold(lo):
+    # The float t with order key(s) >= lo <=> s >= t (order keys map one to one and in order onto float bit
+    # patterns: -inf below every score's key; NaN, which no score reaches, above +inf's key: a row without valid
+    # keys).
+    t = tl.where(lo >= 0, lo, lo ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    return tl.where(lo <= _KEY_NEG_INF, float("-inf"), t)
+
+
+@triton.jit
 def _topk_select(b_key, m_v, m_j, kk):
     """Top-kk of each row of the int32 order keys b_key [R, L] among the entries m_v (rows m_j), ties to the lower
     column: a 0/1 [R, L] selection. The kk-th largest key is the largest t with count(key >= t) >= kk, found by
@@ -669,11 +685,7 @@ def _topk_scan_body(
                 b_lo64 = tl.load(LO + row, mask=m_j, other=0)
                 b_hi64 = b_lo64
                 need = m_j
-                # The float t with key(s) >= lo <=> s >= t (order keys map one to one and in order onto float bit
-                # patterns: -inf below every score's key; NaN, which no score reaches, above +inf's key: a row
-                # without valid keys).
-                b_tf = tl.where(b_lo64 >= 0, b_lo64, b_lo64 ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-                b_tf = tl.where(b_lo64 <= _KEY_NEG_INF, float("-inf"), b_tf)
+                b_tf = _key_threshold(b_lo64)
             elif MODE == 1:
                 b_lo64, b_hi64, done = _topk_state(
                     LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM
@@ -741,7 +753,7 @@ def _topk_scan_body(
                     # being a broadcast, which triton 3.8 rejects for atomics.)
                     one = m_e & (e_max >= t_f) & (e_sec < t_f)
                     e_n = o_b[None, :] * BN + tl.load(ARG + e_at, mask=m_e, other=0).to(tl.int32)
-                    packed = (_order_key(e_max).to(tl.int64) << 32) + (0xFFFFFFFF - e_n.to(tl.int64))
+                    packed = _pack_key(e_max, e_n)
                     if E3:
                         # ... and blocks with exactly two: their maximum and their second (two slots at once).
                         e_thr = tl.load(CMAX + 2 * PS + e_at, mask=m_e, other=float("-inf"))
@@ -755,7 +767,7 @@ def _topk_scan_body(
                         )
                         tl.store(CAND + row[:, None] * CAP + slot, packed, mask=emit & (slot < CAP))
                         e_n2 = o_b[None, :] * BN + tl.load(ARG + PS + e_at, mask=m_e, other=0).to(tl.int32)
-                        packed2 = (_order_key(e_sec).to(tl.int64) << 32) + (0xFFFFFFFF - e_n2.to(tl.int64))
+                        packed2 = _pack_key(e_sec, e_n2)
                         tl.store(CAND + row[:, None] * CAP + slot + 1, packed2, mask=two & (slot + 1 < CAP))
                         # Blocks with three or more: score them again, for the rows that need it.
                         more = (m_e & (e_thr >= t_f)).to(tl.int32)
@@ -780,9 +792,7 @@ def _topk_scan_body(
                                 r_slot = tl.atomic_add(
                                     OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :]), 1, mask=m_c, sem="relaxed"
                                 )
-                                r_packed = (_order_key(b_sc).to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[
-                                    None, :
-                                ]
+                                r_packed = _pack_key(b_sc, o_n[None, :])
                                 tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
             if MODE == 0:
                 # BG key blocks per step: their tops gather in [BS, BG] registers and are stored at once (one store
@@ -1092,10 +1102,10 @@ def _topk_final_kernel(
     row = tl.program_id(0).to(tl.int64)
     if MERGE:
         _lv_merge_row(PM, PL, PACC, VT, LSE, row % M, row // M, M, NC, D, BC)
+    take = True
     if FB_ONLY:
-        if tl.load(OFF + row) > CAP:
-            _final_row(CAND, IDX, row, CAP, KSEL, CAP, CP, KP, CB, SORT, NARROW, "")
-    else:
+        take = tl.load(OFF + row) > CAP
+    if take:
         _final_row(CAND, IDX, row, CAP, KSEL, CAP, CP, KP, CB, SORT, NARROW, "")
 
 
@@ -1114,9 +1124,7 @@ def _emit_row(
     # taken out of the tile's. EB blocks per step.
     i_bh = row // M
     i_j = row % M
-    # The float t with key(s) >= lo <=> s >= t (as MODE 4).
-    t_f = tl.where(lo >= 0, lo, lo ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-    t_f = tl.where(lo <= _KEY_NEG_INF, float("-inf"), t_f)
+    t_f = _key_threshold(lo)
     PS = (i_bh * 0 + nrows) * NBLK
     o_e = tl.arange(0, EB)
     o_d = tl.arange(0, D)
@@ -1140,11 +1148,11 @@ def _emit_row(
             w = one.to(tl.int32)
         pos = n + tl.cumsum(w, 0) - w
         e_n = o_b * BN + tl.load(ARG + e_at, mask=m_b, other=0).to(tl.int32)
-        packed = (_order_key(e_max).to(tl.int64) << 32) + (0xFFFFFFFF - e_n.to(tl.int64))
+        packed = _pack_key(e_max, e_n)
         tl.store(CAND + row * CAP + pos, packed, mask=(w > 0) & (pos < CAP))
         if E3:
             e_n2 = o_b * BN + tl.load(ARG + PS + e_at, mask=m_b, other=0).to(tl.int32)
-            packed2 = (_order_key(e_sec).to(tl.int64) << 32) + (0xFFFFFFFF - e_n2.to(tl.int64))
+            packed2 = _pack_key(e_sec, e_n2)
             tl.store(CAND + row * CAP + pos + 1, packed2, mask=two & (pos + 1 < CAP))
         n += tl.sum(w, 0)
         n_more = tl.sum(more.to(tl.int32), 0)
@@ -1153,19 +1161,12 @@ def _emit_row(
             more = more & (o_b != blk)
             n_more -= 1
             o_n = blk * BN + tl.arange(0, BN)
-            if EXACT:
-                # The interpreter's elementwise scores are the same for the row alone (no tile to match).
-                o_1 = i_j + tl.arange(0, 1)
-                b_r = tl.load(R + i_bh * M * D + o_1[:, None] * D + o_d[None, :])
-                m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, N, SN, o_d, HAS_KV, PREC, UP, EXACT)
-                s_row = tl.max(b_sc, 0)
-            else:
-                b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
-                m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, N, SN, o_d, HAS_KV, PREC, UP, EXACT)
-                s_row = tl.max(tl.where((o_j == i_j)[:, None], b_sc, float("-inf")), 0)
+            b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
+            m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, N, SN, o_d, HAS_KV, PREC, UP, EXACT)
+            s_row = tl.max(tl.where((o_j == i_j)[:, None], b_sc, float("-inf")), 0)
             w_c = (m_n & (s_row >= t_f)).to(tl.int32)
             p_c = n + tl.cumsum(w_c, 0) - w_c
-            r_packed = (_order_key(s_row).to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))
+            r_packed = _pack_key(s_row, o_n)
             tl.store(CAND + row * CAP + p_c, r_packed, mask=(w_c > 0) & (p_c < CAP))
             n += tl.sum(w_c, 0)
     return n
@@ -1409,8 +1410,8 @@ def exact_topk(
         stats["cap"] = cap
         stats["counts"] = off[:rows].clone()
         stats["overflow_rows"] = (off[:rows] > cap).sum()
+    fb_final = persistent and fused and bool(SCAN_CONFIG["fb_final"])
     if persistent:
-        fb_final = fused and bool(SCAN_CONFIG["fb_final"])
         fb_kw = dict(
             P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
             RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FINAL=fb_final,
@@ -1439,7 +1440,6 @@ def exact_topk(
             fallback,
         )
     else:
-        fb_final = False
         for i in range(_PASSES):
             run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
         run("recount (fallback rows)", lambda: scan(2, _PASSES))
@@ -2078,19 +2078,21 @@ def _compile_cases() -> list:
         ("topk_start 64K", _topk_start_kernel,
          dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False, STEPS=20, NARROW=1), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_final", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=0, NARROW=0, MERGE=0, D=64, BC=64), 8,
-         dict(CAND=i64, IDX=i32)),
-        ("topk_final sort", _topk_final_kernel, dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1, MERGE=0, D=64, BC=64),
-         8, dict(CAND=i64, IDX=i32)),
+        ("topk_final", _topk_final_kernel,
+         dict(CP=1024, KP=512, CB=16, SORT=0, NARROW=0, MERGE=0, D=64, BC=64, FB_ONLY=0), 8, dict(CAND=i64, IDX=i32)),
+        ("topk_final sort", _topk_final_kernel,
+         dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=0), 8, dict(CAND=i64, IDX=i32)),
         ("topk_final sort merge", _topk_final_kernel,
-         dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1, MERGE=1, D=64, BC=64), 8, dict(CAND=i64, IDX=i32, VT="*bf16")),
-        ("topk_final 64K", _topk_final_kernel, dict(CP=256, KP=128, CB=64, SORT=0, NARROW=0, MERGE=0, D=64, BC=64),
-         dict(num_warps=4, maxnreg=96), dict(CAND=i64, IDX=i32)),
+         dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1, MERGE=1, D=64, BC=64, FB_ONLY=0), 8,
+         dict(CAND=i64, IDX=i32, VT="*bf16")),
+        ("topk_final 64K", _topk_final_kernel,
+         dict(CP=256, KP=128, CB=64, SORT=0, NARROW=0, MERGE=0, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
+         dict(CAND=i64, IDX=i32)),
         ("topk_final 64K sort", _topk_final_kernel,
-         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=0, D=64, BC=64), dict(num_warps=4, maxnreg=96),
+         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
          dict(CAND=i64, IDX=i32)),
         ("topk_final 64K sort merge", _topk_final_kernel,
-         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=1, D=64, BC=64), dict(num_warps=4, maxnreg=96),
+         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=1, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
          dict(CAND=i64, IDX=i32, VT="*bf16")),
         ("topk_final 64K fb only", _topk_final_kernel,
          dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=1), dict(num_warps=4, maxnreg=96),
