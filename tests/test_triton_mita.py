@@ -418,17 +418,27 @@ def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
     _check(1, H, N, d, m, topk, torch.bfloat16)
 
 
-def test_route_stream_setting_on_cpu(monkeypatch):
+@pytest.mark.parametrize("mode", [1, 2, 3])
+def test_route_stream_setting_on_cpu(monkeypatch, mode):
     """FWD_CONFIG route_stream needs CUDA streams; off CUDA the routing runs in order as before (same result)."""
     monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", 1)
+    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", mode)
     _check(1, 2, 200, 32, 16, 32, torch.float32)
+
+
+def test_route_stream_rejects_unknown_mode(monkeypatch):
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", 4)
+    (q, k, v, r), _ = _inputs(1, 1, 200, 32, 16, torch.float32)
+    with pytest.raises(ValueError, match="route_stream"):
+        tm.triton_mita(q, k, v, r, 16)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("N,m,topk,S", [(4097, 64, 64, 1), (65536, 128, 128, 1), (4097, 32, 32, 2)])
-def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S):
+@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("N,m,topk,S", [(4097, 64, 64, 1), (65536, 128, 128, 1), (4097, 32, 32, 2), (300, 16, 16, 1)])
+def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
     """FWD_CONFIG route_stream (routing on a second stream): bitwise the output of the in-order forward, eagerly,
     with a backward, and replayed from a CUDA graph (the fork and join captured)."""
     monkeypatch.setattr(tm, "SHORT_PATH", False)
@@ -438,7 +448,7 @@ def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S):
     monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", 0)
     ref = tm.triton_mita(q, k, v, r, topk, **kw)
     ref_g = torch.autograd.grad(ref, (q, k, v, r), do)
-    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", 1)
+    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", mode)
     out = tm.triton_mita(q, k, v, r, topk, **kw)
     assert torch.equal(out, ref)
     for a, b in zip(torch.autograd.grad(out, (q, k, v, r), do), ref_g):

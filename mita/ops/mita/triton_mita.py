@@ -771,9 +771,12 @@ _PLAN_OFFSETS_BLOCK = 4096
 # H200 (CUDA-graph forward, one process): 64K 0.176 -> 0.169 ms, 256K 0.777 -> 0.726, 1M 4.335 -> 3.948, 64K x 16
 # 1.721 -> 1.625. lazy: the online softmax folds the scale into the exponent's FMA and rescales only when a row's
 # maximum grows by more than 2^8 (_softmax_lazy) instead of every block (_softmax_step); off: slower with the
-# unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block). route_stream: on
-# CUDA the routing kernel runs on a second stream beside the top-k (joined before the plan; CUDA graphs capture the
-# fork and join); off: level in ab_scan.py, 5% slower at 64K and 256K in bench_op.py (run 18 call 4).
+# unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block). route_stream
+# (CUDA only; CUDA graphs capture the fork and join): 1: the routing kernel runs on a second stream beside the whole
+# top-k (forked before it, joined before the plan; level in ab_scan.py, 5% slower at 64K and 256K in bench_op.py, run
+# 18 call 4); 2: the routing and the plan's kernels run on the second stream beside the top-k's kernels after its
+# block-top pass (which fills every SM); 3: the routing in order, the plan's kernels beside the top-k after its
+# block-top pass; 0: everything in order.
 FWD_CONFIG = dict(
     bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
     lazy=0, unmasked=1, route_stream=0,
@@ -1256,30 +1259,62 @@ class _MiTAFn(torch.autograd.Function):
             if FWD_CONFIG["shared_in_route"] and S == 1 and shared:
                 # The route kernel's scores q R^T also give each query's shared-entry attention (into o, lse).
                 init = (out_layout(q), torch.empty(r.shape[0], q.shape[-2], device=q.device, dtype=torch.float32))
-            side = _side_stream(q.device) if FWD_CONFIG["route_stream"] and init is None and q.is_cuda else None
-            if side is not None:
-                # The routing needs only q and R: it runs on a second stream beside the top-k's chain of passes,
-                # filling the SMs that the chain's short launches leave idle; joined before the plan.
-                main = torch.cuda.current_stream(q.device)
+            mode = int(FWD_CONFIG["route_stream"])
+            if mode not in (0, 1, 2, 3):
+                raise ValueError(f"FWD_CONFIG['route_stream'] must be 0, 1, 2 or 3, got {mode}")
+            if init is not None or not q.is_cuda:
+                mode = 0
+            side = _side_stream(q.device) if mode else None
+            main = torch.cuda.current_stream(q.device) if mode else None
+            bm = plan_bm_max(train)
+            branch = {}
+
+            def fork(route_too: bool):
+                # The side stream starts after the work queued on this one so far, and runs the routing (route_too)
+                # and the plan's kernels, which need only q and R (and the routes).
+                branch["forked"] = True
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
-                    route = route_topk(q, r, S)
+                    route = route_topk(q, r, S) if route_too else branch.pop("route")
+                    branch["route"] = route
+                    if mode != 1:
+                        branch["plan"] = build_plan(None, route, m, bm)
+
+            if mode == 1:
+                # The routing beside the whole top-k chain (forked before its first pass); the plan after the join.
+                fork(True)
+            elif mode == 3:
+                # The routing first, in order; the plan's kernels beside the top-k after its block-top pass.
+                branch["route"] = route_topk(q, r, S)
+            # mode 2: the routing and the plan beside the top-k after its block-top pass (which fills every SM; the
+            # per-row kernels after it leave room).
+            after_scan = (lambda: fork(mode == 2)) if mode in (2, 3) else None
             # Exact top-k per landmark, scores computed tile by tile, never stored.
             if shared:
                 # softmax(R k^T s) v: split-key partials (by default from the top-k's block-top pass, which scores
                 # the same keys) and a merge; zeros for a row with no valid key, as the reference gives.
-                idx, vt, lv_lse = exact_topk(r, k, key_valid, ksel, lv=(v, scale))
+                idx, vt, lv_lse = exact_topk(r, k, key_valid, ksel, lv=(v, scale), after_scan=after_scan)
             else:
-                idx = exact_topk(r, k, key_valid, ksel)
+                idx = exact_topk(r, k, key_valid, ksel, after_scan=after_scan)
                 vt = torch.zeros_like(r)
                 lv_lse = None
             if side is None:
                 route = route_topk(q, r, S, shared_out=None if init is None else (vt, *init, sscale))
+                plan = build_plan(idx, route, m, bm)
             else:
+                if not branch.get("forked"):
+                    # The top-k took a path without a block-top pass (short rows): fork now.
+                    fork(mode == 2)
                 main.wait_stream(side)
+                route = branch["route"]
+                plan = branch.get("plan")
+                if plan is None:
+                    plan = build_plan(idx, route, m, bm)
+                else:
+                    plan.idx = idx
                 # Allocated on the side stream, used and freed on this one.
-                route.record_stream(main)
-            plan = build_plan(idx, route, m, plan_bm_max(train))
+                for t in (route, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re):
+                    t.record_stream(main)
             o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, init=init, full=key_valid is None)
         return o, vt, lse, lv_lse, plan
 

@@ -1228,6 +1228,7 @@ def exact_topk(
     timer=None,
     stats: dict | None = None,
     lv: tuple | None = None,
+    after_scan=None,
 ):
     """Per landmark, the indices of the ``ksel`` valid keys with the largest raw score, ties to the lower index.
 
@@ -1248,6 +1249,9 @@ def exact_topk(
         lv: None, or ``(v, scale)``: also compute the landmark values ``softmax(R k^T scale) v`` over the valid keys
             (v in k's layout), as :func:`landmark_values_fwd` does; on the long-row path with
             ``SCAN_CONFIG["lv_fused"]`` the block-top pass computes them from the scores it already has.
+        after_scan: None, or a callable called (no arguments) right after the long-row path's block-top pass is
+            queued (the MiTA forward forks its routing onto a second stream there, FWD_CONFIG route_stream); not
+            called on the on-chip path.
 
     Returns:
         ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for. With lv:
@@ -1367,6 +1371,8 @@ def exact_topk(
         )  # fmt: skip
 
     run("block maxima" if not lvf else "block maxima + landmark values", lambda: scan(0))
+    if after_scan is not None:
+        after_scan()
     # Groups of f block entries keep the start kernel's maxima in registers (<= _START_ENTRIES per row).
     f = _next_pow2(_cdiv(NB * topt, _START_ENTRIES))
     gp = _next_pow2(_cdiv(NB * topt, f))
