@@ -4,8 +4,8 @@
         python scripts/bench/ncu_forward.py [--n 65536] [--m 128] [--backward]
 
 The call is warmed up first (every kernel compiled), outside the range; the landmarks are pooled as bench_op.py's
-MiTA calls pool them. B 1, H 2, d 64, bf16, m = k (``--m``; default sqrt(N) / 2, as at bench_op's
-points: 128 at 64K, 256 at 256K, 512 at 1M). Prints the kernels' names in launch order (from torch.profiler) so the report's entries can be matched.
+MiTA calls pool them. B 1, H 2, d 64, bf16, m = k (``--m``; default sqrt(N) / 2, as at bench_op's points: 128 at
+64K, 256 at 256K, 512 at 1M).
 """
 
 from __future__ import annotations
