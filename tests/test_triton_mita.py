@@ -172,6 +172,32 @@ def test_general_lazy_softmax_matches_naive(
     assert any(kw["EVEN"] and kw["LAZY"] for kw in scans) == (N == 1024)
 
 
+@pytest.mark.parametrize(
+    "B,H,N,d,m,topk,dtype,S,shared,pad_from",
+    [
+        (1, 2, 200, 32, 16, 32, torch.bfloat16, 1, True, None),  # FULL
+        (2, 1, 300, 32, 16, 32, torch.float16, 1, True, (300, 140)),  # padding: the masked forms
+        (1, 2, 130, 64, 40, 9, torch.bfloat16, 2, True, None),  # S = 2: the shared slot mask
+    ],
+)
+def test_fma_softmax_matches_naive(
+    poison, monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from
+):
+    """FWD_CONFIG lazy 2 (the fused forward's scale in the exponent's FMA, every block rescaled), forward and
+    backward, with key norms growing along N (later blocks raise the maxima)."""
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 2)
+    _check(B, H, N, d, m, topk, dtype, S, shared, pad_from, key_growth=12.0)
+    fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
+    assert len(fwd) == 1 and fwd[0]["LAZY"] == 2
+
+
+def test_lazy_mode_rejects_unknown(monkeypatch):
+    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 3)
+    with pytest.raises(ValueError, match="lazy"):
+        tm._lazy_mode()
+
+
 @pytest.mark.parametrize("growth", [1.0, 12.0])
 def test_general_unmasked_without_lazy_matches_naive(poison, monkeypatch, triton_launches, growth):
     """FWD_CONFIG unmasked alone: the fused forward's mask-free blocks with the per-block softmax."""
@@ -471,10 +497,11 @@ def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
     "N,m,topk,pad_from", [(4097, 64, 64, None), (65536, 128, 128, None), (4097, 64, 64, (4097, 3000))]
 )
 @pytest.mark.parametrize("growth", [1.0, 12.0])
-def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_from, growth):
-    """FWD_CONFIG lazy with SCAN_CONFIG even and lv_lazy on the GPU (unmasked and masked forms)."""
+@pytest.mark.parametrize("lazy", [1, 2])
+def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_from, growth, lazy):
+    """FWD_CONFIG lazy 1 / 2 with SCAN_CONFIG even and lv_lazy on the GPU (unmasked and masked forms)."""
     monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 1)
+    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", lazy)
     monkeypatch.setitem(tm.FWD_CONFIG, "unmasked", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
     monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)

@@ -573,6 +573,24 @@ def test_route_top1_unmasked_tiles(monkeypatch, triton_launches, N, M, unmasked)
     assert kw["EVEN"] == bool(unmasked and N == 256)
 
 
+@pytest.mark.parametrize("N,M,persistent", [(512, 64, 1), (512, 64, 0), (300, 64, 1), (512, 40, 1)])
+def test_route_top1_persistent(monkeypatch, triton_launches, N, M, persistent):
+    """ROUTE_CONFIG persistent: S = 1 over one whole landmark tile (m = 64) in programs that loop over the query
+    tiles (4 x 128 queries for N = 512; integer-valued scores tie often), the same routes as the stable sort; shapes
+    that need masks (N = 300, m = 40) keep the per-tile grid."""
+    monkeypatch.setitem(tr.ROUTE_CONFIG, "persistent", persistent)
+    q = _ints((2, N, 32), -1, 2, 23)
+    r = _ints((2, M, 32), -1, 2, 24)
+    got = tr.route_topk(q, r, 1)
+    ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), 1)
+    assert torch.equal(got.view(2, N, 1).long().cpu(), ref.cpu())
+    (kw,) = [kw for name, kw in triton_launches.kwargs if name == "_route_kernel"]
+    assert kw["PERSIST"] == bool(persistent and N == 512 and M == 64)
+    with pytest.raises(ValueError, match="persistent"):
+        monkeypatch.setitem(tr.ROUTE_CONFIG, "persistent", -1)
+        tr.route_topk(q, r, 1)
+
+
 def _lv_logits(r, k, valid, scale):
     s = (r.double() @ k.double().transpose(1, 2)) * scale
     return s if valid is None else s.masked_fill(~valid[:, None, :], float("-inf"))
@@ -708,6 +726,40 @@ def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launch
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert ((vt.double() - ref).norm() / ref.norm()).item() < tol
     assert torch.allclose(lse.double(), _lse_ref(r, k, None, scale), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("even,pad,emit_top", [(1, False, 3), (0, True, 2)])
+def test_exact_topk_tops_eq_same_as_indexed_maximum(poison, monkeypatch, triton_launches, even, pad, emit_top):
+    """SCAN_CONFIG tops_eq (each block top as a maximum, then the first key equal to it; with even and lv_lazy the
+    landmark values reuse those maxima) gives bitwise what the maximum-with-index reduction gives: the selection,
+    the counts and the landmark values. Keys on a coarse grid make many scores tie (also inside a block), and some
+    blocks hold several of a row's top keys."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 2)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "even", even)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_top", emit_top)
+    BH, N, M, d = (1, 512, 64, 32) if even else (2, 512, 32, 32)
+    g = torch.Generator().manual_seed(11)
+    r = torch.randn(BH, M, d, generator=g).round()
+    k = (torch.randn(BH, N, d, generator=g) * 2).round() / 2
+    v = torch.randn(BH, N, d, generator=g)
+    kv = None
+    if pad:
+        kv = torch.ones(BH, N, dtype=torch.bool)
+        kv[1, 350:] = False
+        kv = kv.to(DEV)
+    r, k, v = (t.to(DEV, torch.bfloat16) for t in (r, k, v))
+    out = {}
+    for eq in (0, 1):
+        monkeypatch.setitem(tr.SCAN_CONFIG, "tops_eq", eq)
+        triton_launches.kwargs.clear()
+        st: dict = {}
+        out[eq] = (*tr.exact_topk(r, k, kv, 8, small_max_n=0, stats=st, lv=(v, d**-0.5)), st["counts"])
+        mode0 = [kw for name, kw in triton_launches.kwargs if name == "_topk_scan_kernel" and kw["MODE"] == 0]
+        assert len(mode0) == 1 and mode0[0]["EQ"] == eq and mode0[0]["EVEN"] == bool(even)
+    for a, b in zip(out[0], out[1]):
+        assert torch.equal(a, b)
+    ref = torch.sort(_ref_topk(r, k, kv, 8), dim=-1).values
+    assert torch.equal(out[1][0].long().cpu(), ref.long().cpu())
 
 
 @pytest.mark.parametrize("merge", [1, 0])
@@ -890,6 +942,32 @@ def test_gpu_select_kernel_matches_three_kernels(monkeypatch, N, M, rho, lv):
     assert out[1][2] == out[0][2]
     if rho:
         assert out[1][2] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "N,M,pad", [(65536, 128, False), (262144, 256, False), (1 << 20, 512, False), (65536, 128, True)]
+)
+def test_gpu_tops_eq_same_as_indexed_maximum(monkeypatch, N, M, pad):
+    """SCAN_CONFIG tops_eq on the GPU (bf16, tensor-core scores; 64K with three block-top planes, 256K and 1M with
+    two; padding takes the masked pass): bitwise the selection, counts and landmark values of the
+    maximum-with-index reduction."""
+    g = torch.Generator(device=DEV).manual_seed(N + pad)
+    k = torch.randn(2, N, 64, device=DEV, generator=g).to(torch.bfloat16)
+    v = torch.randn(2, N, 64, device=DEV, generator=g).to(torch.bfloat16)
+    r = k.view(2, M, N // M, 64).float().mean(2).to(torch.bfloat16)
+    kv = None
+    if pad:
+        kv = torch.ones(2, N, dtype=torch.bool, device=DEV)
+        kv[1, N - 5000 :] = False
+    out = {}
+    for eq in (0, 1):
+        monkeypatch.setitem(tr.SCAN_CONFIG, "tops_eq", eq)
+        st: dict = {}
+        out[eq] = (*tr.exact_topk(r, k, kv, M, stats=st, lv=(v, 0.125)), st["counts"])
+    for a, b in zip(out[0], out[1]):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

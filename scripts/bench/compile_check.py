@@ -14,6 +14,7 @@ on global memory runs faster with more programs per SM.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
 import subprocess
@@ -147,6 +148,13 @@ def main() -> None:
             {"O": "*bf16"},
         ),
         (
+            "mita_fwd 64 fma full",
+            tm._mita_fwd_kernel,
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=2, FULL=True, **common),
+            tm._fwd_launch(64, 64, 64),
+            {"O": "*bf16"},
+        ),
+        (
             "mita_fwd init",
             tm._mita_fwd_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=True, LAZY=False, FULL=False, **common),
@@ -272,6 +280,11 @@ def main() -> None:
     for name, fn, consts, warps, over in cases:
         if only and not any(name.startswith(x) for x in only):
             continue
+        # Constexprs a case leaves out take their defaults (as a launch that does not pass them).
+        consts = {
+            **{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty},
+            **consts,
+        }
         try:
             sig = _sig(fn, consts, over)
             src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=_aligned(fn, sig))

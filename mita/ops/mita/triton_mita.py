@@ -38,6 +38,7 @@ from mita.ops.mita.triton_routing import (
     _next_pow2,
     _out_ptr,
     _prec,
+    _softmax_fma,
     _softmax_lazy,
     _softmax_step,
     _upcast,
@@ -103,9 +104,10 @@ def _mita_fwd_kernel(
     # INIT (S = 1, DIRECT, SHARED): the route kernel already wrote each query's attention over the shared entries
     # into O and LSE; start the online softmax from that state (max = its LSE, sum 1, accumulator = its output)
     # instead of scoring the shared entries again.
-    # LAZY: the online softmax of _softmax_lazy (scale folded into the exponent's FMA, rescaling only when a row's
-    # maximum grows by more than 2^8); FULL: every index list holds KSEL >= 0 entries, KSEL % BN == 0, M % BS == 0
-    # and S == 1 (no padding), so the key blocks and shared blocks load and score without masks.
+    # LAZY 1: the online softmax of _softmax_lazy (scale folded into the exponent's FMA, rescaling only when a row's
+    # maximum grows by more than 2^8); 2: _softmax_fma's (the scale in the FMA, rescaling every block). FULL: every
+    # index list holds KSEL >= 0 entries, KSEL % BN == 0, M % BS == 0 and S == 1 (no padding), so the key blocks and
+    # shared blocks load and score without masks.
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     e = tl.load(TILE_E + i_bh * T + i_t)
@@ -145,10 +147,13 @@ def _mita_fwd_kernel(
                     b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
                 # [BM, BS]
                 b_s = _dot(b_q, tl.trans(b_r), PREC, UP)
-                if LAZY:
+                if LAZY == 1 or LAZY == 2:
                     if not FULL:
                         b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
-                    b_m, b_l, b_acc = _softmax_lazy(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
+                    if LAZY == 1:
+                        b_m, b_l, b_acc = _softmax_lazy(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
+                    else:
+                        b_m, b_l, b_acc = _softmax_fma(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
                 elif FULL:
                     b_m, b_l, b_acc = _softmax_step(b_s * sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
                 else:
@@ -169,10 +174,13 @@ def _mita_fwd_kernel(
                 b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
             # [BM, BN]
             b_s = _dot(b_q, tl.trans(b_k), PREC, UP)
-            if LAZY:
+            if LAZY == 1 or LAZY == 2:
                 if not FULL:
                     b_s = tl.where(m_j[None, :], b_s, float("-inf"))
-                b_m, b_l, b_acc = _softmax_lazy(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
+                if LAZY == 1:
+                    b_m, b_l, b_acc = _softmax_lazy(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
+                else:
+                    b_m, b_l, b_acc = _softmax_fma(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
             elif FULL:
                 b_m, b_l, b_acc = _softmax_step(b_s * scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
             else:
@@ -771,7 +779,8 @@ _PLAN_OFFSETS_BLOCK = 4096
 # H200 (CUDA-graph forward, one process): 64K 0.176 -> 0.169 ms, 256K 0.777 -> 0.726, 1M 4.335 -> 3.948, 64K x 16
 # 1.721 -> 1.625. lazy: the online softmax folds the scale into the exponent's FMA and rescales only when a row's
 # maximum grows by more than 2^8 (_softmax_lazy) instead of every block (_softmax_step); off: slower with the
-# unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block). route_stream
+# unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block). lazy 2: the scale in
+# the exponent's FMA, rescaling every block (_softmax_fma: no per-score multiply, no branch). route_stream
 # (CUDA only; CUDA graphs capture the fork and join): 1: the routing kernel runs on a second stream beside the whole
 # top-k (forked before it, joined before the plan; level in ab_scan.py, 5% slower at 64K and 256K in bench_op.py, run
 # 18 call 4); 2: the routing and the plan's kernels run on the second stream beside the top-k's kernels after its
@@ -781,6 +790,14 @@ FWD_CONFIG = dict(
     bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
     lazy=0, unmasked=1, route_stream=0,
 )  # fmt: skip
+
+
+def _lazy_mode() -> int:
+    """The fused attention's online softmax, FWD_CONFIG["lazy"]: 0 _softmax_step, 1 _softmax_lazy, 2 _softmax_fma."""
+    mode = int(FWD_CONFIG["lazy"])
+    if mode not in (0, 1, 2):
+        raise ValueError(f"FWD_CONFIG['lazy'] must be 0, 1 or 2, got {FWD_CONFIG['lazy']}")
+    return mode
 
 
 def plan_bm_max(train: bool = True) -> int:
@@ -963,7 +980,7 @@ def mita_fwd(
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
         INIT=init is not None,
-        LAZY=bool(FWD_CONFIG["lazy"]),
+        LAZY=_lazy_mode(),
         FULL=bool(FWD_CONFIG["unmasked"]) and bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
         **_fwd_launch(plan.bm, bn, D),
     )

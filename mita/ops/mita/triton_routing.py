@@ -103,11 +103,15 @@ _SCAN_PROGRAMS = 2048
 # fallback kernel also selects those rows' top-k after one more grid barrier, so no final kernel follows. Run 21 on
 # the H200 (64K forward, CUDA graphs): 0.127-0.130 ms against 0.129 with the final kernel, i.e. level; its GPU tests
 # (cap = k, most rows overflowing, 64K and 256K) passed, the CUDA-graph replay test did not run (device time).
+# tops_eq: the block-top pass takes each block top as a plain maximum, then the first key equal to it (_first_max),
+# instead of one maximum-with-index reduction (whose combine compares values and indices per score), and with even
+# and lv_lazy its landmark values reuse those maxima: the same tops and values to the bit. stages: the block-top
+# pass's software-pipelining depth (None: Triton's default).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
     start_narrow=1, final_narrow=1, fallback=1, merge_in_final=1, fb_spin=0,
-    fb_programs=None, fused_select=1, select_eb=None, fb_final=0,
+    fb_programs=None, fused_select=1, select_eb=None, fb_final=0, tops_eq=0, stages=None,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -115,7 +119,9 @@ _START_ENTRIES = 8192
 # (scripts/bench/ab_scan.py --sweep route.bm=64,128); every value gives the same routes.
 # unmasked (default 1): loads without masks where N and m are multiples of the tiles (run 18, H200, forward as CUDA
 # graphs in one process: 256K 0.720 -> 0.718 ms, 1M 3.891 -> 3.873, 64K x 16 1.635 -> 1.628, 64K 0.167 / 0.168).
-ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None, maxnreg=None, unmasked=1)
+# persistent (S = 1, one landmark tile, unmasked): programs per SM of a persistent routing kernel, each looping over
+# query tiles with the landmark tile loaded once (0: one program per query tile); stages: that loop's pipelining.
+ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None, maxnreg=None, unmasked=1, persistent=0, stages=2)
 # Landmark-value forward kernel: warps (None: 8 for 128-landmark tiles, else 4) and register cap (None: the
 # compiler's choice; 80 spilled in its key loop, 1.4-1.6x slower on the H200, run 15).
 LV_CONFIG = dict(num_warps=None, maxnreg=None)
@@ -274,13 +280,19 @@ _LAZY_TAU = tl.constexpr(8.0)
 
 @triton.jit
 def _softmax_lazy(b_s, scale, b_v, b_m, b_l, b_acc, PREC: tl.constexpr, UP: tl.constexpr):
+    return _softmax_lazy_max(b_s, tl.max(b_s, 1), scale, b_v, b_m, b_l, b_acc, PREC, UP)
+
+
+@triton.jit
+def _softmax_lazy_max(b_s, b_smax, scale, b_v, b_m, b_l, b_acc, PREC: tl.constexpr, UP: tl.constexpr):
     # One key block of an online softmax in log2 units from raw scores b_s [X, Y] (-inf where masked) and a scale > 0
     # (logits b_s * scale: one FMA with the reference subtracted). The reference b_m [X] is raised, and b_l, b_acc
     # rescaled, only when some row's block maximum passes its reference by more than _LAZY_TAU: then every row takes
     # its running maximum. Otherwise the weights stay below 2^_LAZY_TAU and the [X, D] rescale is skipped. b_l and
     # b_acc are always relative to b_m, so (b_m, b_l, b_acc) is an exact state for any reference: output b_acc / b_l,
-    # log-sum-exp b_m + log2(b_l), as _softmax_step's.
-    b_mx = tl.max(b_s, 1) * scale
+    # log-sum-exp b_m + log2(b_l), as _softmax_step's. b_smax: the row maxima of b_s (_softmax_lazy_max: from a
+    # caller that has them).
+    b_mx = b_smax * scale
     if tl.max((b_mx > b_m + _LAZY_TAU).to(tl.int32), 0) > 0:
         b_mn = tl.maximum(b_m, b_mx)
         b_alpha = tl.exp2(b_m - tl.where(b_mn == float("-inf"), 0.0, b_mn))
@@ -294,6 +306,20 @@ def _softmax_lazy(b_s, scale, b_v, b_m, b_l, b_acc, PREC: tl.constexpr, UP: tl.c
 
 
 @triton.jit
+def _softmax_fma(b_s, scale, b_v, b_m, b_l, b_acc, PREC: tl.constexpr, UP: tl.constexpr):
+    # _softmax_step from raw scores b_s (-inf where masked) and a scale > 0: the running maximum is kept in logit
+    # units (the raw row maximum times scale: the same value as the maximum of the scaled scores, as rounding is
+    # monotone) and the scale goes into the exponent's FMA, so no per-score multiply; every block rescales.
+    b_mn = tl.maximum(b_m, tl.max(b_s, 1) * scale)
+    b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+    b_p = tl.exp2(b_s * scale - b_ms[:, None])
+    b_alpha = tl.exp2(b_m - b_ms)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None] + _dot(b_p.to(b_v.dtype), b_v, PREC, UP)
+    return b_mn, b_l, b_acc
+
+
+@triton.jit
 def _score(a, b, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr):
     # a [X, D] . b [Y, D] -> [X, Y] float32. EXACT (CPU interpreter): an elementwise product and sum, so equal
     # columns give bitwise-equal scores (a BLAS matmul need not); exact ties decide the top-k.
@@ -301,6 +327,14 @@ def _score(a, b, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr):
         return tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], 2)
     else:
         return _dot(a, tl.trans(b), PREC, UP)
+
+
+@triton.jit
+def _first_max(b_x, b_max, o_k, BN: tl.constexpr):
+    # The first column of each row of b_x [X, BN] holding its maximum b_max [X] (-0.0 and +0.0 compare equal, as
+    # the maximum-with-index reduction's ties see them; column 0 for a row without a match, i.e. a NaN maximum).
+    c = tl.min(tl.where(b_x == b_max[:, None], o_k[None, :], BN), 1)
+    return tl.where(c < BN, c, 0)
 
 
 @triton.jit
@@ -639,11 +673,13 @@ def _topk_scan_body(
     EVEN: tl.constexpr,
     LAZY: tl.constexpr,
     CM: tl.constexpr,
+    EQ: tl.constexpr = 0,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # EVEN (MODE 0): no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key
     # blocks load and the block tops reduce without masks. LAZY (MODE 0, LVF): the landmark values' online softmax is
-    # _softmax_lazy's.
+    # _softmax_lazy's. EQ (MODE 0): each block top by a plain maximum and the first key equal to it (_first_max)
+    # instead of one maximum-with-index reduction; with EVEN and LAZY the landmark values reuse the block maxima.
     # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
     #         rows, NBLK] (plane t: the (t+1)-th largest), and where in its block the largest is -> ARG [rows, NBLK]
     #         (int8; the first such key). E3 (TOPT >= 3): also where the second largest is -> ARG plane 1.
@@ -818,13 +854,19 @@ def _topk_scan_body(
                             # The same dot of the same operands as _key_block_scores: the same bits.
                             b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
                             b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                            b_x = b_sc
+                            if EQ:
+                                b_max = tl.max(b_x, 1)
                             if LVF:
                                 b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
-                                if LAZY:
+                                if LAZY and EQ:
+                                    l_m, l_l, l_acc = _softmax_lazy_max(
+                                        b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP
+                                    )
+                                elif LAZY:
                                     l_m, l_l, l_acc = _softmax_lazy(b_sc, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
                                 else:
                                     l_m, l_l, l_acc = _softmax_step(b_sc * scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
-                            b_x = b_sc
                         else:
                             m_n, b_sc = _key_block_scores(
                                 b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT
@@ -839,15 +881,25 @@ def _topk_scan_body(
                                     b_ls = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
                                     l_m, l_l, l_acc = _softmax_step(b_ls, b_v, l_m, l_l, l_acc, PREC, UP)
                             b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
-                        # The maximum and the first key holding it (one reduction); that key dropped, the second
-                        # largest (ties count as the keys they are).
-                        b_max, c_i = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
-                        b_x = tl.where(tl.arange(0, BN)[None, :] == c_i[:, None], float("-inf"), b_x)
+                            if EQ:
+                                b_max = tl.max(b_x, 1)
+                        # The maximum and the first key holding it; that key dropped, the second largest (ties count
+                        # as the keys they are).
+                        o_k = tl.arange(0, BN)
+                        if EQ:
+                            c_i = _first_max(b_x, b_max, o_k, BN)
+                        else:
+                            b_max, c_i = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
+                        b_x = tl.where(o_k[None, :] == c_i[:, None], float("-inf"), b_x)
                         sel = o_c[None, :] == j
                         if E3:
                             # The second with its position; that key dropped too, the third.
-                            b_sec, c_2 = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
-                            b_x = tl.where(tl.arange(0, BN)[None, :] == c_2[:, None], float("-inf"), b_x)
+                            if EQ:
+                                b_sec = tl.max(b_x, 1)
+                                c_2 = _first_max(b_x, b_sec, o_k, BN)
+                            else:
+                                b_sec, c_2 = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
+                            b_x = tl.where(o_k[None, :] == c_2[:, None], float("-inf"), b_x)
                             b_top = tl.max(b_x, 1)
                             a_thr = tl.where(sel, b_top[:, None], a_thr)
                             a_arg2 = tl.where(sel, c_2[:, None], a_arg2)
@@ -924,13 +976,13 @@ def _topk_scan_kernel(
     H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr, HAS_KV: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
     TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
-    LAZY: tl.constexpr,
+    LAZY: tl.constexpr, EQ: tl.constexpr = 0,
 ):  # fmt: skip
     # One program per (landmark tile, key chunk, batch-head): _topk_scan_body.
     _topk_scan_body(
         tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
         OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE, P,
-        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, "",
+        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, "", EQ,
     )  # fmt: skip
 
 
@@ -1366,8 +1418,10 @@ def exact_topk(
             ksel, *lay, rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
-            EVEN=even and mode == 0, LAZY=lvf and mode == 0 and bool(SCAN_CONFIG["lv_lazy"]), **common,
+            EVEN=even and mode == 0, LAZY=lvf and mode == 0 and bool(SCAN_CONFIG["lv_lazy"]),
+            EQ=mode == 0 and bool(SCAN_CONFIG["tops_eq"]), **common,
             num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
+            **({"num_stages": int(SCAN_CONFIG["stages"])} if mode == 0 and SCAN_CONFIG["stages"] else {}),
         )  # fmt: skip
 
     run("block maxima" if not lvf else "block maxima + landmark values", lambda: scan(0))
@@ -1506,8 +1560,13 @@ def _route_kernel(
     EXACT: tl.constexpr,
     SH_OUT: tl.constexpr,
     EVEN: tl.constexpr,
+    PERSIST: tl.constexpr = 0,
+    STAGES: tl.constexpr = 2,
 ):
     # EVEN: N % BM == 0 and M % BS == 0, so the query and landmark tiles load without masks.
+    # PERSIST (S = 1 without SH_OUT, EVEN, M == BS): the grid's first axis is a number of persistent programs, each
+    # with the landmark tile loaded once, looping over query tiles i_n, i_n + programs, ... (STAGES: the loop's
+    # software pipelining, which loads the next query tiles during this one's scores).
     # Top-S landmarks of each query (ROUTE). SH_OUT (S = 1): from the same scores, also the query's attention over
     # the m shared entries (landmark keys R, values VT, logits scaled by sscale): its normalised output into O
     # ([B, N, H, D] order, _out_ptr) and its log-sum-exp (log2 units) into LSE [BH, N], the state the fused
@@ -1515,6 +1574,20 @@ def _route_kernel(
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
+    if PERSIST:
+        o_j = tl.arange(0, BS)
+        b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :])
+        Q_h = _head_ptr(Q, i_bh, H, SB, SH)
+        for i_t in tl.range(i_n, N // BM, tl.num_programs(0), num_stages=STAGES):
+            o_t = i_t * BM + tl.arange(0, BM)
+            b_q = tl.load(Q_h + o_t.to(tl.int64)[:, None] * SN + o_d[None, :])
+            b_sc = _score(b_q, b_r, PREC, UP, EXACT)
+            t_max = tl.max(b_sc, 1)
+            t_arg = tl.min(tl.where(b_sc == t_max[:, None], o_j[None, :], 2147483647), 1)
+            # A NaN row maximum matches nothing: landmark 0, as the tiled form gives.
+            t_arg = tl.where(t_arg < BS, t_arg, 0)
+            tl.store(ROUTE + i_bh * N + o_t.to(tl.int64), t_arg)
+        return
     o_n = i_n * BM + tl.arange(0, BM)
     m_n = o_n < N
     if EVEN:
@@ -1608,7 +1681,17 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
     bm = ROUTE_CONFIG["bm"] or (128 if S == 1 else 64)
     bs = int(min(ROUTE_CONFIG["bs"] or (128 if S == 1 else 64), max(16, _next_pow2(M))))
     warps = ROUTE_CONFIG["num_warps"] or (8 if bm * bs >= 128 * 128 else 4)
-    fast(_route_kernel)[(_cdiv(N, bm), BH)](
+    even = bool(ROUTE_CONFIG["unmasked"]) and N % bm == 0 and M % bs == 0
+    per_sm = int(ROUTE_CONFIG["persistent"] or 0)
+    if per_sm < 0:
+        raise ValueError(f"ROUTE_CONFIG['persistent'] must be >= 0, got {per_sm}")
+    persist = per_sm > 0 and S == 1 and shared_out is None and even and M == bs
+    grid = (_cdiv(N, bm), BH)
+    if persist:
+        # Persistent programs: per_sm per SM over all heads (two under the interpreter, to run the loop).
+        progs = 2 if _interpreting() else _sm_count(q.device) * per_sm
+        grid = (max(1, min(N // bm, _cdiv(progs, BH))), BH)
+    fast(_route_kernel)[grid](
         q,
         r,
         route,
@@ -1627,7 +1710,9 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
         UP=_upcast(q.dtype),
         EXACT=_interpreting(),
         SH_OUT=shared_out is not None,
-        EVEN=bool(ROUTE_CONFIG["unmasked"]) and N % bm == 0 and M % bs == 0,
+        EVEN=even,
+        PERSIST=persist,
+        STAGES=int(ROUTE_CONFIG["stages"]),
         num_warps=warps,
         **regs_cap(ROUTE_CONFIG["maxnreg"]),
     )
@@ -2043,6 +2128,14 @@ def _compile_cases() -> list:
          dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1}), 4, lvf),
         ("topk_scan mode 0 e3 + lv even lazy", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
+        ("topk_scan mode 0 e3 + lv even lazy eq", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1, "EQ": 1}), 4,
+         lvf),
+        ("topk_scan mode 0 + lv even lazy eq", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1, "EQ": 1}), 4,
+         lvf),
+        ("topk_scan mode 0 e3 + lv eq", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EQ": 1}), 4, lvf),
         ("topk_scan mode 0 + lv even lazy", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
         ("topk_scan mode 0 + lv even", _topk_scan_kernel,
@@ -2118,6 +2211,8 @@ def _compile_cases() -> list:
         ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=0, **common), 8, None),
         ("route S=1 even", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=1, **common), 8,
          None),
+        ("route S=1 persistent", _route_kernel,
+         dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=1, PERSIST=1, STAGES=2, **common), 8, None),
         ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, EVEN=0, **common), 8,
          dict(VT="*bf16", O="*bf16", LSE="*fp32", sscale_log2="fp32")),
         ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, SH_OUT=False, EVEN=0, **common), 4, None),
