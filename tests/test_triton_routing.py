@@ -325,6 +325,8 @@ def test_exact_topk_select_eb_out_of_range(monkeypatch):
         ("emit_bb", 64),
         ("start_steps", 11),
         ("start_steps", 33),
+        ("lv_lazy", 3),
+        ("final_narrow", 3),
     ],  # fmt: skip
 )
 def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
@@ -334,7 +336,7 @@ def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
         tr.exact_topk(r, k, None, 8, small_max_n=0)
 
 
-@pytest.mark.parametrize("narrow", [0, 1])
+@pytest.mark.parametrize("narrow", [0, 1, 2])
 @pytest.mark.parametrize("pad", [False, True])
 def test_exact_topk_start_steps_lower_bound(monkeypatch, pad, narrow):
     """SCAN_CONFIG start_steps < 32 stops the start threshold's bisection early: a looser lower bound (more keys at
@@ -350,7 +352,7 @@ def test_exact_topk_start_steps_lower_bound(monkeypatch, pad, narrow):
         valid[1, 1500:] = False
     ref = _ref_topk(r, k, valid, ksel)
     counts = {}
-    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", narrow)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", min(narrow, 1))
     monkeypatch.setitem(tr.SCAN_CONFIG, "final_narrow", narrow)
     for steps in (32, 24, 12):
         monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", steps)
@@ -363,19 +365,19 @@ def test_exact_topk_start_steps_lower_bound(monkeypatch, pad, narrow):
     assert (counts[12] > counts[32]).any(), counts
     # 32 steps: the exact kk-th largest block top, whichever range the bisection starts from.
     monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", 32)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", 1 - narrow)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", 1 - min(narrow, 1))
     st = {}
     tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
     assert torch.equal(st["counts"].cpu(), counts[32])
 
 
-@pytest.mark.parametrize("narrow", [0, 1])
+@pytest.mark.parametrize("narrow", [0, 1, 2])
 def test_exact_topk_final_narrow_edge_rows(monkeypatch, narrow):
-    """The final kernel's bisection over the list's own key range (final_narrow) and over the whole 32-bit range:
-    the same selection for rows with one valid key, fewer valid keys than k, none, and massive ties; negative and
-    positive scores in one row."""
+    """The final kernel's bisection over the list's own key range (final_narrow 1), over the whole 32-bit range (0)
+    and its threshold from a sort of the list (2): the same selection for rows with one valid key, fewer valid keys
+    than k, none, and massive ties; negative and positive scores in one row."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "final_narrow", narrow)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", narrow)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", min(narrow, 1))
     N, M, ksel = 700, 4, 6
     r = _ints((3, M, 32), -3, 4, 41)
     k = _ints((3, N, 32), -3, 4, 42)
@@ -701,8 +703,8 @@ def test_exact_topk_with_landmark_values(poison, monkeypatch, fused, N, M, d, ks
         assert torch.all(vt[1] == 0) and torch.all(lse[1] == float("-inf"))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launches, dtype):
+@pytest.mark.parametrize("dtype,lazy", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 2)])
+def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launches, dtype, lazy):
     """SCAN_CONFIG even (the block-top pass without masks) and lv_lazy (its landmark-value softmax rescaled only when
     a maximum grows by more than 2^8): the same selection as the masked pass, landmark values and LSE against
     float64. Key norms grow 12x along N, so later blocks of a chunk raise the maxima."""
@@ -716,11 +718,11 @@ def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launch
     monkeypatch.setitem(tr.SCAN_CONFIG, "even", 0)
     base = tr.exact_topk(r, k, None, 16, small_max_n=0)
     monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)
+    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", lazy)
     triton_launches.kwargs.clear()
     idx, vt, lse = tr.exact_topk(r, k, None, 16, small_max_n=0, lv=(v, scale))
     mode0 = [kw for name, kw in triton_launches.kwargs if name == "_topk_scan_kernel" and kw["MODE"] == 0]
-    assert len(mode0) == 1 and mode0[0]["EVEN"] and mode0[0]["LAZY"] and mode0[0]["LVF"]
+    assert len(mode0) == 1 and mode0[0]["EVEN"] and mode0[0]["LAZY"] == lazy and mode0[0]["LVF"]
     assert torch.equal(idx, base)
     ref = _lv_ref(r, k, v, None, scale)
     tol = 1e-5 if dtype == torch.float32 else 1e-2

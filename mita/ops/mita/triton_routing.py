@@ -106,7 +106,9 @@ _SCAN_PROGRAMS = 2048
 # tops_eq: the block-top pass takes each block top as a plain maximum, then the first key equal to it (_first_max),
 # instead of one maximum-with-index reduction (whose combine compares values and indices per score), and with even
 # and lv_lazy its landmark values reuse those maxima: the same tops and values to the bit. stages: the block-top
-# pass's software-pipelining depth (None: Triton's default).
+# pass's software-pipelining depth (None: Triton's default). lv_lazy 2: the landmark values' softmax with the scale
+# in the exponent's FMA, rescaled every block (_softmax_fma: no branch). final_narrow 2: the final per-row selection
+# takes its threshold from one descending sort of the candidate list instead of a bisection (_final_row).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=1, start_steps=20,
@@ -120,8 +122,11 @@ _START_ENTRIES = 8192
 # unmasked (default 1): loads without masks where N and m are multiples of the tiles (run 18, H200, forward as CUDA
 # graphs in one process: 256K 0.720 -> 0.718 ms, 1M 3.891 -> 3.873, 64K x 16 1.635 -> 1.628, 64K 0.167 / 0.168).
 # persistent (S = 1, one landmark tile, unmasked): programs per SM of a persistent routing kernel, each looping over
-# query tiles with the landmark tile loaded once (0: one program per query tile); stages: that loop's pipelining.
-ROUTE_CONFIG = dict(bm=None, bs=None, num_warps=None, maxnreg=None, unmasked=1, persistent=0, stages=2)
+# query tiles with the landmark tile loaded once (0: one program per query tile), used where each program takes at
+# most persistent_max tiles; stages: that loop's pipelining.
+ROUTE_CONFIG = dict(
+    bm=None, bs=None, num_warps=None, maxnreg=None, unmasked=1, persistent=0, persistent_max=4, stages=2
+)  # fmt: skip
 # Landmark-value forward kernel: warps (None: 8 for 128-landmark tiles, else 4) and register cap (None: the
 # compiler's choice; 80 spilled in its key loop, 1.4-1.6x slower on the H200, run 15).
 LV_CONFIG = dict(num_warps=None, maxnreg=None)
@@ -859,7 +864,9 @@ def _topk_scan_body(
                                 b_max = tl.max(b_x, 1)
                             if LVF:
                                 b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
-                                if LAZY and EQ:
+                                if LAZY == 2:
+                                    l_m, l_l, l_acc = _softmax_fma(b_sc, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                                elif LAZY and EQ:
                                     l_m, l_l, l_acc = _softmax_lazy_max(
                                         b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP
                                     )
@@ -874,7 +881,10 @@ def _topk_scan_body(
                             if LVF:
                                 b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None],
                                               other=0.0)  # fmt: skip
-                                if LAZY:
+                                if LAZY == 2:
+                                    b_ls = tl.where(m_n[None, :], b_sc, float("-inf"))
+                                    l_m, l_l, l_acc = _softmax_fma(b_ls, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                                elif LAZY:
                                     b_ls = tl.where(m_n[None, :], b_sc, float("-inf"))
                                     l_m, l_l, l_acc = _softmax_lazy(b_ls, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
                                 else:
@@ -1097,29 +1107,37 @@ def _final_row(
 ):  # fmt: skip
     # Row row's KSEL largest packed entries among the first min(LIM, CAP) of its candidate list (score desc, index
     # asc; fewer when the list holds fewer valid keys; the entries past them read as empty), their key indices
-    # ascending, then -1. The selection without a sort: the threshold key t (_kth_largest_key), then, unless every
-    # entry at t is taken, the lowest indices among them (the same helper on the low word). The order: one sort of
+    # ascending, then -1. The selection (NARROW 0 / 1): the threshold key t (_kth_largest_key, over the whole range
+    # or the list's own), then, unless every entry at t is taken, the lowest indices among them (the same helper on
+    # the low word); NARROW 2: the KSEL-th largest packed entry from one descending sort. The order: one sort of
     # the list (SORT) or ranks from pairwise comparisons. CM: the list's cache modifier (".cg" where other programs
     # of the same launch wrote it).
     o_c = tl.arange(0, CP)
     c = tl.load(CAND + row * CAP + o_c, mask=o_c < tl.minimum(LIM, CAP), other=_EMPTY, cache_modifier=CM)
     valid = c != _EMPTY
     n_sel = tl.minimum(tl.sum(valid.to(tl.int32), 0), KSEL)
-    c_key = c >> 32
     c_low = c & 0xFFFFFFFF
-    if NARROW:
-        c_k32 = c_key.to(tl.int32)
-        lo = _kth_largest_key_narrow(c_k32, valid, n_sel, tl.max(tl.where(valid, c_k32, -2147483648), 0), 1)
+    if NARROW == 2:
+        # The n_sel-th largest packed entry by one sort of the list (entries are distinct: each holds its key's
+        # index), so exactly the n_sel entries at or above it are chosen.
+        srt = tl.sort(c, 0, descending=True)
+        th = tl.max(tl.where(o_c == n_sel - 1, srt, _EMPTY), 0)
+        sel = valid & (c >= th) & (n_sel > 0)
     else:
-        lo = _kth_largest_key(c_key.to(tl.int32), valid, n_sel, -2147483648, 2147483648, 32)
-    m_gt = valid & (c_key > lo)
-    m_tie = valid & (c_key == lo)
-    n_tie = n_sel - tl.sum(m_gt.to(tl.int32), 0)
-    # lo2: the n_tie-th largest low word among the ties (0, i.e. all of them, when every tie is taken).
-    lo2 = tl.full([], 0, tl.int64)
-    if n_tie < tl.sum(m_tie.to(tl.int32), 0):
-        lo2 = _kth_largest_key(c_low, m_tie, n_tie, 0, 4294967296, 32)
-    sel = m_gt | (m_tie & (c_low >= lo2))
+        c_key = c >> 32
+        if NARROW:
+            c_k32 = c_key.to(tl.int32)
+            lo = _kth_largest_key_narrow(c_k32, valid, n_sel, tl.max(tl.where(valid, c_k32, -2147483648), 0), 1)
+        else:
+            lo = _kth_largest_key(c_key.to(tl.int32), valid, n_sel, -2147483648, 2147483648, 32)
+        m_gt = valid & (c_key > lo)
+        m_tie = valid & (c_key == lo)
+        n_tie = n_sel - tl.sum(m_gt.to(tl.int32), 0)
+        # lo2: the n_tie-th largest low word among the ties (0, i.e. all of them, when every tie is taken).
+        lo2 = tl.full([], 0, tl.int64)
+        if n_tie < tl.sum(m_tie.to(tl.int32), 0):
+            lo2 = _kth_largest_key(c_low, m_tie, n_tie, 0, 4294967296, 32)
+        sel = m_gt | (m_tie & (c_low >= lo2))
     base = IDX + row * KSEL
     if SORT:
         # The chosen indices ascending by one sort of the list (the others as INT32_MAX, after them), then -1.
@@ -1256,6 +1274,14 @@ def _topk_select_kernel(
         _final_row(CAND, IDX, row, n, ksel, CAP, CP, KP, CB, SORT, FNARROW, "")
 
 
+def _final_narrow() -> int:
+    """SCAN_CONFIG["final_narrow"]: how the final per-row selection finds its threshold (_final_row)."""
+    v = int(SCAN_CONFIG["final_narrow"])
+    if v not in (0, 1, 2):
+        raise ValueError(f"SCAN_CONFIG['final_narrow'] must be 0, 1 or 2, got {SCAN_CONFIG['final_narrow']}")
+    return v
+
+
 def _emit_top(N: int, ksel: int, bn: int) -> int:
     """Default block tops the count + emit pass reads (SCAN_CONFIG["emit_top"] None): 3 where blocks with two
     candidates are common, i.e. where a row's ~ksel candidates among N / bn blocks often share one (ksel >= N / (8
@@ -1361,6 +1387,9 @@ def exact_topk(
     if not 16 <= bn <= 128:
         raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
     lvf = lv is not None and bool(SCAN_CONFIG["lv_fused"])
+    if SCAN_CONFIG["lv_lazy"] not in (0, 1, 2):
+        raise ValueError(f"SCAN_CONFIG['lv_lazy'] must be 0, 1 or 2, got {SCAN_CONFIG['lv_lazy']}")
+    _final_narrow()
     if SCAN_CONFIG["fallback"] not in (0, 1):
         raise ValueError(f"SCAN_CONFIG['fallback'] must be 0 or 1, got {SCAN_CONFIG['fallback']}")
     persistent = bool(SCAN_CONFIG["fallback"])
@@ -1418,7 +1447,7 @@ def exact_topk(
             ksel, *lay, rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
-            EVEN=even and mode == 0, LAZY=lvf and mode == 0 and bool(SCAN_CONFIG["lv_lazy"]),
+            EVEN=even and mode == 0, LAZY=int(SCAN_CONFIG["lv_lazy"]) if lvf and mode == 0 else 0,
             EQ=mode == 0 and bool(SCAN_CONFIG["tops_eq"]), **common,
             num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
             **({"num_stages": int(SCAN_CONFIG["stages"])} if mode == 0 and SCAN_CONFIG["stages"] else {}),
@@ -1450,7 +1479,7 @@ def exact_topk(
                 ksel, *lay, rows, G,
                 HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, ONE_PLANE=topt == 1, STEPS=steps,
                 NARROW=bool(SCAN_CONFIG["start_narrow"]), D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
-                E3=e3, EB=eb, FNARROW=bool(SCAN_CONFIG["final_narrow"]), MERGE=merge, BC=min(64, _next_pow2(G)),
+                E3=e3, EB=eb, FNARROW=_final_narrow(), MERGE=merge, BC=min(64, _next_pow2(G)),
                 **final_kw, num_warps=SCAN_CONFIG["num_warps"],
             ),
         )  # fmt: skip
@@ -1475,7 +1504,7 @@ def exact_topk(
         fb_kw = dict(
             P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
             RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FINAL=fb_final,
-            FNARROW=bool(SCAN_CONFIG["final_narrow"]), **final_kw, num_warps=SCAN_CONFIG["num_warps"],
+            FNARROW=_final_narrow(), **final_kw, num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
         okey = (dev.index, tuple(sorted(fb_kw.items())))
         if _interpreting():
@@ -1511,7 +1540,7 @@ def exact_topk(
             + (" + landmark values merge" if merge and not fused else ""),
             lambda: fast(_topk_final_kernel)[(rows,)](
                 cand, idx, ksel, cap, pm, pl, pacc, vt, lse, off, M, G,
-                NARROW=bool(SCAN_CONFIG["final_narrow"]), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
+                NARROW=_final_narrow(), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
                 FB_ONLY=fused, **final_kw, num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
                 **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
             ),
@@ -1690,7 +1719,10 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
     if persist:
         # Persistent programs: per_sm per SM over all heads (two under the interpreter, to run the loop).
         progs = 2 if _interpreting() else _sm_count(q.device) * per_sm
-        grid = (max(1, min(N // bm, _cdiv(progs, BH))), BH)
+        per_head = max(1, min(N // bm, _cdiv(progs, BH)))
+        persist = _interpreting() or _cdiv(N // bm, per_head) <= int(ROUTE_CONFIG["persistent_max"])
+        if persist:
+            grid = (per_head, BH)
     fast(_route_kernel)[grid](
         q,
         r,
@@ -2131,6 +2163,9 @@ def _compile_cases() -> list:
         ("topk_scan mode 0 e3 + lv even lazy eq", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1, "EQ": 1}), 4,
          lvf),
+        ("topk_scan mode 0 e3 + lv even fma eq", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 2, "EQ": 1}), 4,
+         lvf),
         ("topk_scan mode 0 + lv even lazy eq", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1, "EQ": 1}), 4,
          lvf),
@@ -2199,6 +2234,10 @@ def _compile_cases() -> list:
         ("topk_select 64K e3 merge", _topk_select_kernel,
          dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=1,
               EB=1024, CP=256, KP=128, CB=64, SORT=1, FNARROW=1, MERGE=1, BC=64, **common), 4,
+         dict(sel, VT="*bf16")),
+        ("topk_select 64K e3 merge sort-select", _topk_select_kernel,
+         dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=1,
+              EB=1024, CP=256, KP=128, CB=64, SORT=1, FNARROW=2, MERGE=1, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
         ("topk_select 1M", _topk_select_kernel,
          dict(HAS_KV=False, F=2, GP=8192, P=_P, ONE_PLANE=True, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=0,
