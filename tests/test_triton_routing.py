@@ -828,12 +828,14 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, bt):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("fb_final", [0, 1])
 @pytest.mark.parametrize("N,M,pad", [(65536, 128, False), (262144, 256, True)])
-def test_gpu_persistent_fallback_graph_replays(monkeypatch, N, M, pad):
+def test_gpu_persistent_fallback_graph_replays(monkeypatch, N, M, pad, fb_final):
     """The persistent fallback kernel (one program per SM, grid barriers between its passes) where most rows
     overflow (cap = k, integer scores with ties): bitwise the ten-launch fallback's result and a stable sort's
     selection, eagerly and in a CUDA graph replayed three times over a poisoned output (the barrier counter starts
-    again at every replay); and with the default list."""
+    again at every replay); and with the default list. fb_final: the fallback rows' top-k in the fallback kernel."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "fb_final", fb_final)
     r = _ints((2, M, 64), -8, 9, N + 7, torch.bfloat16)
     k = _ints((2, N, 64), -8, 9, N + 8, torch.bfloat16)
     valid = None

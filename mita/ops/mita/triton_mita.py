@@ -788,7 +788,7 @@ _PLAN_OFFSETS_BLOCK = 4096
 # block-top pass; 0: everything in order.
 FWD_CONFIG = dict(
     bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
-    lazy=0, unmasked=1, route_stream=0,
+    lazy=2, unmasked=1, route_stream=3,
 )  # fmt: skip
 
 
