@@ -561,36 +561,37 @@ def test_route_top1_multiple_landmark_tiles_and_ties():
     assert torch.all(got[:, :40] == 0)
 
 
+def _route_top1_launch(triton_launches, N: int, M: int, seed: int) -> dict:
+    """Top-1 routes of integer-valued queries and landmarks (ties often) against the stable sort; the routing
+    kernel's launch arguments."""
+    q = _ints((2, N, 32), -1, 2, seed)
+    r = _ints((2, M, 32), -1, 2, seed + 1)
+    got = tr.route_topk(q, r, 1)
+    ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), 1)
+    assert torch.equal(got.view(2, N, 1).long().cpu(), ref.cpu())
+    (kw,) = [kw for name, kw in triton_launches.kwargs if name == "_route_kernel"]
+    return kw
+
+
 @pytest.mark.parametrize("N,M,unmasked", [(256, 64, 1), (256, 64, 0), (300, 150, 1)])
 def test_route_top1_unmasked_tiles(monkeypatch, triton_launches, N, M, unmasked):
     """ROUTE_CONFIG unmasked: whole query and landmark tiles load without masks (N = 256, m = 64: 2 x 128-query
     tiles, one 64-landmark tile), the same routes as the stable sort; other shapes keep the masks."""
     monkeypatch.setitem(tr.ROUTE_CONFIG, "unmasked", unmasked)
-    q = _ints((2, N, 32), -1, 2, 21)
-    r = _ints((2, M, 32), -1, 2, 22)
-    got = tr.route_topk(q, r, 1)
-    ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), 1)
-    assert torch.equal(got.view(2, N, 1).long().cpu(), ref.cpu())
-    (kw,) = [kw for name, kw in triton_launches.kwargs if name == "_route_kernel"]
-    assert kw["EVEN"] == bool(unmasked and N == 256)
+    assert _route_top1_launch(triton_launches, N, M, 21)["EVEN"] == bool(unmasked and N == 256)
 
 
 @pytest.mark.parametrize("N,M,persistent", [(512, 64, 1), (512, 64, 0), (300, 64, 1), (512, 40, 1)])
 def test_route_top1_persistent(monkeypatch, triton_launches, N, M, persistent):
     """ROUTE_CONFIG persistent: S = 1 over one whole landmark tile (m = 64) in programs that loop over the query
-    tiles (4 x 128 queries for N = 512; integer-valued scores tie often), the same routes as the stable sort; shapes
-    that need masks (N = 300, m = 40) keep the per-tile grid."""
+    tiles (4 x 128 queries for N = 512), the same routes as the stable sort; shapes that need masks (N = 300, m = 40)
+    keep the per-tile grid."""
     monkeypatch.setitem(tr.ROUTE_CONFIG, "persistent", persistent)
-    q = _ints((2, N, 32), -1, 2, 23)
-    r = _ints((2, M, 32), -1, 2, 24)
-    got = tr.route_topk(q, r, 1)
-    ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), 1)
-    assert torch.equal(got.view(2, N, 1).long().cpu(), ref.cpu())
-    (kw,) = [kw for name, kw in triton_launches.kwargs if name == "_route_kernel"]
+    kw = _route_top1_launch(triton_launches, N, M, 23)
     assert kw["PERSIST"] == bool(persistent and N == 512 and M == 64)
+    monkeypatch.setitem(tr.ROUTE_CONFIG, "persistent", -1)
     with pytest.raises(ValueError, match="persistent"):
-        monkeypatch.setitem(tr.ROUTE_CONFIG, "persistent", -1)
-        tr.route_topk(q, r, 1)
+        tr.route_topk(_ints((2, N, 32), -1, 2, 23), _ints((2, M, 32), -1, 2, 24), 1)
 
 
 def _lv_logits(r, k, valid, scale):
