@@ -203,6 +203,7 @@ def test_general_unmasked_without_lazy_matches_naive(poison, monkeypatch, triton
     """FWD_CONFIG unmasked alone: the fused forward's mask-free blocks with the per-block softmax."""
     monkeypatch.setattr(tm, "SHORT_PATH", False)
     monkeypatch.setitem(tm.FWD_CONFIG, "unmasked", 1)
+    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 0)
     _check(1, 2, 200, 32, 16, 32, torch.bfloat16, key_growth=growth)
     fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
     assert len(fwd) == 1 and fwd[0]["FULL"] and not fwd[0]["LAZY"]

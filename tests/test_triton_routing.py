@@ -84,13 +84,19 @@ def topk_path_all(request, monkeypatch):
     return _use_topk_path(monkeypatch, request.param)
 
 
+def _fb_final(fused: int, fallback: int) -> bool:
+    """Whether the persistent fallback kernel selects the fallback rows' top-k itself (SCAN_CONFIG fb_final, with
+    the select kernel), so that no final kernel follows."""
+    return bool(fused and fallback and tr.SCAN_CONFIG["fb_final"])
+
+
 def _topk_launches(fused: int, fallback: int) -> list[str]:
     """The long-row top-k's launches without padding: block tops, then the select kernel (or start and count +
     emit), the fallback (one persistent launch or ten of the scan kernel) and the final kernel (with the select
-    kernel: for fallback rows only; SCAN_CONFIG fb_final 1 would select those inside the persistent fallback)."""
+    kernel: for fallback rows only, and none where the persistent fallback selects those, _fb_final)."""
     fb = ["_topk_fallback_kernel"] if fallback else ["_topk_scan_kernel"] * 10
     mid = ["_topk_select_kernel"] if fused else ["_topk_start_kernel", "_topk_scan_kernel"]
-    return ["_topk_scan_kernel", *mid, *fb, "_topk_final_kernel"]
+    return ["_topk_scan_kernel", *mid, *fb, *([] if _fb_final(fused, fallback) else ["_topk_final_kernel"])]
 
 
 def _same_sets(a, b):
@@ -223,17 +229,18 @@ def test_exact_topk_long_rows_launches(triton_launches, topk_path_all):
     k = _ints((1, 70, 32), -1, 2, 16)
     got = tr.exact_topk(r, k, None, 5, small_max_n=0)
     assert launches == _topk_launches(*topk_path_all)
+    fb_final = _fb_final(*topk_path_all)
     finals = [kw["FB_ONLY"] for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"]
-    assert finals == [bool(topk_path_all[0])]
+    assert finals == ([] if fb_final else [bool(topk_path_all[0])])
     fbk = [kw["FINAL"] for name, kw in triton_launches.kwargs if name == "_topk_fallback_kernel"]
-    assert fbk == ([False] if topk_path_all[1] else [])
+    assert fbk == ([fb_final] if topk_path_all[1] else [])
     assert _same_sets(got, _ref_topk(r, k, None, 5))
 
 
 @pytest.mark.parametrize("pad", [False, True])
 def test_exact_topk_fallback_rows_top_k_in_fallback_or_final_kernel(monkeypatch, triton_launches, pad):
     """With the select kernel, the fallback rows' top-k is selected by the final kernel for those rows only
-    (fb_final 0, the default) or inside the persistent fallback kernel (1: no final kernel): the same result, the
+    (fb_final 0) or inside the persistent fallback kernel (1, the default: no final kernel): the same result, the
     reference's, on rows that mix list-fitting and overflowing candidates."""
     N, d, ksel = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
@@ -782,7 +789,7 @@ def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches,
     assert [kw["MERGE"] for name, kw in triton_launches.kwargs if name == merger] == [bool(merge)]
     if topk_path_all[0]:
         finals = [kw["MERGE"] for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"]
-        assert finals == [False]
+        assert finals == ([] if _fb_final(*topk_path_all) else [False])
     ref = _lv_ref(r, k, v, None, 0.5)
     assert ((vt.double() - ref).norm() / ref.norm()).item() < 1e-5
     assert torch.allclose(lse.double(), _lse_ref(r, k, None, 0.5), atol=1e-4, rtol=0)

@@ -99,19 +99,22 @@ _SCAN_PROGRAMS = 2048
 # sm_90 it holds 255 registers with spills, and each candidate takes a slot by an atomic on its row's counter;
 # which of the two costs more was not measured), the select kernel 19 and 116. AR(1) 0.9 tokens at 64K (one row
 # overflows): 0.302 -> 0.308 ms.
-# fb_final (with fused_select and the persistent fallback; default 0: the final kernel for the fallback rows): 1: the
+# fb_final (with fused_select and the persistent fallback; 0: the final kernel for the fallback rows): 1: the
 # fallback kernel also selects those rows' top-k after one more grid barrier, so no final kernel follows. Run 21 on
-# the H200 (64K forward, CUDA graphs): 0.127-0.130 ms against 0.129 with the final kernel, i.e. level; its GPU tests
-# (cap = k, most rows overflowing, 64K and 256K) passed, the CUDA-graph replay test did not run (device time).
-# tops_eq: the block-top pass takes each block top as a plain maximum, then the first key equal to it (_first_max),
-# instead of one maximum-with-index reduction (whose combine compares values and indices per score), and with even
-# and lv_lazy its landmark values reuse those maxima: the same tops and values to the bit. stages: the block-top
-# pass's software-pipelining depth (None: Triton's default). lv_lazy 2: the landmark values' softmax with the scale
-# in the exponent's FMA, rescaled every block (_softmax_fma: no branch). final_narrow 2: the final per-row selection
-# takes its threshold from one descending sort of the candidate list instead of a bisection (_final_row).
+# the H200 (64K forward, CUDA graphs): 0.127-0.130 ms against 0.129 with the final kernel, i.e. level; run 22 (call
+# 3, with the other run-22 defaults): 64K 0.115 -> 0.112, 256K 0.597 -> 0.590, 1M level; on by default since, its
+# CUDA-graph replay test passed (call 4).
+# tops_eq (default 1, run 22): the block-top pass takes each block top as a plain maximum, then the first key equal
+# to it (_first_max), instead of one maximum-with-index reduction (whose combine compares values and indices per
+# score), and with even and lv_lazy its landmark values reuse those maxima: the same tops and values to the bit;
+# forward 64K 0.118 -> 0.115 ms, 256K 0.604 -> 0.599, 1M 3.648 -> 3.601. stages: the block-top pass's
+# software-pipelining depth (None: Triton's default; 2 was slower, run 22). lv_lazy 2: the landmark values'
+# softmax with the scale in the exponent's FMA, rescaled every block (_softmax_fma: no branch); None (default): 2
+# up to 256K keys, else 1. final_narrow 2: the final per-row selection takes its threshold from one descending sort
+# of the candidate list instead of a bisection (_final_row); None (default): 2 for lists of <= 256 entries.
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=2, start_steps=20,
+    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=None, start_steps=20,
     start_narrow=1, final_narrow=None, fallback=1, merge_in_final=1, fb_spin=0,
     fb_programs=None, fused_select=1, select_eb=None, fb_final=1, tops_eq=1, stages=None,
 )  # fmt: skip
@@ -312,10 +315,16 @@ def _softmax_lazy_max(b_s, b_smax, scale, b_v, b_m, b_l, b_acc, PREC: tl.constex
 
 @triton.jit
 def _softmax_fma(b_s, scale, b_v, b_m, b_l, b_acc, PREC: tl.constexpr, UP: tl.constexpr):
+    return _softmax_fma_max(b_s, tl.max(b_s, 1), scale, b_v, b_m, b_l, b_acc, PREC, UP)
+
+
+@triton.jit
+def _softmax_fma_max(b_s, b_smax, scale, b_v, b_m, b_l, b_acc, PREC: tl.constexpr, UP: tl.constexpr):
     # _softmax_step from raw scores b_s (-inf where masked) and a scale > 0: the running maximum is kept in logit
     # units (the raw row maximum times scale: the same value as the maximum of the scaled scores, as rounding is
-    # monotone) and the scale goes into the exponent's FMA, so no per-score multiply; every block rescales.
-    b_mn = tl.maximum(b_m, tl.max(b_s, 1) * scale)
+    # monotone) and the scale goes into the exponent's FMA, so no per-score multiply; every block rescales. b_smax:
+    # the row maxima of b_s (_softmax_fma_max: from a caller that has them).
+    b_mn = tl.maximum(b_m, b_smax * scale)
     b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)
     b_p = tl.exp2(b_s * scale - b_ms[:, None])
     b_alpha = tl.exp2(b_m - b_ms)
@@ -864,7 +873,11 @@ def _topk_scan_body(
                                 b_max = tl.max(b_x, 1)
                             if LVF:
                                 b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
-                                if LAZY == 2:
+                                if LAZY == 2 and EQ:
+                                    l_m, l_l, l_acc = _softmax_fma_max(
+                                        b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP
+                                    )
+                                elif LAZY == 2:
                                     l_m, l_l, l_acc = _softmax_fma(b_sc, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
                                 elif LAZY and EQ:
                                     l_m, l_l, l_acc = _softmax_lazy_max(
@@ -1391,8 +1404,13 @@ def exact_topk(
     if not 16 <= bn <= 128:
         raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
     lvf = lv is not None and bool(SCAN_CONFIG["lv_fused"])
-    if SCAN_CONFIG["lv_lazy"] not in (0, 1, 2):
-        raise ValueError(f"SCAN_CONFIG['lv_lazy'] must be 0, 1 or 2, got {SCAN_CONFIG['lv_lazy']}")
+    lv_lazy = SCAN_CONFIG["lv_lazy"]
+    if lv_lazy is None:
+        # Measured on the H200 (run 22): 2 at 64K and 256K (forward 0.115 -> 0.110 ms, 0.597 -> 0.580); 1M was not
+        # timed with it and keeps 1.
+        lv_lazy = 2 if N <= 1 << 18 else 1
+    if lv_lazy not in (0, 1, 2):
+        raise ValueError(f"SCAN_CONFIG['lv_lazy'] must be 0, 1, 2 or None, got {lv_lazy}")
     if SCAN_CONFIG["fallback"] not in (0, 1):
         raise ValueError(f"SCAN_CONFIG['fallback'] must be 0 or 1, got {SCAN_CONFIG['fallback']}")
     persistent = bool(SCAN_CONFIG["fallback"])
@@ -1451,7 +1469,7 @@ def exact_topk(
             ksel, *lay, rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
-            EVEN=even and mode == 0, LAZY=int(SCAN_CONFIG["lv_lazy"]) if lvf and mode == 0 else 0,
+            EVEN=even and mode == 0, LAZY=int(lv_lazy) if lvf and mode == 0 else 0,
             EQ=mode == 0 and bool(SCAN_CONFIG["tops_eq"]), **common,
             num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
             **({"num_stages": int(SCAN_CONFIG["stages"])} if mode == 0 and SCAN_CONFIG["stages"] else {}),
