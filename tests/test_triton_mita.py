@@ -873,3 +873,62 @@ def test_gpu_layer_folded_pooling_matches_two_step(monkeypatch, S):
     assert torch.equal(res[True][0], res[False][0])
     for a, b in zip(res[True][1:], res[False][1:]):
         assert _rel(a, b) < 1e-2
+
+
+def test_pdl_kw_off_the_gpu(monkeypatch):
+    """Programmatic dependent launch (launch.pdl_kw): off under the interpreter and on the CPU (the kernels then
+    take PDL False and run as before); 1 where unsupported and unknown values are errors."""
+    from mita.ops.mita import launch
+
+    assert launch.pdl_kw(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setitem(launch.PDL_CONFIG, "enabled", 0)
+    assert launch.pdl_kw(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setitem(launch.PDL_CONFIG, "enabled", 1)
+    with pytest.raises(ValueError, match="does not support"):
+        launch.pdl_kw(torch.device("cpu"))
+    monkeypatch.setitem(launch.PDL_CONFIG, "enabled", 2)
+    with pytest.raises(ValueError, match="PDL_CONFIG"):
+        launch.pdl_kw(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "N,m,topk,S,pad_from",
+    [(4097, 64, 64, 1, None), (65536, 128, 128, 1, None), (4097, 32, 32, 2, None), (4097, 64, 64, 1, (4097, 3000))],
+)
+def test_gpu_pdl_same_output(monkeypatch, N, m, topk, S, pad_from):
+    """The forward's kernels with programmatic dependent launch (each program waits for the previous kernel before
+    its first access): bitwise the output and gradients of plain launches, eagerly (pooled landmarks included, so
+    the 1D pooling kernel takes part), and replayed from a CUDA graph over a poisoned output."""
+    from mita.ops.mita import launch
+
+    if not launch.pdl_supported(torch.device(DEV)):
+        pytest.skip("programmatic dependent launch needs sm_90+ and a triton with launch_pdl")
+    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    (q, k, v, r), mask = _inputs(1, 2, N, 64, m, torch.bfloat16, pad_from=pad_from)
+    kw = dict(experts_per_query=S, key_padding_mask=mask)
+    do = torch.randn_like(q)
+    res = {}
+    for mode in (0, 1):
+        monkeypatch.setitem(launch.PDL_CONFIG, "enabled", mode)
+        out = tm.triton_mita(q, k, v, r, topk, **kw)
+        res[mode] = (out, *torch.autograd.grad(out, (q, k, v, r), do))
+        if mask is None and N % m == 0:
+            # Landmarks pooled from the queries by the 1D pooling kernel (the layout of the throughput benchmark).
+            from mita.ops.landmarks import pool_landmarks
+
+            with torch.no_grad():
+                res[mode] += (tm.triton_mita(q, k, v, pool_landmarks(q, m, layout="1d"), topk, experts_per_query=S),)
+    for a, b in zip(res[0], res[1]):
+        assert torch.equal(a, b)
+    qd, kd, vd, rd = (t.detach() for t in (q, k, v, r))
+    with torch.no_grad():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            got = tm.triton_mita(qd, kd, vd, rd, topk, **kw)
+        for _ in range(2):
+            got.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(got, res[0][0].detach())

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mita.ops.mita.launch import fast
+from mita.ops.mita.launch import fast, pdl_enter, pdl_kw
 from mita.ops.mita.triton_routing import _cdiv, _dot, _interpreting, _next_pow2
 
 # Launch settings (tokens x channels per program).
@@ -165,9 +165,12 @@ CONFIG["fwd1d"] = dict(BL=128, num_warps=8, unmasked=1)
 
 
 @triton.jit
-def _pool1d_fwd_kernel(X, OUT, H, M, L, SB, SH, SN, D: tl.constexpr, BL: tl.constexpr, EVEN: tl.constexpr):
+def _pool1d_fwd_kernel(
+    X, OUT, H, M, L, SB, SH, SN, D: tl.constexpr, BL: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr = False
+):
     """One (landmark, batch-head): the float32 sum of its L rows, divided by L and rounded once. EVEN: L % BL == 0
     (loads without masks)."""
+    pdl_enter(PDL)
     i_i = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
@@ -209,6 +212,6 @@ def pool1d_fwd(x: torch.Tensor, m: int) -> torch.Tensor:
     cfg["BL"] = min(cfg["BL"], max(16, _next_pow2(N // m)))
     even = bool(cfg.pop("unmasked", 1)) and (N // m) % cfg["BL"] == 0
     fast(_pool1d_fwd_kernel)[(m, B * H)](
-        x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, EVEN=even, **cfg
+        x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, EVEN=even, **cfg, **pdl_kw(x.device)
     )
     return out
