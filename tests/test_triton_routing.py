@@ -1085,3 +1085,42 @@ def test_gpu_pdl_topk_with_fallback_rows(monkeypatch, N, M):
         torch.cuda.synchronize()
         for a, b in zip(out, res[0]):
             assert torch.equal(a, b)
+
+
+def test_exact_topk_bisect_pair_same_thresholds(monkeypatch):
+    """SCAN_CONFIG bisect_pair (two bisection steps per reduction, three packed counts): the same start thresholds
+    (hence the same candidate counts) and the same selection as one step per reduction, with real-valued scores and
+    with tied integer scores whose rows overflow (the final selection's bisection, final_narrow 1, and its ties)."""
+    monkeypatch.setitem(tr.SCAN_CONFIG, "final_narrow", 1)
+    cases = [(*_float_inputs(2, 8, 1500, 32, seed=5), None, 24, None), (*_mixed_rows_inputs(700, 32), None, 8, 64)]
+    for r, k, valid, ksel, cap in cases:
+        got = {}
+        for pair in (0, 1):
+            monkeypatch.setitem(tr.SCAN_CONFIG, "bisect_pair", pair)
+            st = {}
+            got[pair] = (tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=cap, stats=st), st["counts"], st["start"])
+        for a, b in zip(got[0], got[1]):
+            assert torch.equal(a, b)
+        assert _same_sets(got[1][0], _ref_topk(r, k, valid, ksel))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,M", [(65536, 128), (262144, 256), (1048576, 512)])
+def test_gpu_bisect_pair_same_thresholds(monkeypatch, N, M):
+    """bisect_pair on the GPU: the start thresholds, counts, selection and landmark values of one step per reduction
+    to the bit, with real-valued scores (default list) and tied integer scores with cap = k (rows overflow, so the
+    fallback's final selection bisects)."""
+    v = torch.randn(2, N, 64, generator=torch.Generator().manual_seed(N)).to(DEV, torch.bfloat16)
+    cases = [(*_float_inputs(2, M, N, 64, seed=N % 97), {}), (_ints((2, M, 64), -8, 9, N + 1, torch.bfloat16),
+             _ints((2, N, 64), -8, 9, N + 2, torch.bfloat16), dict(cap=M))]  # fmt: skip
+    for r, k, kw in cases:
+        got = {}
+        for pair in (0, 1):
+            monkeypatch.setitem(tr.SCAN_CONFIG, "bisect_pair", pair)
+            st = {}
+            out = tr.exact_topk(r, k, None, M, stats=st, lv=(v, 0.125), **kw)
+            got[pair] = (*out, st["counts"], st["start"])
+        for a, b in zip(got[0], got[1]):
+            assert torch.equal(a, b)
+        assert _same_sets(got[1][0], _ref_topk(r, k, None, M))

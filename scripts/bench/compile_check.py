@@ -257,7 +257,7 @@ def main() -> None:
     cases.append(("pool_fwd", tp._pool_fwd_kernel, dict(MP=32, BN=64, BC=64, UP=False), 4, pool_fwd))
     cases.append(("pool_bwd", tp._pool_bwd_kernel, dict(MP=32, BN=64, BC=64), 4, pool_bwd))
     pool1d = {"X": "*bf16", "OUT": "*bf16", "L": "i32"}
-    for bl, warps, even in ((64, 4, False), (64, 4, True), (256, 8, True)):
+    for bl, warps, even in ((64, 4, False), (64, 4, True), (256, 8, True), (512, 8, True)):
         cases.append(
             (f"pool1d_fwd BL={bl} even={int(even)}", tp._pool1d_fwd_kernel, dict(D=64, BL=bl, EVEN=even), warps, pool1d)
         )
