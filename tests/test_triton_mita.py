@@ -886,6 +886,12 @@ def test_pdl_kw_off_the_gpu(monkeypatch):
     monkeypatch.setitem(launch.PDL_CONFIG, "enabled", 1)
     with pytest.raises(ValueError, match="does not support"):
         launch.pdl_kw(torch.device("cpu"))
+    # only: the kernels outside the list launch as usual (so no error here for them).
+    monkeypatch.setitem(launch.PDL_CONFIG, "only", "fallback+mita_fwd")
+    assert launch.pdl_kw(torch.device("cpu"), "select") == {"PDL": False}
+    with pytest.raises(ValueError, match="does not support"):
+        launch.pdl_kw(torch.device("cpu"), "mita_fwd")
+    monkeypatch.setitem(launch.PDL_CONFIG, "only", None)
     monkeypatch.setitem(launch.PDL_CONFIG, "enabled", 2)
     with pytest.raises(ValueError, match="PDL_CONFIG"):
         launch.pdl_kw(torch.device("cpu"))

@@ -34,7 +34,7 @@ import triton.language as tl
 ENABLED = os.environ.get("MITA_FAST_LAUNCH", "1") not in ("0", "")
 
 # Off by default: run 19 measured the forward slower with it at 64K (0.164 -> 0.174 ms), level at 256K and 1M.
-PDL_CONFIG = dict(enabled={"": 0, "0": 0, "1": 1, "auto": None}.get(os.environ.get("MITA_PDL", "0"), 0))
+PDL_CONFIG = dict(enabled={"": 0, "0": 0, "1": 1, "auto": None}.get(os.environ.get("MITA_PDL", "0"), 0), only=None)
 
 
 def _interpreting() -> bool:
@@ -161,9 +161,14 @@ def pdl_supported(device) -> bool:
     return ok
 
 
-def pdl_kw(device) -> dict:
+def pdl_kw(device, name: str = "") -> dict:
     """Keyword arguments of a launch of a kernel that begins with :func:`pdl_enter`: ``PDL`` and, when on,
-    ``launch_pdl=True`` (``PDL_CONFIG["enabled"]``: None where :func:`pdl_supported`, 0 off, 1 on)."""
+    ``launch_pdl=True`` (``PDL_CONFIG["enabled"]``: None where :func:`pdl_supported`, 0 off, 1 on; ``only``: None
+    for every kernel, else a list of the kernels' names that take it, separated by ',' or '+': pool, route, scan,
+    select, start, fallback, final, lv_merge, plan, mita_fwd)."""
+    only = PDL_CONFIG["only"]
+    if only is not None and name not in str(only).replace("+", ",").split(","):
+        return {"PDL": False}
     mode = PDL_CONFIG["enabled"]
     if mode not in (None, 0, 1):
         raise ValueError(f"PDL_CONFIG['enabled'] must be None, 0 or 1, got {mode!r}")

@@ -844,7 +844,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     rows = torch.empty(BH, nrows, device=dev, dtype=i32)
     starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
     tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
-    pdl = pdl_kw(dev)
+    pdl = pdl_kw(dev, "plan")
     if nrows * mp <= _PLAN_FUSED_MAX:
         # One program per (batch, head) builds the whole plan in one launch.
         br = max(16, _PLAN_CHUNK // mp)
@@ -992,7 +992,7 @@ def mita_fwd(
         LAZY=_lazy_mode(),
         FULL=bool(FWD_CONFIG["unmasked"]) and bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
         **_fwd_launch(plan.bm, bn, D),
-        **pdl_kw(q.device),
+        **pdl_kw(q.device, "mita_fwd"),
     )
     if direct:
         return o, lse

@@ -216,6 +216,6 @@ def pool1d_fwd(x: torch.Tensor, m: int) -> torch.Tensor:
     cfg["BL"] = seg if N // m <= cfg.pop("whole", 0) else min(cfg["BL"], seg)
     even = bool(cfg.pop("unmasked", 1)) and (N // m) % cfg["BL"] == 0
     fast(_pool1d_fwd_kernel)[(m, B * H)](
-        x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, EVEN=even, **cfg, **pdl_kw(x.device)
+        x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, EVEN=even, **cfg, **pdl_kw(x.device, "pool")
     )
     return out

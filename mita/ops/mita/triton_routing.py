@@ -112,14 +112,11 @@ _SCAN_PROGRAMS = 2048
 # softmax with the scale in the exponent's FMA, rescaled every block (_softmax_fma: no branch); None (default): 2
 # up to 256K keys, else 1. final_narrow 2: the final per-row selection takes its threshold from one descending sort
 # of the candidate list instead of a bisection (_final_row); None (default): 2 for lists of <= 256 entries.
-# bisect_pair (default 1, run 23): the narrowed bisections of the start threshold and of the final selection take two
-# steps per reduction (three packed counts, _kth_largest_key_narrow): the same thresholds to the bit in half the
-# reductions (the 64K start bisection: ~13 steps, 19% of the select kernel's warp samples in run 23's profile).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=None, start_steps=20,
     start_narrow=1, final_narrow=None, fallback=1, merge_in_final=1, fb_spin=0,
-    fb_programs=None, fused_select=1, select_eb=None, fb_final=1, tops_eq=1, stages=None, bisect_pair=1,
+    fb_programs=None, fused_select=1, select_eb=None, fb_final=1, tops_eq=1, stages=None,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -520,7 +517,7 @@ def _kth_largest_key(key, valid, kk, LO: tl.constexpr, HI: tl.constexpr, STEPS: 
 
 
 @triton.jit
-def _kth_largest_key_narrow(key, valid, kk, k_max, UNIT: tl.constexpr, PAIR: tl.constexpr = False):
+def _kth_largest_key_narrow(key, valid, kk, k_max, UNIT: tl.constexpr):
     # _kth_largest_key over int32 order keys with the bisection's range taken from the entries: [min, max + 1) of the
     # valid keys (k_max: the largest valid key, any value when none is valid) when kk >= 1 of them are valid
     # (count(key >= min) >= kk > count(key >= max + 1) = 0 bound it as the full range's invariant does), else the
@@ -534,34 +531,11 @@ def _kth_largest_key_narrow(key, valid, kk, k_max, UNIT: tl.constexpr, PAIR: tl.
     narrow = (kk >= 1) & (n_valid >= kk)
     t = tl.where(narrow, k_min.to(tl.int64), -2147483648)
     hi = tl.where(narrow, k_max.to(tl.int64) + 1, 2147483648)
-    if PAIR:
-        # Two of the steps below per reduction: the midpoint a and both midpoints the second step may take (b below
-        # a, c above it) counted at once, three 21-bit counts packed in one int64 sum (a row holds < 2^21 entries),
-        # then the two steps taken as the one-step loop takes them (the second only while the range is wider than
-        # UNIT), so t is the same to the bit.
-        tl.static_assert(key.shape[0] < (1 << 21))
-        while hi - t > UNIT:
-            a = t + (hi - t) // 2
-            b = t + (a - t) // 2
-            c = a + (hi - a) // 2
-            x = (valid & (key >= a.to(tl.int32))).to(tl.int64)
-            x += (valid & (key >= b.to(tl.int32))).to(tl.int64) << 21
-            x += (valid & (key >= c.to(tl.int32))).to(tl.int64) << 42
-            n = tl.sum(x, 0)
-            ok = (n & 0x1FFFFF) >= kk
-            t = tl.where(ok, a, t)
-            hi = tl.where(ok, hi, a)
-            mid = tl.where(ok, c, b)
-            ok2 = tl.where(ok, n >> 42, (n >> 21) & 0x1FFFFF) >= kk
-            go = hi - t > UNIT
-            t = tl.where(go & ok2, mid, t)
-            hi = tl.where(go & ~ok2, mid, hi)
-    else:
-        while hi - t > UNIT:
-            mid = t + (hi - t) // 2
-            ok = tl.sum((valid & (key >= mid.to(tl.int32))).to(tl.int32), 0) >= kk
-            t = tl.where(ok, mid, t)
-            hi = tl.where(ok, hi, mid)
+    while hi - t > UNIT:
+        mid = t + (hi - t) // 2
+        ok = tl.sum((valid & (key >= mid.to(tl.int32))).to(tl.int32), 0) >= kk
+        t = tl.where(ok, mid, t)
+        hi = tl.where(ok, hi, mid)
     return t
 
 
@@ -587,7 +561,7 @@ def _start_row(
     g_key = _order_key(g)
     r_max = tl.max(tl.where(m_g, g_key, _KEY_NEG_INF), 0)
     if NARROW:
-        lo = _kth_largest_key_narrow(g_key, m_g, kk, r_max, 1 << (32 - STEPS), NARROW == 2)
+        lo = _kth_largest_key_narrow(g_key, m_g, kk, r_max, 1 << (32 - STEPS))
     else:
         lo = _kth_largest_key(g_key, m_g, kk, -2147483648, 2147483648, STEPS)
     tl.store(LO + row, lo)
@@ -1152,11 +1126,11 @@ def _final_row(
 ):  # fmt: skip
     # Row row's KSEL largest packed entries among the first min(LIM, CAP) of its candidate list (score desc, index
     # asc; fewer when the list holds fewer valid keys; the entries past them read as empty), their key indices
-    # ascending, then -1. The selection (NARROW 0 / 1 / 3): the threshold key t (_kth_largest_key, over the whole
-    # range or the list's own; 3: two bisection steps per reduction), then, unless every entry at t is taken, the
-    # lowest indices among them (the same helper on the low word); NARROW 2: the KSEL-th largest packed entry from
-    # one descending sort. The order: one sort of the list (SORT) or ranks from pairwise comparisons. CM: the list's
-    # cache modifier (".cg" where other programs of the same launch wrote it).
+    # ascending, then -1. The selection (NARROW 0 / 1): the threshold key t (_kth_largest_key, over the whole range
+    # or the list's own), then, unless every entry at t is taken, the lowest indices among them (the same helper on
+    # the low word); NARROW 2: the KSEL-th largest packed entry from one descending sort. The order: one sort of
+    # the list (SORT) or ranks from pairwise comparisons. CM: the list's cache modifier (".cg" where other programs
+    # of the same launch wrote it).
     o_c = tl.arange(0, CP)
     c = tl.load(CAND + row * CAP + o_c, mask=o_c < tl.minimum(LIM, CAP), other=_EMPTY, cache_modifier=CM)
     valid = c != _EMPTY
@@ -1172,8 +1146,7 @@ def _final_row(
         c_key = c >> 32
         if NARROW:
             c_k32 = c_key.to(tl.int32)
-            k_hi = tl.max(tl.where(valid, c_k32, -2147483648), 0)
-            lo = _kth_largest_key_narrow(c_k32, valid, n_sel, k_hi, 1, NARROW == 3)
+            lo = _kth_largest_key_narrow(c_k32, valid, n_sel, tl.max(tl.where(valid, c_k32, -2147483648), 0), 1)
         else:
             lo = _kth_largest_key(c_key.to(tl.int32), valid, n_sel, -2147483648, 2147483648, 32)
         m_gt = valid & (c_key > lo)
@@ -1330,19 +1303,10 @@ def _final_narrow(cap: int) -> int:
     the H200 (forward, CUDA graphs): 64K (256 entries) 0.115 -> 0.112 ms; 256K (512) 0.597 against 0.602."""
     v = SCAN_CONFIG["final_narrow"]
     if v is None:
-        v = 2 if cap <= 256 else 1
+        return 2 if cap <= 256 else 1
     if v not in (0, 1, 2):
         raise ValueError(f"SCAN_CONFIG['final_narrow'] must be 0, 1, 2 or None, got {v}")
-    # 3: the narrowed bisection two steps per reduction (SCAN_CONFIG["bisect_pair"]).
-    return 3 if v == 1 and SCAN_CONFIG["bisect_pair"] else int(v)
-
-
-def _start_narrow() -> int:
-    """The start threshold's bisection (_start_row's NARROW): 0 over the whole range, 1 over the row's own
-    (SCAN_CONFIG["start_narrow"]), 2 that with two steps per reduction (SCAN_CONFIG["bisect_pair"])."""
-    if not SCAN_CONFIG["start_narrow"]:
-        return 0
-    return 2 if SCAN_CONFIG["bisect_pair"] else 1
+    return int(v)
 
 
 def _emit_top(N: int, ksel: int, bn: int) -> int:
@@ -1483,9 +1447,6 @@ def exact_topk(
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
 
-    # Programmatic dependent launch of the chain's kernels (launch.pdl_kw).
-    pdl = pdl_kw(dev)
-
     # Block tops: plane t = each key block's (t+1)-th largest score per row (at least two planes, three with emit_top
     # 3: the count + emit pass reads them), and where in the block the largest is (with emit_top 3 also the second).
     planes = max(topt, 2 + e3)
@@ -1519,7 +1480,7 @@ def exact_topk(
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
             EVEN=even and mode == 0, LAZY=int(lv_lazy) if lvf and mode == 0 else 0,
-            EQ=mode == 0 and bool(SCAN_CONFIG["tops_eq"]), **common, **pdl,
+            EQ=mode == 0 and bool(SCAN_CONFIG["tops_eq"]), **common, **pdl_kw(dev, "scan"),
             num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
             **({"num_stages": int(SCAN_CONFIG["stages"])} if mode == 0 and SCAN_CONFIG["stages"] else {}),
         )  # fmt: skip
@@ -1549,9 +1510,9 @@ def exact_topk(
                 r, k, kv, cmax, arg, kk, lo, hi, off, cnt, cand, idx, pm, pl, pacc, vt, lse, N, M, NB * topt, NB, cap,
                 ksel, *lay, rows, G,
                 HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, ONE_PLANE=topt == 1, STEPS=steps,
-                NARROW=_start_narrow(), D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
+                NARROW=bool(SCAN_CONFIG["start_narrow"]), D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
                 E3=e3, EB=eb, FNARROW=_final_narrow(cap), MERGE=merge, BC=min(64, _next_pow2(G)),
-                **final_kw, num_warps=SCAN_CONFIG["num_warps"], **pdl,
+                **final_kw, num_warps=SCAN_CONFIG["num_warps"], **pdl_kw(dev, "select"),
             ),
         )  # fmt: skip
     else:
@@ -1560,7 +1521,7 @@ def exact_topk(
             lambda: fast(_topk_start_kernel)[(rows,)](
                 cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
                 HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1, STEPS=steps,
-                NARROW=_start_narrow(), **pdl,
+                NARROW=bool(SCAN_CONFIG["start_narrow"]), **pdl_kw(dev, "start"),
                 num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4),
             ),
         )  # fmt: skip
@@ -1569,8 +1530,6 @@ def exact_topk(
     if stats is not None:
         stats["cap"] = cap
         stats["counts"] = off[:rows].clone()
-        # Each row's start threshold (an order key; state slot 0).
-        stats["start"] = lo[0].clone()
         stats["overflow_rows"] = (off[:rows] > cap).sum()
     fb_final = persistent and fused and bool(SCAN_CONFIG["fb_final"])
     if persistent:
@@ -1592,7 +1551,7 @@ def exact_topk(
         def fallback():
             compiled = fast(_topk_fallback_kernel)[(nprog,)](
                 r, k, kv, kk, lo, hi, done, cnt, off, cand, idx, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
-                **fb_kw, **pdl,
+                **fb_kw, **pdl_kw(dev, "fallback"),
             )  # fmt: skip
             if not _interpreting() and okey not in _FB_RESIDENT and compiled is not None:
                 _FB_RESIDENT[okey] = _resident_per_sm(compiled, fb_kw["num_warps"], dev)
@@ -1614,7 +1573,8 @@ def exact_topk(
             lambda: fast(_topk_final_kernel)[(rows,)](
                 cand, idx, ksel, cap, pm, pl, pacc, vt, lse, off, M, G,
                 NARROW=_final_narrow(cap), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
-                FB_ONLY=fused, **final_kw, **pdl, num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
+                FB_ONLY=fused, **final_kw, **pdl_kw(dev, "final"),
+                num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
                 **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
             ),
         )  # fmt: skip
@@ -1627,7 +1587,7 @@ def exact_topk(
     run(
         "landmark values merge",
         lambda: fast(_lv_merge_kernel)[(M, BH)](
-            pm, pl, pacc, vt, lse, M, G, D=D, BC=min(64, _next_pow2(G)), num_warps=4, **pdl
+            pm, pl, pacc, vt, lse, M, G, D=D, BC=min(64, _next_pow2(G)), num_warps=4, **pdl_kw(dev, "lv_merge")
         ),
     )
     return idx, vt, lse
@@ -1822,7 +1782,7 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
         STAGES=int(ROUTE_CONFIG["stages"]),
         num_warps=warps,
         **regs_cap(ROUTE_CONFIG["maxnreg"]),
-        **pdl_kw(q.device),
+        **pdl_kw(q.device, "route"),
     )
     return route
 
@@ -2138,7 +2098,7 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
     )
     if not direct:
         fast(_lv_merge_kernel)[(M, BH)](
-            pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4, **pdl_kw(r.device)
+            pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4, **pdl_kw(r.device, "lv_merge")
         )
     return vt, lse
 
@@ -2321,14 +2281,6 @@ def _compile_cases() -> list:
         ("topk_select 1M", _topk_select_kernel,
          dict(HAS_KV=False, F=2, GP=8192, P=_P, ONE_PLANE=True, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=0,
               EB=1024, CP=1024, KP=512, CB=16, SORT=1, FNARROW=1, MERGE=1, BC=64, **common), 4,
-         dict(sel, VT="*bf16")),
-        ("topk_select 64K pair", _topk_select_kernel,
-         dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=2, BS=64, BN=64, EXACT=False, E3=1,
-              EB=1024, CP=256, KP=128, CB=64, SORT=1, FNARROW=2, MERGE=1, BC=64, **common), 4,
-         dict(sel, VT="*bf16")),
-        ("topk_select 1M pair", _topk_select_kernel,
-         dict(HAS_KV=False, F=2, GP=8192, P=_P, ONE_PLANE=True, STEPS=20, NARROW=2, BS=64, BN=64, EXACT=False, E3=0,
-              EB=1024, CP=1024, KP=512, CB=16, SORT=1, FNARROW=3, MERGE=1, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
         ("topk_select kv", _topk_select_kernel,
          dict(HAS_KV=True, F=1, GP=1024, P=_P, ONE_PLANE=False, STEPS=32, NARROW=0, BS=32, BN=64, EXACT=False, E3=0,
