@@ -1050,38 +1050,3 @@ def test_fallback_programs_resident_per_sm(monkeypatch):
     assert tr._resident_per_sm(types.SimpleNamespace(), 4, dev) == 1
     del prop.regs_per_multiprocessor
     assert tr._resident_per_sm(kern(0), 4, dev) == 1
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("N,M", [(65536, 128), (262144, 256)])
-def test_gpu_pdl_topk_with_fallback_rows(monkeypatch, N, M):
-    """Programmatic dependent launch of the top-k's kernels where most rows overflow (cap = k: the persistent
-    fallback kernel's grid barriers run with the next kernel launched early): bitwise the plain launches' indices
-    and landmark values, eagerly and in a CUDA graph replayed over a poisoned output."""
-    from mita.ops.mita import launch
-
-    if not launch.pdl_supported(torch.device(DEV)):
-        pytest.skip("programmatic dependent launch needs sm_90+ and a triton with launch_pdl")
-    r = _ints((2, M, 64), -8, 9, N + 11, torch.bfloat16)
-    k = _ints((2, N, 64), -8, 9, N + 12, torch.bfloat16)
-    v = torch.randn(2, N, 64, generator=torch.Generator().manual_seed(N)).to(DEV, torch.bfloat16)
-    res = {}
-    for mode in (0, 1):
-        monkeypatch.setitem(launch.PDL_CONFIG, "enabled", mode)
-        st = {}
-        res[mode] = tr.exact_topk(r, k, None, M, cap=M, stats=st, lv=(v, 0.125))
-        assert int(st["overflow_rows"]) > 0
-    for a, b in zip(res[0], res[1]):
-        assert torch.equal(a, b)
-    assert _same_sets(res[1][0], _ref_topk(r, k, None, M))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = tr.exact_topk(r, k, None, M, cap=M, lv=(v, 0.125))
-    for _ in range(3):
-        for t in out:
-            t.fill_(-7)
-        graph.replay()
-        torch.cuda.synchronize()
-        for a, b in zip(out, res[0]):
-            assert torch.equal(a, b)

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from common import correlated_tokens, environment, time_ms, wall_time  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
-from mita.ops.mita import launch, triton_mita, triton_pool, triton_routing  # noqa: E402
+from mita.ops.mita import triton_mita, triton_pool, triton_routing  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
 
 
@@ -39,9 +39,8 @@ def parse_sweep(text: str) -> tuple[dict, str, list]:
     """``key=v1,v2`` -> (config, key, [v1, v2]) with ints as ints and ``None`` as None; the key is a SCAN_CONFIG key,
     ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG, ``route.<key>`` for one of the routing kernel's
     ROUTE_CONFIG, ``lv.<key>`` for one of the landmark-value kernels' LV_CONFIG, ``bwd.<key>`` for one of the
-    backward kernels' BWD_CONFIG, ``pool.<key>`` for one of the 1D landmark pooling kernel's settings
-    (triton_pool.CONFIG["fwd1d"]; timed by bench_op.py, whose MiTA calls pool the landmarks) or ``pdl.enabled``
-    (launch.PDL_CONFIG: programmatic dependent launch of the forward's kernels)."""
+    backward kernels' BWD_CONFIG or ``pool.<key>`` for one of the 1D landmark pooling kernel's settings
+    (triton_pool.CONFIG["fwd1d"]; timed by bench_op.py, whose MiTA calls pool the landmarks)."""
     key, _, vals = text.partition("=")
     cfg = triton_routing.SCAN_CONFIG
     if key.startswith("fwd."):
@@ -54,15 +53,12 @@ def parse_sweep(text: str) -> tuple[dict, str, list]:
         cfg, key = triton_mita.BWD_CONFIG, key[4:]
     elif key.startswith("pool."):
         cfg, key = triton_pool.CONFIG["fwd1d"], key[5:]
-    elif key.startswith("pdl."):
-        cfg, key = launch.PDL_CONFIG, key[4:]
     if key not in cfg or not vals:
         raise SystemExit(
             f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)}, fwd.<key> with one of "
             f"{sorted(triton_mita.FWD_CONFIG)}, route.<key> with one of {sorted(triton_routing.ROUTE_CONFIG)}, "
             f"lv.<key> with one of {sorted(triton_routing.LV_CONFIG)}, bwd.<key> with one of "
-            f"{sorted(triton_mita.BWD_CONFIG)}, pool.<key> with one of {sorted(triton_pool.CONFIG['fwd1d'])} or "
-            f"pdl.enabled: "
+            f"{sorted(triton_mita.BWD_CONFIG)} or pool.<key> with one of {sorted(triton_pool.CONFIG['fwd1d'])}: "
             f"{text!r}"
         )
 

@@ -23,8 +23,8 @@ def parse_variant(text: str) -> dict:
     out = {}
     for item in filter(None, text.split(";")):
         key, _, val = item.partition("=")
-        if key not in ("BL", "num_warps", "unmasked", "whole") or not val.lstrip("-").isdigit():
-            raise SystemExit(f"--variants: unknown setting {item!r} (keys: BL, num_warps, unmasked, whole)")
+        if key not in ("BL", "num_warps", "unmasked") or not val.lstrip("-").isdigit():
+            raise SystemExit(f"--variants: unknown setting {item!r} (keys: BL, num_warps, unmasked)")
         out[key] = int(val)
     return out
 

@@ -12,14 +12,6 @@ call of each key goes through ``kernel[grid]`` as usual (compiling if needed), s
 Not used under ``TRITON_INTERPRET=1``, while a Triton launch hook is installed (profilers), or after any error of
 the direct path (it then turns itself off for the process with a one-time warning). ``MITA_FAST_LAUNCH=0`` or
 ``launch.ENABLED = False`` turns it off.
-
-Programmatic dependent launch (PDL, sm_90 and newer): the forward's kernels are launched with ``launch_pdl`` and
-begin with :func:`pdl_enter` (``griddepcontrol.wait``, then ``griddepcontrol.launch_dependents``), so the next
-kernel of the stream is launched while this one runs and its programs wait on the device, not behind the launch.
-Every program waits for the previous kernel (and so, transitively, for all earlier work of the stream) before its
-first load or store, so the order of memory operations is the one of plain launches. :func:`pdl_kw` gives a
-launch's ``PDL`` constexpr and ``launch_pdl`` option; ``PDL_CONFIG["enabled"]`` 0 (default): off, None: on where
-the device and triton support it, 1: on (an error where unsupported); ``MITA_PDL=1`` / ``auto`` set 1 / None.
 """
 
 from __future__ import annotations
@@ -28,13 +20,8 @@ import os
 import warnings
 
 import torch
-import triton
-import triton.language as tl
 
 ENABLED = os.environ.get("MITA_FAST_LAUNCH", "1") not in ("0", "")
-
-# Off by default: run 19 measured the forward slower with it at 64K (0.164 -> 0.174 ms), level at 256K and 1M.
-PDL_CONFIG = dict(enabled={"": 0, "0": 0, "1": 1, "auto": None}.get(os.environ.get("MITA_PDL", "0"), 0), only=None)
 
 
 def _interpreting() -> bool:
@@ -124,60 +111,3 @@ def fast(fn) -> FastKernel:
     if k is None:
         k = _REGISTRY[fn] = FastKernel(fn)
     return k
-
-
-@triton.jit
-def pdl_enter(PDL: tl.constexpr):
-    """First statement of a kernel launched with :func:`pdl_kw`: wait for the previous kernel of the stream to
-    finish (its writes visible), then let the next one launch. Nothing when PDL is False (e.g. the interpreter)."""
-    if PDL:
-        tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-        tl.inline_asm_elementwise(
-            "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-        )
-
-
-_PDL_DEVICES: dict = {}
-
-
-def _triton_has_pdl() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return False
-    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
-
-
-def pdl_supported(device) -> bool:
-    """Whether kernels on ``device`` can take programmatic dependent launch: a CUDA device of compute capability
-    9.0 or newer and a triton with the ``launch_pdl`` option, not under the interpreter."""
-    if _interpreting() or device is None or torch.device(device).type != "cuda":
-        return False
-    idx = torch.device(device).index
-    idx = torch.cuda.current_device() if idx is None else idx
-    ok = _PDL_DEVICES.get(idx)
-    if ok is None:
-        ok = _PDL_DEVICES[idx] = torch.cuda.get_device_capability(idx)[0] >= 9 and _triton_has_pdl()
-    return ok
-
-
-def pdl_kw(device, name: str = "") -> dict:
-    """Keyword arguments of a launch of a kernel that begins with :func:`pdl_enter`: ``PDL`` and, when on,
-    ``launch_pdl=True`` (``PDL_CONFIG["enabled"]``: None where :func:`pdl_supported`, 0 off, 1 on; ``only``: None
-    for every kernel, else a list of the kernels' names that take it, separated by ',' or '+': pool, route, scan,
-    select, start, fallback, final, lv_merge, plan, mita_fwd)."""
-    only = PDL_CONFIG["only"]
-    if only is not None and name not in str(only).replace("+", ",").split(","):
-        return {"PDL": False}
-    mode = PDL_CONFIG["enabled"]
-    if mode not in (None, 0, 1):
-        raise ValueError(f"PDL_CONFIG['enabled'] must be None, 0 or 1, got {mode!r}")
-    if mode is None:
-        on = pdl_supported(device)
-    elif mode:
-        if not pdl_supported(device):
-            raise ValueError(f"PDL_CONFIG['enabled'] is 1 but {device} does not support programmatic dependent launch")
-        on = True
-    else:
-        on = False
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from mita.ops.mita.checks import check_mita_args
-from mita.ops.mita.launch import fast, pdl_enter, pdl_kw
+from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import (
     _cdiv,
     _dot,
@@ -100,9 +100,7 @@ def _mita_fwd_kernel(
     INIT: tl.constexpr,
     LAZY: tl.constexpr,
     FULL: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
-    pdl_enter(PDL)
     # INIT (S = 1, DIRECT, SHARED): the route kernel already wrote each query's attention over the shared entries
     # into O and LSE; start the online softmax from that state (max = its LSE, sum 1, accumulator = its output)
     # instead of scoring the shared entries again.
@@ -554,9 +552,7 @@ def _plan_kernel(
     MP: tl.constexpr,
     BR: tl.constexpr,
     BT: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
-    pdl_enter(PDL)
     # The whole routing plan of one (batch, head) in one program: a counting sort of the rows by expert (stable:
     # ranks are cumulative counts in row order) and the tile table. For small N * S * m only.
     i_bh = tl.program_id(0).to(tl.int64)
@@ -618,8 +614,7 @@ def _plan_tiles(
 
 
 @triton.jit
-def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_enter(PDL)
+def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constexpr):
     # Chunked plan, step 1 of 3: per chunk of CR rows, the number of rows routed to each expert, summed in registers
     # (a histogram per BR rows) and stored once -> CNTS[bh, c].
     i_c = tl.program_id(0)
@@ -637,8 +632,7 @@ def _plan_count_kernel(ROUTE, CNTS, NR, CR, NC, MP: tl.constexpr, BR: tl.constex
 
 
 @triton.jit
-def _plan_offsets_kernel(CNTS, NC, MP: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_enter(PDL)
+def _plan_offsets_kernel(CNTS, NC, MP: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr):
     # Step 2 of 3, one program per (block of BE experts, batch-head): each chunk's count of an expert becomes the
     # expert's rows in the earlier chunks (exclusive prefix over the chunks, in place), and the expert totals go
     # to the row after the last chunk, CNTS[bh, NC].
@@ -660,9 +654,7 @@ def _plan_offsets_kernel(CNTS, NC, MP: tl.constexpr, BE: tl.constexpr, BC: tl.co
 def _plan_scatter_kernel(
     ROUTE, CNTS, ROWS, STARTS, TILE_E, TILE_RS, TILE_RE, NR, CR, NC, M, T, BMQ, TT,
     MP: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl_enter(PDL)
     # Step 3 of 3: each chunk writes its rows at their expert's next position, in row order (a stable counting
     # sort). The expert totals (step 2) give the experts' first rows; program 0 stores them (STARTS) and program c
     # writes tiles c * TT .. (c + 1) * TT of the tile table. The chunk's [MP] next positions live in its CNTS row
@@ -844,12 +836,11 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     rows = torch.empty(BH, nrows, device=dev, dtype=i32)
     starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
     tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
-    pdl = pdl_kw(dev, "plan")
     if nrows * mp <= _PLAN_FUSED_MAX:
         # One program per (batch, head) builds the whole plan in one launch.
         br = max(16, _PLAN_CHUNK // mp)
         fast(_plan_kernel)[(BH,)](
-            route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br, num_warps=8, **pdl
+            route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br, num_warps=8
         )
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets, scatter + tile table.
@@ -863,16 +854,16 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     # Row c < nc: chunk c's expert counts, then its first output positions; row nc: the expert totals.
     cnts = torch.empty(BH, nc + 1, mp, device=dev, dtype=i32)
     brc = min(_PLAN_COUNT_STEP, _next_pow2(cr))
-    fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=brc, num_warps=4, **pdl)
+    fast(_plan_count_kernel)[(nc, BH)](route, cnts, nrows, cr, nc, MP=mp, BR=brc, num_warps=4)
     be = min(mp, _PLAN_EXPERTS)
     bc = max(1, min(_next_pow2(nc), _PLAN_OFFSETS_BLOCK // be))
-    fast(_plan_offsets_kernel)[(mp // be, BH)](cnts, nc, MP=mp, BE=be, BC=bc, num_warps=4, **pdl)
+    fast(_plan_offsets_kernel)[(mp // be, BH)](cnts, nc, MP=mp, BE=be, BC=bc, num_warps=4)
     # The tile table in whole blocks of bt tiles per program (the first programs write it, the others none).
     bt = max(2, _PLAN_TILE_ENTRIES // mp)
     tt = _cdiv(_cdiv(T, nc), bt) * bt
     fast(_plan_scatter_kernel)[(nc, BH)](
         route, cnts, rows, starts, tile_e, tile_rs, tile_re, nrows, cr, nc, m, T, bm, tt,
-        MP=mp, BR=br, BT=bt, num_warps=_PLAN_WARPS, **pdl,
+        MP=mp, BR=br, BT=bt, num_warps=_PLAN_WARPS,
     )  # fmt: skip
     return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
 
@@ -992,7 +983,6 @@ def mita_fwd(
         LAZY=_lazy_mode(),
         FULL=bool(FWD_CONFIG["unmasked"]) and bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
         **_fwd_launch(plan.bm, bn, D),
-        **pdl_kw(q.device, "mita_fwd"),
     )
     if direct:
         return o, lse

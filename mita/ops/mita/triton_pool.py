@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mita.ops.mita.launch import fast, pdl_enter, pdl_kw
+from mita.ops.mita.launch import fast
 from mita.ops.mita.triton_routing import _cdiv, _dot, _interpreting, _next_pow2
 
 # Launch settings (tokens x channels per program).
@@ -160,20 +160,14 @@ def pool_bwd(g: torch.Tensor, weights_t: torch.Tensor, heads: int, dtype: torch.
 # Rows per step of the 1D pooling kernel, its warps, and loads without masks where the steps divide the segments.
 # Run 18 on the H200 (scripts/bench/pool_bench.py, CUDA graphs, B 1, H 2, d 64, one process): 128 rows at 8 warps
 # 0.0161 / 0.0284 / 0.0717 ms -> 0.0163 / 0.0241 / 0.0703 at 64K / 256K / 1M against 64 rows at 4 warps; unmasked
-# loads level (0.0161 / 0.0286 / 0.0727 masked). whole: segments of at most this many rows are loaded in one step
-# (BL = the segment, so all of a program's loads are in flight at once); run 23 (pool_bench.py, call 1): 64K, 512-row
-# segments, 0.0165-0.0179 -> 0.0111 ms in one 512-row step at 8 warps (16 warps 0.0157); 256K's 1024-row segments in
-# two such steps 0.0303 against 0.0247 in 128-row steps, so longer segments keep BL.
-CONFIG["fwd1d"] = dict(BL=128, num_warps=8, unmasked=1, whole=512)
+# loads level (0.0161 / 0.0286 / 0.0727 masked).
+CONFIG["fwd1d"] = dict(BL=128, num_warps=8, unmasked=1)
 
 
 @triton.jit
-def _pool1d_fwd_kernel(
-    X, OUT, H, M, L, SB, SH, SN, D: tl.constexpr, BL: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr = False
-):
+def _pool1d_fwd_kernel(X, OUT, H, M, L, SB, SH, SN, D: tl.constexpr, BL: tl.constexpr, EVEN: tl.constexpr):
     """One (landmark, batch-head): the float32 sum of its L rows, divided by L and rounded once. EVEN: L % BL == 0
     (loads without masks)."""
-    pdl_enter(PDL)
     i_i = tl.program_id(0).to(tl.int64)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
@@ -212,10 +206,9 @@ def pool1d_fwd(x: torch.Tensor, m: int) -> torch.Tensor:
     B, H, N, D = x.shape
     out = torch.empty(B, H, m, D, device=x.device, dtype=x.dtype)
     cfg = dict(CONFIG["fwd1d"])
-    seg = max(16, _next_pow2(N // m))
-    cfg["BL"] = seg if N // m <= cfg.pop("whole", 0) else min(cfg["BL"], seg)
+    cfg["BL"] = min(cfg["BL"], max(16, _next_pow2(N // m)))
     even = bool(cfg.pop("unmasked", 1)) and (N // m) % cfg["BL"] == 0
     fast(_pool1d_fwd_kernel)[(m, B * H)](
-        x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, EVEN=even, **cfg, **pdl_kw(x.device, "pool")
+        x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, EVEN=even, **cfg
     )
     return out

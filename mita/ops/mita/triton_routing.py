@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mita.ops.mita.launch import _interpreting, fast, pdl_enter, pdl_kw
+from mita.ops.mita.launch import _interpreting, fast
 
 LOG2E = 1.4426950408889634
 # Rows up to this length take the on-chip top-k (if the [N, d] key tile stays within _SMALL_BYTES).
@@ -576,9 +576,7 @@ def _topk_start_kernel(
     CMAX, KK, LO, HI, OFF, CNT, CAND, M, NB, NBLK, CAP, ksel, nrows, HAS_KV: tl.constexpr, F: tl.constexpr,
     GP: tl.constexpr, P: tl.constexpr, CB: tl.constexpr, ONE_PLANE: tl.constexpr, STEPS: tl.constexpr,
     NARROW: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl_enter(PDL)
     # One row per program: the start threshold and state slot 0 (_start_row); the row's slot counter and candidate
     # list start empty.
     row = tl.program_id(0).to(tl.int64)
@@ -1002,9 +1000,7 @@ def _topk_scan_kernel(
     D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
     TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
     LAZY: tl.constexpr, EQ: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl_enter(PDL)
     # One program per (landmark tile, key chunk, batch-head): _topk_scan_body.
     _topk_scan_body(
         tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
@@ -1056,9 +1052,7 @@ def _topk_fallback_kernel(
     PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
     FINAL: tl.constexpr, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr,
     FNARROW: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl_enter(PDL)
     # The long-row top-k's fallback (refinement passes, recount, ordered emit: _topk_scan_body's modes 1-3) in one
     # launch of NPROG persistent programs (no more than the SMs hold at once, so all are resident; 1 under the
     # interpreter, which runs programs one after another). Each program first checks every row's count (OFF, final
@@ -1184,9 +1178,7 @@ def _topk_final_kernel(
     CAND, IDX, KSEL, CAP, PM, PL, PACC, VT, LSE, OFF, M, NC, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr,
     SORT: tl.constexpr, NARROW: tl.constexpr, MERGE: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     FB_ONLY: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl_enter(PDL)
     # One row per program: the top-k of its candidate list (_final_row). MERGE: the row's landmark values from their
     # NC split-key partials first (_lv_merge_row: one launch fewer). FB_ONLY: only the rows with more than CAP
     # candidates (OFF; the others were selected by _topk_select_kernel).
@@ -1271,9 +1263,7 @@ def _topk_select_kernel(
     BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr, EB: tl.constexpr,
     CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr, FNARROW: tl.constexpr,
     MERGE: tl.constexpr, BC: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl_enter(PDL)
     # The start, count + emit and final kernels of one row in one program (SCAN_CONFIG["fused_select"]): the start
     # threshold and state slot 0 (_start_row), the row's keys at or above it into its candidate list (_emit_row), and
     # when they fit the list (count <= CAP) its top-k (_final_row); OFF[row] = the count, so rows with more than CAP
@@ -1480,7 +1470,7 @@ def exact_topk(
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
             EVEN=even and mode == 0, LAZY=int(lv_lazy) if lvf and mode == 0 else 0,
-            EQ=mode == 0 and bool(SCAN_CONFIG["tops_eq"]), **common, **pdl_kw(dev, "scan"),
+            EQ=mode == 0 and bool(SCAN_CONFIG["tops_eq"]), **common,
             num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
             **({"num_stages": int(SCAN_CONFIG["stages"])} if mode == 0 and SCAN_CONFIG["stages"] else {}),
         )  # fmt: skip
@@ -1512,7 +1502,7 @@ def exact_topk(
                 HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, ONE_PLANE=topt == 1, STEPS=steps,
                 NARROW=bool(SCAN_CONFIG["start_narrow"]), D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
                 E3=e3, EB=eb, FNARROW=_final_narrow(cap), MERGE=merge, BC=min(64, _next_pow2(G)),
-                **final_kw, num_warps=SCAN_CONFIG["num_warps"], **pdl_kw(dev, "select"),
+                **final_kw, num_warps=SCAN_CONFIG["num_warps"],
             ),
         )  # fmt: skip
     else:
@@ -1521,7 +1511,7 @@ def exact_topk(
             lambda: fast(_topk_start_kernel)[(rows,)](
                 cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
                 HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1, STEPS=steps,
-                NARROW=bool(SCAN_CONFIG["start_narrow"]), **pdl_kw(dev, "start"),
+                NARROW=bool(SCAN_CONFIG["start_narrow"]),
                 num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4),
             ),
         )  # fmt: skip
@@ -1551,7 +1541,7 @@ def exact_topk(
         def fallback():
             compiled = fast(_topk_fallback_kernel)[(nprog,)](
                 r, k, kv, kk, lo, hi, done, cnt, off, cand, idx, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
-                **fb_kw, **pdl_kw(dev, "fallback"),
+                **fb_kw,
             )  # fmt: skip
             if not _interpreting() and okey not in _FB_RESIDENT and compiled is not None:
                 _FB_RESIDENT[okey] = _resident_per_sm(compiled, fb_kw["num_warps"], dev)
@@ -1573,8 +1563,7 @@ def exact_topk(
             lambda: fast(_topk_final_kernel)[(rows,)](
                 cand, idx, ksel, cap, pm, pl, pacc, vt, lse, off, M, G,
                 NARROW=_final_narrow(cap), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
-                FB_ONLY=fused, **final_kw, **pdl_kw(dev, "final"),
-                num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
+                FB_ONLY=fused, **final_kw, num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
                 **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
             ),
         )  # fmt: skip
@@ -1587,7 +1576,7 @@ def exact_topk(
     run(
         "landmark values merge",
         lambda: fast(_lv_merge_kernel)[(M, BH)](
-            pm, pl, pacc, vt, lse, M, G, D=D, BC=min(64, _next_pow2(G)), num_warps=4, **pdl_kw(dev, "lv_merge")
+            pm, pl, pacc, vt, lse, M, G, D=D, BC=min(64, _next_pow2(G)), num_warps=4
         ),
     )
     return idx, vt, lse
@@ -1624,9 +1613,7 @@ def _route_kernel(
     EVEN: tl.constexpr,
     PERSIST: tl.constexpr = 0,
     STAGES: tl.constexpr = 2,
-    PDL: tl.constexpr = False,
 ):
-    pdl_enter(PDL)
     # EVEN: N % BM == 0 and M % BS == 0, so the query and landmark tiles load without masks.
     # PERSIST (S = 1 without SH_OUT, EVEN, M == BS): the grid's first axis is a number of persistent programs, each
     # with the landmark tile loaded once, looping over query tiles i_n, i_n + programs, ... (STAGES: the loop's
@@ -1782,7 +1769,6 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
         STAGES=int(ROUTE_CONFIG["stages"]),
         num_warps=warps,
         **regs_cap(ROUTE_CONFIG["maxnreg"]),
-        **pdl_kw(q.device, "route"),
     )
     return route
 
@@ -1858,8 +1844,7 @@ def _lv_fwd_kernel(
 
 
 @triton.jit
-def _lv_merge_kernel(PM, PL, PACC, VT, LSE, M, NC, D: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_enter(PDL)
+def _lv_merge_kernel(PM, PL, PACC, VT, LSE, M, NC, D: tl.constexpr, BC: tl.constexpr):
     # One landmark per program.
     _lv_merge_row(PM, PL, PACC, VT, LSE, tl.program_id(0), tl.program_id(1).to(tl.int64), M, NC, D, BC)
 
@@ -2097,9 +2082,7 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
         **regs_cap(LV_CONFIG["maxnreg"]),
     )
     if not direct:
-        fast(_lv_merge_kernel)[(M, BH)](
-            pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4, **pdl_kw(r.device, "lv_merge")
-        )
+        fast(_lv_merge_kernel)[(M, BH)](pm, pl, pacc, vt, lse, M, nc, D=D, BC=min(64, _next_pow2(nc)), num_warps=4)
     return vt, lse
 
 
