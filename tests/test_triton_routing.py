@@ -259,36 +259,6 @@ def test_exact_topk_fallback_rows_top_k_in_fallback_or_final_kernel(monkeypatch,
     assert torch.equal(got[1].cpu(), got[0].cpu())
 
 
-@pytest.mark.parametrize("pad", [False, True])
-def test_exact_topk_select_and_fallback_in_one_launch(monkeypatch, triton_launches, pad):
-    """select_fb 1: the select kernel and the persistent fallback as one launch (a grid barrier between them that
-    also says whether any row overflowed; its counter zeroed by the block-top pass): bitwise the separate launches'
-    indices and landmark values, the reference's selection, on rows that mix list-fitting and overflowing
-    candidates (integer scores with ties) and where none overflows (Gaussian tokens); neither of the separate
-    kernels launches."""
-    N, d, ksel = 700, 32, 8
-    valid = _mixed_rows_padding(N) if pad else None
-    v = torch.randn(1, N, d, generator=torch.Generator().manual_seed(3)).to(DEV)
-    for (r, k), overflow in ((_mixed_rows_inputs(N, d), True), (_float_inputs(1, 6, N, d, 5), False)):
-        ref = _ref_topk(r.float(), k.float(), valid, ksel)
-        got = {}
-        for sfb in (1, 0):
-            monkeypatch.setitem(tr.SCAN_CONFIG, "select_fb", sfb)
-            triton_launches.clear()
-            st: dict = {}
-            got[sfb] = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st, lv=(v.to(k.dtype), 0.25))
-            assert (int(st["overflow_rows"]) > 0) == overflow
-            assert _same_sets(got[sfb][0], ref)
-            names = [n for n in triton_launches if n.startswith("_topk")]
-            assert names == (
-                ["_topk_scan_kernel", "_topk_select_fb_kernel"]
-                if sfb
-                else ["_topk_scan_kernel", "_topk_select_kernel", "_topk_fallback_kernel"]
-            ), names
-        for a, b in zip(got[1], got[0]):
-            assert torch.equal(a.cpu(), b.cpu())
-
-
 def _float_inputs(BH, M, N, d, seed, rho=0.0):
     # bf16 Gaussian landmarks and keys (AR(1) along N with correlation rho): real-valued scores, few exact ties.
     g = torch.Generator().manual_seed(seed)
@@ -866,16 +836,14 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, bt):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("fb_final,select_fb", [(0, 0), (1, 0), (1, 1)])
+@pytest.mark.parametrize("fb_final", [0, 1])
 @pytest.mark.parametrize("N,M,pad", [(65536, 128, False), (262144, 256, True)])
-def test_gpu_persistent_fallback_graph_replays(monkeypatch, N, M, pad, fb_final, select_fb):
+def test_gpu_persistent_fallback_graph_replays(monkeypatch, N, M, pad, fb_final):
     """The persistent fallback kernel (one program per SM, grid barriers between its passes) where most rows
     overflow (cap = k, integer scores with ties): bitwise the ten-launch fallback's result and a stable sort's
     selection, eagerly and in a CUDA graph replayed three times over a poisoned output (the barrier counter starts
-    again at every replay); and with the default list. fb_final: the fallback rows' top-k in the fallback kernel;
-    select_fb: the select kernel and the fallback in one launch (its barrier counter zeroed by the block-top pass)."""
+    again at every replay); and with the default list. fb_final: the fallback rows' top-k in the fallback kernel."""
     monkeypatch.setitem(tr.SCAN_CONFIG, "fb_final", fb_final)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "select_fb", select_fb)
     r = _ints((2, M, 64), -8, 9, N + 7, torch.bfloat16)
     k = _ints((2, N, 64), -8, 9, N + 8, torch.bfloat16)
     valid = None
@@ -986,44 +954,6 @@ def test_gpu_select_kernel_matches_three_kernels(monkeypatch, N, M, rho, lv):
     assert out[1][2] == out[0][2]
     if rho:
         assert out[1][2] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("N,M,rho", [(65536, 128, 0.0), (65536, 128, 0.9), (262144, 256, 0.0), (1 << 20, 512, 0.0)])
-def test_gpu_select_and_fallback_in_one_launch(monkeypatch, N, M, rho):
-    """select_fb 1 (the select kernel and the persistent fallback in one launch of resident programs, a grid
-    barrier between them) against the two launches, bitwise: indices, landmark values and counts, eagerly and in
-    a CUDA graph replayed over poisoned outputs; at 64K one row per program, at 256K and 1M programs take several
-    rows; correlated tokens (rho 0.9) make rows overflow, so the fallback runs after the barrier."""
-    g = torch.Generator(device=DEV).manual_seed(N + 1)
-    if rho:
-        k = torch.randn(2, N + 63, 64, device=DEV, generator=g).unfold(1, 64, 1).mean(-1) * 8
-    else:
-        k = torch.randn(2, N, 64, device=DEV, generator=g)
-    k = k.to(torch.bfloat16)
-    v = torch.randn(2, N, 64, device=DEV, generator=g).to(torch.bfloat16)
-    r = k.view(2, M, N // M, 64).float().mean(2).to(torch.bfloat16)
-    out = {}
-    for sfb in (0, 1):
-        monkeypatch.setitem(tr.SCAN_CONFIG, "select_fb", sfb)
-        st: dict = {}
-        out[sfb] = tr.exact_topk(r, k, None, M, stats=st, lv=(v, 0.125)), st["counts"], int(st["overflow_rows"])
-    for a, b in zip(out[1][0], out[0][0]):
-        assert torch.equal(a, b)
-    assert torch.equal(out[1][1], out[0][1])
-    assert out[1][2] == out[0][2]
-    assert (out[1][2] > 0) == bool(rho)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        res = tr.exact_topk(r, k, None, M, lv=(v, 0.125))
-    for _ in range(3):
-        for t in res:
-            t.fill_(-7)
-        graph.replay()
-        torch.cuda.synchronize()
-        for a, b in zip(res, out[0][0]):
-            assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

@@ -116,7 +116,7 @@ SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
     final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=None, start_steps=20,
     start_narrow=1, final_narrow=None, fallback=1, merge_in_final=1, fb_spin=0,
-    fb_programs=None, fused_select=1, select_eb=None, fb_final=1, tops_eq=1, stages=None, select_fb=0,
+    fb_programs=None, fused_select=1, select_eb=None, fb_final=1, tops_eq=1, stages=None,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -723,7 +723,7 @@ def _topk_scan_body(
     row = i_bh * M + o_j
     active = tl.sum(m_j.to(tl.int32), 0) > 0
     if MODE != 0 and MODE != 4:
-        fb = m_j & (tl.load(OFF + row, mask=m_j, other=0, cache_modifier=CM) > CAP)
+        fb = m_j & (tl.load(OFF + row, mask=m_j, other=0) > CAP)
         if SKIP:
             active = tl.sum(fb.to(tl.int32), 0) > 0
     if active:
@@ -999,13 +999,9 @@ def _topk_scan_kernel(
     H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr, HAS_KV: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
     TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
-    LAZY: tl.constexpr, EQ: tl.constexpr = 0, ZB: tl.constexpr = 0,
+    LAZY: tl.constexpr, EQ: tl.constexpr = 0,
 ):  # fmt: skip
-    # One program per (landmark tile, key chunk, batch-head): _topk_scan_body. ZB: the first program zeroes the
-    # barrier counter (OFF[nrows]) of the launch after it (the select kernel with the fallback, select_fb).
-    if ZB:
-        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-            tl.store(OFF + nrows, 0)
+    # One program per (landmark tile, key chunk, batch-head): _topk_scan_body.
     _topk_scan_body(
         tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
         OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE, P,
@@ -1014,26 +1010,23 @@ def _topk_scan_kernel(
 
 
 @triton.jit
-def _grid_barrier(BAR, target, SPIN: tl.constexpr, FLAG=0):
+def _grid_barrier(BAR, target, SPIN: tl.constexpr):
     # Every program of the launch waits here until BAR (zeroed before the launch, raised by one per program and
-    # barrier) reaches target = (barriers so far) x programs in its low 16 bits. The writes before it are released at
-    # GPU scope, the reads after it acquire them. Only for launches whose programs are all resident at once.
-    # FLAG (0 or 1) is added to BAR's bits above the 16th: returns how many programs raised it so far (all of them
-    # once the barrier opens, when every program flags at the same barrier).
+    # barrier) reaches target = (barriers so far) x programs. The writes before it are released at GPU scope, the
+    # reads after it acquire them. Only for launches whose programs are all resident at once.
     # SPIN 0: one thread polls with acquire loads; 1: every thread polls with volatile loads, then one acquire.
     tl.debug_barrier()
-    tl.atomic_add(BAR, 1 + (FLAG << 16), sem="release", scope="gpu")
+    tl.atomic_add(BAR, 1, sem="release", scope="gpu")
     if SPIN == 0:
         seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
-        while (seen & 0xFFFF) < target:
+        while seen < target:
             seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
     else:
         seen = tl.load(BAR, volatile=True)
-        while (seen & 0xFFFF) < target:
+        while seen < target:
             seen = tl.load(BAR, volatile=True)
-        seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
+        tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
-    return seen >> 16
 
 
 @triton.jit
@@ -1053,59 +1046,6 @@ def _fallback_items(
 
 
 @triton.jit
-def _fallback_run(
-    pid, NPROG, BAR, n_bar, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, IDX, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
-    SN, nrows, n_s, BH, P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr,
-    PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
-    FINAL: tl.constexpr, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr,
-    FNARROW: tl.constexpr,
-):  # fmt: skip
-    # The fallback's work once some row is known to overflow (every program of the launch calls it): the refinement
-    # passes, the recount, the ordered emit and with FINAL the fallback rows' top-k, with a grid barrier on BAR
-    # (n_bar: its count so far) between them.
-    # The refinement stops after the first pass whose state has every fallback row done (the recount and the
-    # ordered emit then read the slot after it), so a row that settles in a few passes costs a few barriers.
-    n_bar = tl.zeros([], tl.int32) + n_bar
-    i_pass = 0
-    fin = 0
-    while i_pass < _NPASS:
-        _fallback_items(
-            pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB,
-            SH, SN, nrows, i_pass, 1, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
-        )  # fmt: skip
-        n_bar += NPROG
-        _grid_barrier(BAR, n_bar, SPIN)
-        n_open = 0
-        for r0 in range(0, nrows, RB):
-            o_r = r0 + tl.arange(0, RB)
-            m_r = o_r < nrows
-            fb_r = m_r & (tl.load(OFF + o_r, mask=m_r, other=0, cache_modifier=".cg") > CAP)
-            d_r = tl.load(DONE + i_pass * nrows + o_r, mask=fb_r, other=1, cache_modifier=".cg")
-            n_open += tl.sum((fb_r & (d_r == 0)).to(tl.int32), 0)
-        i_pass += 1
-        fin = i_pass
-        if n_open == 0:
-            i_pass = _NPASS
-    _fallback_items(
-        pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
-        SN, nrows, fin, 2, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
-    )  # fmt: skip
-    _grid_barrier(BAR, n_bar + NPROG, SPIN)
-    _fallback_items(
-        pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
-        SN, nrows, fin, 3, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
-    )  # fmt: skip
-    if FINAL:
-        # The fallback rows' top-k (the select kernel did the others'), rows in turn, once every list is
-        # written; other programs wrote them: loaded from L2.
-        _grid_barrier(BAR, n_bar + 2 * NPROG, SPIN)
-        for r_i in range(pid, nrows, NPROG):
-            row = r_i + tl.zeros([], tl.int64)
-            if tl.load(OFF + row, cache_modifier=".cg") > CAP:
-                _final_row(CAND, IDX, row, CAP, ksel, CAP, CP, KP, CB, SORT, FNARROW, ".cg")
-
-
-@triton.jit
 def _topk_fallback_kernel(
     R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, IDX, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, n_s, BH,
     NPROG, P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr,
@@ -1119,7 +1059,9 @@ def _topk_fallback_kernel(
     # since the count + emit pass): when no row has more than CAP, all return at once, which is the common case.
     # Otherwise the programs take the (landmark tile, key chunk, batch-head) items of each pass in turn, with a grid
     # barrier between passes (the counter is OFF[nrows], zeroed by the start kernel); every program passes every
-    # barrier (_fallback_run).
+    # barrier.
+    # The refinement stops after the first pass whose state has every fallback row done (the recount and the
+    # ordered emit then read the slot after it), so a row that settles in a few passes costs a few barriers.
     # FINAL (with the select kernel): after one more barrier the programs also select the fallback rows' top-k
     # (_final_row; CP, KP, CB, SORT, FNARROW as the final kernel's), so no final kernel follows.
     pid = tl.program_id(0)
@@ -1128,11 +1070,47 @@ def _topk_fallback_kernel(
         o_r = r0 + tl.arange(0, RB)
         n_fb += tl.sum((tl.load(OFF + o_r, mask=o_r < nrows, other=0) > CAP).to(tl.int32), 0)
     if n_fb > 0:
-        _fallback_run(
-            pid, NPROG, OFF + nrows, 0, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, IDX, N, M, CH, G, NBLK, CAP, ksel,
-            H, SB, SH, SN, nrows, n_s, BH, P, HAS_KV, D, BS, BN, PREC, UP, EXACT, RB, SPIN, FINAL, CP, KP, CB, SORT,
-            FNARROW,
+        BAR = OFF + nrows
+        n_bar = 0
+        # Refinement passes until every fallback row is done (its state slot after a pass says so; every program
+        # reads the same slots after the barrier, so all leave the loop together), at most _NPASS.
+        i_pass = 0
+        fin = 0
+        while i_pass < _NPASS:
+            _fallback_items(
+                pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB,
+                SH, SN, nrows, i_pass, 1, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
+            )  # fmt: skip
+            n_bar += NPROG
+            _grid_barrier(BAR, n_bar, SPIN)
+            n_open = 0
+            for r0 in range(0, nrows, RB):
+                o_r = r0 + tl.arange(0, RB)
+                m_r = o_r < nrows
+                fb_r = m_r & (tl.load(OFF + o_r, mask=m_r, other=0) > CAP)
+                d_r = tl.load(DONE + i_pass * nrows + o_r, mask=fb_r, other=1, cache_modifier=".cg")
+                n_open += tl.sum((fb_r & (d_r == 0)).to(tl.int32), 0)
+            i_pass += 1
+            fin = i_pass
+            if n_open == 0:
+                i_pass = _NPASS
+        _fallback_items(
+            pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
+            SN, nrows, fin, 2, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
         )  # fmt: skip
+        _grid_barrier(BAR, n_bar + NPROG, SPIN)
+        _fallback_items(
+            pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
+            SN, nrows, fin, 3, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
+        )  # fmt: skip
+        if FINAL:
+            # The fallback rows' top-k (the select kernel did the others'), rows in turn, once every list is
+            # written; other programs wrote them: loaded from L2.
+            _grid_barrier(BAR, n_bar + 2 * NPROG, SPIN)
+            for r_i in range(pid, nrows, NPROG):
+                row = r_i + tl.zeros([], tl.int64)
+                if tl.load(OFF + row) > CAP:
+                    _final_row(CAND, IDX, row, CAP, ksel, CAP, CP, KP, CB, SORT, FNARROW, ".cg")
 
 
 @triton.jit
@@ -1278,25 +1256,26 @@ def _emit_row(
 
 
 @triton.jit
-def _select_row(
-    R, K, KV, CMAX, ARG, KK, LO, HI, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, row, N, M, NB, NBLK, CAP, ksel, H,
-    SB, SH, SN, nrows, NC, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr, P: tl.constexpr,
+def _topk_select_kernel(
+    R, K, KV, CMAX, ARG, KK, LO, HI, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, N, M, NB, NBLK, CAP, ksel, H, SB, SH,
+    SN, nrows, NC, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr, P: tl.constexpr,
     ONE_PLANE: tl.constexpr, STEPS: tl.constexpr, NARROW: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr, EB: tl.constexpr,
     CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr, FNARROW: tl.constexpr,
-    MERGE: tl.constexpr, BC: tl.constexpr, ZERO_BAR: tl.constexpr,
+    MERGE: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
-    # The start, count + emit and final kernels of one row (SCAN_CONFIG["fused_select"]): the start threshold and
-    # state slot 0 (_start_row), the row's keys at or above it into its candidate list (_emit_row), and when they fit
-    # the list (count <= CAP) its top-k (_final_row); OFF[row] = the count, so rows with more than CAP take the
-    # fallback. MERGE: the row's landmark values from their split-key partials too. ZERO_BAR: row 0 zeroes the
-    # persistent fallback kernel's barrier counter (OFF[nrows]). Returns the count.
+    # The start, count + emit and final kernels of one row in one program (SCAN_CONFIG["fused_select"]): the start
+    # threshold and state slot 0 (_start_row), the row's keys at or above it into its candidate list (_emit_row), and
+    # when they fit the list (count <= CAP) its top-k (_final_row); OFF[row] = the count, so rows with more than CAP
+    # take the fallback (then _topk_final_kernel with FB_ONLY). MERGE: the row's landmark values from their split-key
+    # partials too.
+    row = tl.program_id(0).to(tl.int64)
     if MERGE:
         _lv_merge_row(PM, PL, PACC, VT, LSE, row % M, row // M, M, NC, D, BC)
     lo = _start_row(CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, ksel, nrows, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW)
-    if ZERO_BAR:
-        if row == 0:
-            tl.store(OFF + nrows, 0)
+    if row == 0:
+        # The persistent fallback kernel's barrier counter.
+        tl.store(OFF + nrows, 0)
     n = _emit_row(
         R, K, KV, CMAX, ARG, CAND, row, lo, N, M, NBLK, CAP, H, SB, SH, SN, nrows, HAS_KV, D, BS, BN, PREC, UP, EXACT,
         E3, EB,
@@ -1306,57 +1285,6 @@ def _select_row(
         # The list's entries were written by this program's threads: make them visible to all of them.
         tl.debug_barrier()
         _final_row(CAND, IDX, row, n, ksel, CAP, CP, KP, CB, SORT, FNARROW, "")
-    return n
-
-
-@triton.jit
-def _topk_select_kernel(
-    R, K, KV, CMAX, ARG, KK, LO, HI, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, N, M, NB, NBLK, CAP, ksel, H, SB, SH,
-    SN, nrows, NC, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr, P: tl.constexpr,
-    ONE_PLANE: tl.constexpr, STEPS: tl.constexpr, NARROW: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr, EB: tl.constexpr,
-    CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr, FNARROW: tl.constexpr,
-    MERGE: tl.constexpr, BC: tl.constexpr,
-):  # fmt: skip
-    # One program per row (_select_row); rows with more than CAP candidates then take the persistent fallback kernel
-    # (or _topk_final_kernel with FB_ONLY after the fallback's passes).
-    _select_row(
-        R, K, KV, CMAX, ARG, KK, LO, HI, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, tl.program_id(0).to(tl.int64), N,
-        M, NB, NBLK, CAP, ksel, H, SB, SH, SN, nrows, NC, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW, D, BS, BN, PREC,
-        UP, EXACT, E3, EB, CP, KP, CB, SORT, FNARROW, MERGE, BC, True,
-    )  # fmt: skip
-
-
-@triton.jit
-def _topk_select_fb_kernel(
-    R, K, KV, CMAX, ARG, KK, LO, HI, DONE, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, N, M, NB, NBLK, CH, G, CAP, ksel,
-    H, SB, SH, SN, nrows, n_s, BH, NPROG, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr, P: tl.constexpr,
-    ONE_PLANE: tl.constexpr, STEPS: tl.constexpr, NARROW: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr, EB: tl.constexpr,
-    CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr, FNARROW: tl.constexpr,
-    MERGE: tl.constexpr, BC: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
-):  # fmt: skip
-    # The select kernel and the persistent fallback in one launch (SCAN_CONFIG["select_fb"]): NPROG resident
-    # programs take rows pid, pid + NPROG, ... (_select_row), then meet at a grid barrier on OFF[nrows] (zeroed by
-    # the block-top pass) that also tells every program whether any row overflowed its list; only then do they run
-    # the fallback (_fallback_run, with the fallback rows' top-k). The common case costs one barrier instead of the
-    # fallback kernel's launch.
-    pid = tl.program_id(0)
-    ovf = tl.zeros([], tl.int32)
-    for r_i in range(pid, nrows, NPROG):
-        n = _select_row(
-            R, K, KV, CMAX, ARG, KK, LO, HI, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, r_i + tl.zeros([], tl.int64),
-            N, M, NB, NBLK, CAP, ksel, H, SB, SH, SN, nrows, G, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW, D, BS, BN,
-            PREC, UP, EXACT, E3, EB, CP, KP, CB, SORT, FNARROW, MERGE, BC, False,
-        )  # fmt: skip
-        ovf = tl.maximum(ovf, (n > CAP).to(tl.int32))
-    BAR = OFF + nrows
-    if _grid_barrier(BAR, NPROG, SPIN, ovf) > 0:
-        _fallback_run(
-            pid, NPROG, BAR, NPROG, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, IDX, N, M, CH, G, NBLK, CAP, ksel, H,
-            SB, SH, SN, nrows, n_s, BH, P, HAS_KV, D, BS, BN, PREC, UP, EXACT, RB, SPIN, True, CP, KP, CB, SORT,
-            FNARROW,
-        )  # fmt: skip
 
 
 def _final_narrow(cap: int) -> int:
@@ -1535,16 +1463,10 @@ def exact_topk(
         pm = pl = pacc = vv = r
         lv_scale = 1.0
 
-    fused = bool(SCAN_CONFIG["fused_select"])
-    fb_final = persistent and fused and bool(SCAN_CONFIG["fb_final"])
-    if SCAN_CONFIG["select_fb"] not in (0, 1):
-        raise ValueError(f"SCAN_CONFIG['select_fb'] must be 0 or 1, got {SCAN_CONFIG['select_fb']}")
-    select_fb = fb_final and bool(SCAN_CONFIG["select_fb"])
-
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[grid](
             r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, vv, pm, pl, pacc, lv_scale, N, M, CH, G, NB, cap,
-            ksel, *lay, rows, i_pass, ZB=mode == 0 and select_fb,
+            ksel, *lay, rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
             EVEN=even and mode == 0, LAZY=int(lv_lazy) if lvf and mode == 0 else 0,
@@ -1566,41 +1488,12 @@ def exact_topk(
         lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
     else:
         vt = lse = r
+    fused = bool(SCAN_CONFIG["fused_select"])
     final_kw = dict(CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), SORT=bool(SCAN_CONFIG["final_sort"]))
     if fused:
         eb = SCAN_CONFIG["select_eb"] or max(16, min(1024, _next_pow2(NB)))
         if eb & (eb - 1) or eb < 16:
             raise ValueError(f"SCAN_CONFIG['select_eb'] must be a power of 2 >= 16 or None, got {eb}")
-    if select_fb:
-        sel_kw = dict(
-            HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, ONE_PLANE=topt == 1, STEPS=steps,
-            NARROW=bool(SCAN_CONFIG["start_narrow"]), D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
-            E3=e3, EB=eb, FNARROW=_final_narrow(cap), MERGE=merge, BC=min(64, _next_pow2(G)),
-            RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), **final_kw,
-            num_warps=SCAN_CONFIG["num_warps"],
-        )  # fmt: skip
-        skey = ("select_fb", dev.index, tuple(sorted(sel_kw.items())))
-        # Every program must be resident for the grid barrier: at most as many as the SMs hold at once (one per SM
-        # until the first launch of these constexprs has compiled the kernel; 1 under the interpreter).
-        nprog = 1 if _interpreting() else min(rows, _sm_count(dev) * _FB_RESIDENT.get(skey, 1))
-        if SCAN_CONFIG["fb_programs"]:
-            nprog = min(nprog, int(SCAN_CONFIG["fb_programs"]))
-
-        def select_and_fallback():
-            compiled = fast(_topk_select_fb_kernel)[(nprog,)](
-                r, k, kv, cmax, arg, kk, lo, hi, done, off, cnt, cand, idx, pm, pl, pacc, vt, lse, N, M, NB * topt, NB,
-                CH, G, cap, ksel, *lay, rows, n_s, BH, nprog, **sel_kw,
-            )  # fmt: skip
-            if not _interpreting() and skey not in _FB_RESIDENT and compiled is not None:
-                _FB_RESIDENT[skey] = _resident_per_sm(compiled, sel_kw["num_warps"], dev)
-
-        run(
-            "start + count + emit + top-k (per row)"
-            + (" + landmark values merge" if merge else "")
-            + " + fallback rows (persistent)",
-            select_and_fallback,
-        )
-    elif fused:
         run(
             "start + count + emit + top-k (per row)" + (" + landmark values merge" if merge else ""),
             lambda: fast(_topk_select_kernel)[(rows,)](
@@ -1628,7 +1521,8 @@ def exact_topk(
         stats["cap"] = cap
         stats["counts"] = off[:rows].clone()
         stats["overflow_rows"] = (off[:rows] > cap).sum()
-    if persistent and not select_fb:
+    fb_final = persistent and fused and bool(SCAN_CONFIG["fb_final"])
+    if persistent:
         fb_kw = dict(
             P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=_interpreting(),
             RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FINAL=fb_final,
@@ -1656,7 +1550,7 @@ def exact_topk(
             "fallback rows (refinement, recount, ordered emit" + (", top-k" if fb_final else "") + "; persistent)",
             fallback,
         )
-    elif not select_fb:
+    else:
         for i in range(_PASSES):
             run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
         run("recount (fallback rows)", lambda: scan(2, _PASSES))
@@ -2331,14 +2225,6 @@ def _compile_cases() -> list:
          dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, FINAL=0, CP=256, KP=128, CB=64, SORT=0,
               FNARROW=0, **common), 4,
          dict(scan, BH="i32", NPROG="i32", IDX=i32)),
-        ("topk_select_fb 64K e3 merge sort-select", _topk_select_fb_kernel,
-         dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=1,
-              EB=1024, CP=256, KP=128, CB=64, SORT=1, FNARROW=2, MERGE=1, BC=64, RB=256, SPIN=0, **common), 4,
-         dict(sel, VT="*bf16", BH="i32", NPROG="i32")),
-        ("topk_select_fb 1M", _topk_select_fb_kernel,
-         dict(HAS_KV=False, F=2, GP=8192, P=_P, ONE_PLANE=True, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=0,
-              EB=1024, CP=1024, KP=512, CB=16, SORT=1, FNARROW=1, MERGE=1, BC=64, RB=1024, SPIN=0, **common), 4,
-         dict(sel, VT="*bf16", BH="i32", NPROG="i32")),
         ("topk_start", _topk_start_kernel,
          dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=20, NARROW=1), 8,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
