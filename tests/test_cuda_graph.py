@@ -109,3 +109,24 @@ def test_capture_failure_is_reported_and_timing_recovers():
     assert common.capture_failure(err.value).startswith("capture failed: ")
     median, spread = common.time_ms(lambda: x * 2, "cuda_graph", warmup=2, reps=5)
     assert median > 0 and spread >= 0
+
+
+@pytest.mark.gpu
+def test_queued_graph_timing_leaves_out_the_launch_latency():
+    """cuda_graph_queued times a replay queued behind a spin kernel: for a graph of many tiny kernels (whose
+    launch latency is a large part of an idle-GPU replay's interval) it reads less than the idle-GPU timing, and
+    still more than zero; an unknown timing mode is refused."""
+    common = _bench_common()
+    x = torch.randn(1024, device="cuda")
+
+    def many():
+        y = x
+        for _ in range(40):
+            y = y * 1.0001
+        return y
+
+    idle, _ = common.time_ms(many, "cuda_graph", warmup=2, reps=20)
+    queued, _ = common.time_ms(many, "cuda_graph_queued", warmup=2, reps=20)
+    assert 0 < queued < idle
+    with pytest.raises(ValueError):
+        common.time_ms(many, "graph", reps=1)

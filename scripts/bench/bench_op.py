@@ -7,8 +7,10 @@ correctness gate (naive_mita, forward and backward) fails gets no speed-up.
 
 Timing is eager by default (each call launches its kernels from Python). ``--graph`` captures each timed callable
 (forward; forward+backward) of every method, dense SDPA included, in a CUDA graph after a warm-up on a side stream
-and times graph replays, which removes the host launch overhead; the CSV's ``timing`` column says which
-(``eager`` or ``cuda_graph``) and a method that cannot be captured gets ``capture failed: <reason>``.
+and times graph replays, which removes the Python launch overhead (each replay is still launched onto an idle GPU,
+so the graph's own launch latency is in the time); ``--graph --queued`` queues each timed replay behind a spin
+kernel, so the time is the GPU's execution of one call. The CSV's ``timing`` column says which (``eager``,
+``cuda_graph`` or ``cuda_graph_queued``) and a method that cannot be captured gets ``capture failed: <reason>``.
 
     python scripts/bench/bench_op.py --out results/bench [--max-n 1048576] [--graph] [--set "lv_fused=0"]
 """
@@ -180,6 +182,13 @@ def main() -> None:
         "op_bench_cuda_graph.csv with timing=cuda_graph",
     )
     ap.add_argument(
+        "--queued",
+        action="store_true",
+        help="with --graph: queue each timed replay behind a spin kernel, so the interval is the GPU's execution of "
+        "one call without the graph's launch latency; writes op_bench_cuda_graph_queued.csv with "
+        "timing=cuda_graph_queued",
+    )
+    ap.add_argument(
         "--rho",
         type=float,
         default=0.0,
@@ -217,8 +226,10 @@ def main() -> None:
 
         triton_routing.SCAN_CONFIG["block_top"] = args.block_top
         print(f"top-k start: {args.block_top} scores per key block", flush=True)
-    timing = "cuda_graph" if args.graph else "eager"
-    csv_name = "op_bench_cuda_graph.csv" if args.graph else "op_bench.csv"
+    if args.queued and not args.graph:
+        raise SystemExit("--queued times CUDA-graph replays: give --graph too")
+    timing = ("cuda_graph_queued" if args.queued else "cuda_graph") if args.graph else "eager"
+    csv_name = f"op_bench_{timing}.csv" if args.graph else "op_bench.csv"
     if args.rho:
         csv_name = csv_name.replace(".csv", f"_rho{args.rho:g}.csv")
     if args.block_top and args.block_top > 1:

@@ -51,10 +51,21 @@ def wall_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: 
     return statistics.median(times), max(times) - min(times)
 
 
-def cuda_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: float = 20.0) -> tuple[float, float]:
+# GPU clock cycles of the spin kernel queued before each timed run with queued=True (~0.1 ms at the H200's 1.98 GHz;
+# enqueueing the start event, one graph replay and the end event takes the host ~10-30 us).
+QUEUE_CYCLES = 200_000
+
+
+def cuda_time(
+    fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: float = 20.0, queued: bool = False
+) -> tuple[float, float]:
     """Median and spread (max - min) in ms of ``fn`` over ``reps`` runs timed with CUDA events.
 
-    Fewer runs are made when one run is long (``max_s`` bounds the total).
+    Fewer runs are made when one run is long (``max_s`` bounds the total). ``queued``: a spin kernel
+    (``torch.cuda._sleep``) runs before each start event, so the host has enqueued the start event, ``fn``'s work
+    and the end event before the GPU reaches them and the interval holds the GPU's execution only; otherwise the
+    GPU is idle when the start event is recorded and the interval also holds the time the host takes to launch
+    ``fn``'s work (for a CUDA-graph replay, the graph's launch latency).
     """
     for _ in range(warmup):
         fn()
@@ -63,6 +74,8 @@ def cuda_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: 
     t_budget = max_s * 1e3
     while len(times) < reps:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if queued:
+            torch.cuda._sleep(QUEUE_CYCLES)
         start.record()
         fn()
         end.record()
@@ -73,7 +86,10 @@ def cuda_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: 
     return statistics.median(times), max(times) - min(times)
 
 
-TIMING_MODES = ("eager", "cuda_graph")
+# eager: each call launches its kernels from Python; cuda_graph: replays of a graph capturing one call, each launched
+# onto an idle GPU (the replay's launch latency is in the interval); cuda_graph_queued: the same replays with the GPU
+# kept busy before each (cuda_time's queued), i.e. the GPU's execution time of one call.
+TIMING_MODES = ("eager", "cuda_graph", "cuda_graph_queued")
 
 
 def capture_graph(fn: Callable[[], object], warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, object]:
@@ -125,7 +141,9 @@ def time_ms(
     fn: Callable[[], object], timing: str = "eager", warmup: int = 2, reps: int = 10, max_s: float = 20.0
 ) -> tuple[float, float]:
     """Median and spread in ms of ``fn`` (``timing="eager"``: each call launches its kernels) or of replays of a
-    CUDA graph capturing one call of ``fn`` (``timing="cuda_graph"``: no host launch overhead).
+    CUDA graph capturing one call of ``fn`` (``timing="cuda_graph"``: no Python launch overhead, each replay
+    launched onto an idle GPU; ``"cuda_graph_queued"``: each replay queued behind a spin kernel, so its launch
+    latency is not timed either, see :func:`cuda_time`).
 
     Raises:
         RuntimeError: the capture failed (cuda_graph only); :func:`capture_failure` turns it into a table entry.
@@ -136,7 +154,7 @@ def time_ms(
         return cuda_time(fn, warmup=warmup, reps=reps, max_s=max_s)
     graph, _ = capture_graph(fn, warmup=max(warmup, 1))
     try:
-        return cuda_time(graph.replay, warmup=1, reps=reps, max_s=max_s)
+        return cuda_time(graph.replay, warmup=1, reps=reps, max_s=max_s, queued=timing == "cuda_graph_queued")
     finally:
         del graph
         torch.cuda.empty_cache()

@@ -46,7 +46,9 @@ def cell(r: dict, key: str, digits: int = 3) -> str:
 
 TIMING_NOTE = (
     "timing: eager = each call launches its kernels from Python (host overhead included); "
-    "cuda_graph = replays of one captured call (GPU time without launch overhead); +compile (Figure F) = both "
+    "cuda_graph = replays of one captured call (no Python launch overhead; each replay is launched onto an idle GPU, "
+    "so the graph's launch latency is in the time); cuda_graph_queued = the same replays queued behind a spin kernel "
+    "(the GPU's execution time of one call, without that latency); +compile (Figure F) = both "
     "models run through torch.compile (bench_figf.py --compile); +compile(max-autotune-no-cudagraphs) = the same with "
     "inductor's GEMM autotuning (--compile-mode); +fused-mlp (Figure F) = both models run each block's residual add, "
     "norm, MLP and residual add as one Triton kernel (bench_figf.py --fused-mlp, mita/ops/fused_mlp.py)."
