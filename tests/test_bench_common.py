@@ -57,6 +57,10 @@ def test_report_orders_runs_by_number_and_labels_fused_mlp(report, tmp_path):
     assert "| 65536 | h200_run16 | eager+compile+fused-mlp | full (cudnn) |" in table
     report.figf_plot(rows, str(tmp_path / "f.png"))
     assert (tmp_path / "f.png").stat().st_size > 0
+    # The full-attention curve takes each N from the latest run that measured it.
+    extra = dict(rows[0], run="h200_run20", N="1048576", tokens_per_s="2.6e5")
+    series = sorted({(r["run"], r["timing"]) for r in [*rows, extra]})
+    assert report.full_curve([*rows, extra], series) == {65536: (4.5e6, "h200_run16"), 1048576: (2.6e5, "h200_run20")}
 
 
 def test_fused_mlp_gate_passes_and_can_fail(common, monkeypatch):

@@ -115,6 +115,17 @@ def figf_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def full_curve(rows: list[dict], series: list[tuple[str, str]]) -> dict[int, tuple[float, str]]:
+    """Figure F's full-attention curve: at each N, (tokens/s, run) of the latest run among ``series`` ((run,
+    timing) pairs) that measured it (the runs' dense numbers differ by a few percent, so one curve per run would
+    lie on top of the others)."""
+    full = {}
+    for r in sorted(rows, key=lambda r: run_order(r["run"])):
+        if (r["run"], r["timing"]) in series and r["method"].startswith("full") and num(r["tokens_per_s"]):
+            full[int(r["N"])] = (num(r["tokens_per_s"]), r["run"])
+    return full
+
+
 def figf_plot(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -123,15 +134,17 @@ def figf_plot(rows: list[dict], path: str) -> None:
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 6))
     runs = sorted({r["run"] for r in rows}, key=run_order)
-    latest = runs[-1]
     # The three latest runs (older ones are in the table): more curves hide each other.
     series = sorted(
         {(r["run"], r["timing"]) for r in rows if r["run"] in runs[-3:]}, key=lambda s: (run_order(s[0]), s[1])
     )
-    for key, label in (("full", "full attention (fastest SDPA)"), ("mita", "MiTA (Triton)")):
+    full = full_curve(rows, series)
+    if full:
+        ns = sorted(full)
+        used = ", ".join(sorted({full[n][1] for n in ns}, key=run_order))
+        a1.plot(ns, [full[n][0] for n in ns], "o-", color="k", label=f"full attention (fastest SDPA), {used}")
+    for key, label in (("mita", "MiTA (Triton)"),):
         for run, timing in series:
-            if key == "full" and run != latest:
-                continue
             pts = sorted(
                 (int(r["N"]), num(r["tokens_per_s"]))
                 for r in rows
