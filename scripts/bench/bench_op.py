@@ -178,7 +178,8 @@ def main() -> None:
     ap.add_argument(
         "--graph",
         action="store_true",
-        help="time CUDA-graph replays of every method (no host launch overhead); writes "
+        help="time CUDA-graph replays of every method (no Python launch overhead; each replay is launched onto an "
+        "idle GPU, so the graph's launch latency is timed too, see --queued); writes "
         "op_bench_cuda_graph.csv with timing=cuda_graph",
     )
     ap.add_argument(
