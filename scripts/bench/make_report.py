@@ -143,15 +143,14 @@ def figf_plot(rows: list[dict], path: str) -> None:
         ns = sorted(full)
         used = ", ".join(sorted({full[n][1] for n in ns}, key=run_order))
         a1.plot(ns, [full[n][0] for n in ns], "o-", color="k", label=f"full attention (fastest SDPA), {used}")
-    for key, label in (("mita", "MiTA (Triton)"),):
-        for run, timing in series:
-            pts = sorted(
-                (int(r["N"]), num(r["tokens_per_s"]))
-                for r in rows
-                if (r["run"], r["timing"]) == (run, timing) and r["method"].startswith(key) and num(r["tokens_per_s"])
-            )
-            if pts:
-                a1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{label}, {run}, {timing}")
+    for run, timing in series:
+        pts = sorted(
+            (int(r["N"]), num(r["tokens_per_s"]))
+            for r in rows
+            if (r["run"], r["timing"]) == (run, timing) and r["method"].startswith("mita") and num(r["tokens_per_s"])
+        )
+        if pts:
+            a1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"MiTA (Triton), {run}, {timing}")
     for run, timing in series:
         sp = sorted(
             (int(r["N"]), num(r["speedup"]))
