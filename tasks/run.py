@@ -17,7 +17,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from tasks.common.callbacks import BestTracker
+from tasks.common.callbacks import BestTracker, RunClock
 from tasks.common.config import CONFIG_DIR as CONFIG_PATH
 from tasks.common.config import register_resolvers
 
@@ -134,6 +134,9 @@ def resolve_checkpoint(cfg: DictConfig, output_dir: Path) -> str | None:
     return str(resume)
 
 
+# Exit status of a run stopped at its deadline (``deadline=<unix time>``) before its last step; resume=auto continues.
+PAUSED_EXIT_CODE = 3
+
 # File name of the eval_weights=best checkpoint; the step it was saved at is read back from it.
 BEST_CHECKPOINT_NAME = "best-step{step}"
 
@@ -190,14 +193,29 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     trainer, module, datamodule = objects["trainer"], objects["module"], objects["datamodule"]
     best = BestTracker(cfg.report.key if cfg.get("report") else None, cfg.report.scale if cfg.get("report") else 1)
     trainer.callbacks.append(best)
+    clock = RunClock(start, cfg.get("deadline"))
+    trainer.callbacks.append(clock)
     if best_checkpoint is not None:
         trainer.callbacks.append(best_checkpoint)
     if ckpt_path and trainer.is_global_zero:
         print(f"resuming from {ckpt_path}", file=sys.stderr)
     if cfg.get("train", True):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        max_steps = int(cfg.trainer.get("max_steps") or -1)
+        if clock.stopped and (max_steps < 0 or trainer.global_step < max_steps):
+            # Stopped at the deadline: keep the state to continue from and leave evaluation to the finished run.
+            trainer.save_checkpoint(str(output_dir / "checkpoints" / "last.ckpt"))
+            if trainer.is_global_zero:
+                print(
+                    f"paused at step {trainer.global_step} (deadline reached); resume=auto continues from "
+                    f"{output_dir / 'checkpoints' / 'last.ckpt'}",
+                    file=sys.stderr,
+                )
+            sys.exit(PAUSED_EXIT_CODE)
         if cfg.get("save_final_checkpoint", True):
             trainer.save_checkpoint(str(output_dir / "checkpoints" / "last.ckpt"))
+    # Evaluating from a checkpoint restores the callbacks' state too: keep the training's own values.
+    fit_elapsed, fit_end, segments, best_value = clock.elapsed(), time.time(), clock.segments, best.best
     # Final evaluation on the weights at the end, or on the best validation checkpoint (eval_weights=best).
     eval_ckpt = (best_checkpoint.best_model_path or None) if best_checkpoint is not None else None
     metrics: dict[str, Any] = {}
@@ -227,12 +245,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             overrides=overrides,
             steps=int(trainer.global_step),
             epochs=int(trainer.current_epoch),
-            wall_time_s=time.time() - start,
+            wall_time_s=fit_elapsed + time.time() - fit_end,
             world_size=int(trainer.world_size),
             config=OmegaConf.to_container(cfg, resolve=False),
             output_dir=str(output_dir),
-            best=best.best,
+            best=best_value,
             smoke=bool(cfg.get("smoke", False)),
+            segments=segments,
         )
         print(f"run record: {record_path}", file=sys.stderr)
     return {

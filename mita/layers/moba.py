@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn as nn
 
 from mita.layers.base import AttentionBase
 from mita.layers.full import nonempty_key_padding_mask
+from mita.layers.topk import masked_sdpa, query_chunk
 from mita.registry import register_attention
 
 PREFIX_MODES = ("always", "routed")
@@ -24,16 +23,16 @@ def moba_attention(
     *,
     scale: float | None = None,
     key_padding_mask: torch.Tensor | None = None,
-    chunk_size: int = 256,
-    dropout: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    chunk_size: int | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Bidirectional MoBA: each query attends, with one softmax, to the tokens of its top-k key blocks.
 
     The block key is the mean of the block's valid keys; a query scores block j by ``q . mean_key_j`` and keeps
     the ``topk_blocks`` best blocks that hold at least one valid key. Tokens with ``block_ids < 0`` belong to no
     routed block and are attended by every query (e.g. a CLS token). Routing is a hard selection (no gradient, as
-    in the paper). Queries are processed ``chunk_size`` at a time (memory O(B * H * chunk_size * N)); no host
-    synchronisation. With ``topk_blocks >= num_blocks`` the result equals full softmax attention.
+    in the paper). Queries are processed ``chunk_size`` at a time (memory O(B * H * chunk_size * N)), each chunk
+    in one masked SDPA call; no host synchronisation. With ``topk_blocks >= num_blocks`` the result equals full softmax attention.
 
     Args:
         q, k, v: [B, H, N, d].
@@ -43,17 +42,16 @@ def moba_attention(
         scale: score scale; None means d^-1/2.
         key_padding_mask: [B, N] bool, True = padding. Padded keys get no weight and do not enter block means;
             fully padded blocks are never chosen.
-        chunk_size: queries per chunk.
-        dropout: applied to the attention probabilities, or None.
+        chunk_size: queries per chunk; None picks the largest chunk within ``CHUNK_ELEMENTS`` mask entries.
+        dropout_p: dropout on the attention probabilities (training only; the caller passes 0 in eval).
 
     Returns:
         [B, H, N, d] in q's dtype.
     """
     if topk_blocks < 1:
         raise ValueError(f"topk_blocks must be >= 1, got {topk_blocks}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     B, H, N, _ = q.shape
+    chunk = query_chunk(B * H, N, N, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     key_padding_mask = nonempty_key_padding_mask(key_padding_mask)
     valid = torch.ones(B, N, dtype=torch.bool, device=q.device) if key_padding_mask is None else ~key_padding_mask
@@ -70,7 +68,7 @@ def moba_attention(
     kk = min(topk_blocks, num_blocks)
 
     outputs = []
-    for q_chunk in q.split(chunk_size, dim=-2):
+    for q_chunk in q.split(chunk, dim=-2):
         # [B, H, c, N]: keys this chunk's queries may attend.
         allowed = always.expand(*q_chunk.shape[:-1], N)
         if num_blocks > 0:
@@ -82,12 +80,8 @@ def moba_attention(
             chosen = torch.zeros_like(route, dtype=torch.bool).scatter_(-1, idx, True) & block_ok[:, None, None, :]
             allowed = allowed | (chosen[..., routed_ids] & ~always)
         allowed = allowed & valid[:, None, None, :]
-        scores = (q_chunk @ k.transpose(-2, -1)) * scale
-        probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-        if dropout is not None:
-            probs = dropout(probs)
-        outputs.append(probs @ v)
-    return torch.cat(outputs, dim=-2)
+        outputs.append(masked_sdpa(q_chunk, k, v, allowed, scale, dropout_p))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 
 def block_ids_1d(n_tokens: int, block_size: int, device: torch.device | None = None) -> tuple[torch.Tensor, int]:
@@ -154,7 +148,8 @@ class MoBAAttention(AttentionBase):
         window_size: (height, width) of a 2D window in patches (an int means square).
         topk_blocks: routed blocks per query (the prefix block, when always attended, comes on top).
         prefix_block: ``"always"`` or ``"routed"``.
-        chunk_size: queries per chunk (working memory O(chunk_size * N) per head).
+        chunk_size: queries per chunk (working memory O(chunk_size * N) per head); None (default) picks the
+            largest chunk within ``CHUNK_ELEMENTS`` mask entries.
     """
 
     def __init__(
@@ -171,7 +166,7 @@ class MoBAAttention(AttentionBase):
         window_size: int | tuple[int, int] = 4,
         topk_blocks: int = 3,
         prefix_block: str = "always",
-        chunk_size: int = 256,
+        chunk_size: int | None = None,
     ) -> None:
         super().__init__(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer)
         window_size = (window_size, window_size) if isinstance(window_size, int) else tuple(window_size)
@@ -183,8 +178,7 @@ class MoBAAttention(AttentionBase):
             raise ValueError(f"topk_blocks must be >= 1, got {topk_blocks}")
         if prefix_block not in PREFIX_MODES:
             raise ValueError(f"prefix_block must be one of {PREFIX_MODES}, got {prefix_block!r}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        query_chunk(1, 1, 1, chunk_size)
         self.block_size = block_size
         self.window_size = (int(window_size[0]), int(window_size[1]))
         self.topk_blocks = topk_blocks
@@ -225,7 +219,7 @@ class MoBAAttention(AttentionBase):
             scale=self.scale,
             key_padding_mask=key_padding_mask,
             chunk_size=self.chunk_size,
-            dropout=self.attn_drop,
+            dropout_p=self.attn_drop_p if self.training else 0.0,
         )
         return self.output(self.merge_heads(o))
 

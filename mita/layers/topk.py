@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from mita.layers.base import AttentionBase
 from mita.layers.full import nonempty_key_padding_mask
 from mita.registry import register_attention
+
+
+# Entries of one chunk's [B, H, c, M] score / mask tensors (2^28: 0.5 GiB of bf16 scores); sets the automatic
+# query chunk, so a training step at Long Range Arena or DeiT sizes is one chunk.
+CHUNK_ELEMENTS = 1 << 28
+
+
+def query_chunk(batch_heads: int, n_queries: int, n_keys: int, chunk_size: int | None) -> int:
+    """Queries per chunk: ``chunk_size``, or (None) as many as keep [B * H, c, M] under CHUNK_ELEMENTS."""
+    if chunk_size is not None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
+        return chunk_size
+    return max(1, min(n_queries, CHUNK_ELEMENTS // max(1, batch_heads * n_keys)))
+
+
+def masked_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float, dropout_p: float
+) -> torch.Tensor:
+    """Softmax attention of q [B, H, c, d] over the keys that ``allowed`` [B, H, c, M] (bool) marks, on SDPA's
+    fused kernels (every row must allow at least one key)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
 
 
 def topk_attention(
@@ -20,49 +41,51 @@ def topk_attention(
     *,
     scale: float | None = None,
     key_padding_mask: torch.Tensor | None = None,
-    chunk_size: int = 256,
-    dropout: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    chunk_size: int | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Each query attends, with one softmax, to its own ``topk`` highest-scoring valid keys.
 
-    Scores are computed densely (quadratic time) but queries are processed ``chunk_size`` at a time, so the
-    working memory is O(B * H * chunk_size * N). With ``topk >= `` the number of valid keys the result equals
-    full softmax attention. The selection is not differentiated (as in the paper); gradients flow through the
-    selected scores and values. Ties are broken by ``torch.topk``. No host synchronisation.
+    Scores are computed densely (quadratic time) to select the keys, without gradient; the attention over the
+    selected keys is one masked SDPA call per chunk of queries, so working memory is O(B * H * chunk * M).
+    With ``topk >=`` the number of valid keys the result equals full softmax attention. The selection is not
+    differentiated (as in the paper); gradients flow through the selected scores and values. Ties are broken by
+    ``torch.topk``. No host synchronisation.
 
     Args:
         q, k, v: [B, H, N, d] (k and v may have a different length M from q).
         topk: keys per query (>= 1); values above M are clamped to M.
         scale: score scale; None means d^-1/2.
         key_padding_mask: [B, M] bool, True = padding (never selected with a positive weight).
-        chunk_size: queries per chunk.
-        dropout: applied to the attention probabilities (e.g. an ``nn.Dropout``), or None.
+        chunk_size: queries per chunk; None picks the largest chunk within CHUNK_ELEMENTS entries.
+        dropout_p: dropout on the attention probabilities (training only; the caller passes 0 in eval).
 
     Returns:
         [B, H, N, d] in q's dtype.
     """
     if topk < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    B, H, N, _ = q.shape
     n_keys = k.shape[-2]
     kk = min(topk, n_keys)
+    chunk = query_chunk(B * H, N, n_keys, chunk_size)
     key_padding_mask = nonempty_key_padding_mask(key_padding_mask)
     outputs = []
-    for q_chunk in q.split(chunk_size, dim=-2):
-        # [B, H, c, M]
-        scores = (q_chunk @ k.transpose(-2, -1)) * scale
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        # Padded keys score -inf, so they are picked only when fewer than kk keys are valid; they keep weight 0.
-        idx = scores.detach().topk(kk, dim=-1).indices
-        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, idx, True)
-        probs = scores.masked_fill(~keep, float("-inf")).softmax(dim=-1)
-        if dropout is not None:
-            probs = dropout(probs)
-        outputs.append(probs @ v)
-    return torch.cat(outputs, dim=-2)
+    for q_chunk in q.split(chunk, dim=-2):
+        with torch.no_grad():
+            # [B, H, c, M]
+            scores = q_chunk @ k.transpose(-2, -1)
+            if key_padding_mask is not None:
+                scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+            idx = scores.topk(kk, dim=-1).indices
+            keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, idx, True)
+            # Padded keys score -inf, so they are picked only when fewer than kk keys are valid; drop them then.
+            if key_padding_mask is not None:
+                keep &= ~key_padding_mask[:, None, None, :]
+            del scores
+        outputs.append(masked_sdpa(q_chunk, k, v, keep, scale, dropout_p))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 
 @register_attention("topk")
@@ -76,7 +99,8 @@ class TopkAttention(AttentionBase):
         dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer: as
             :class:`~mita.layers.base.AttentionBase`; ``attn_drop`` drops attention probabilities.
         k: keys per query; may be changed after construction (``layer.k = ...``).
-        chunk_size: queries per chunk (working memory O(chunk_size * N) per head).
+        chunk_size: queries per chunk (working memory O(chunk_size * N) per head); None (default) picks the
+            largest chunk within ``CHUNK_ELEMENTS`` score entries.
     """
 
     def __init__(
@@ -90,13 +114,12 @@ class TopkAttention(AttentionBase):
         proj_bias: bool = True,
         norm_layer: type[nn.Module] = nn.LayerNorm,
         k: int = 64,
-        chunk_size: int = 256,
+        chunk_size: int | None = None,
     ) -> None:
         super().__init__(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer)
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        query_chunk(1, 1, 1, chunk_size)
         self.k = k
         self.chunk_size = chunk_size
 
@@ -124,7 +147,7 @@ class TopkAttention(AttentionBase):
             scale=self.scale,
             key_padding_mask=key_padding_mask,
             chunk_size=self.chunk_size,
-            dropout=self.attn_drop,
+            dropout_p=self.attn_drop_p if self.training else 0.0,
         )
         return self.output(self.merge_heads(o))
 

@@ -103,6 +103,42 @@ class ThroughputMonitor(Callback):
         self._t0, self._samples, self._tokens, self._steps = now, 0, 0, 0
 
 
+class RunClock(Callback):
+    """The run's wall time over all its processes, and a clean stop at a wall-clock deadline.
+
+    The time spent so far and the number of processes the run has taken are saved in every checkpoint, so a run
+    continued with ``resume=auto`` reports its whole training time. With a ``deadline`` (Unix time), training
+    stops after the first optimiser step that ends past it; the caller then saves a checkpoint to continue from.
+
+    Args:
+        start: Unix time at which this process started the run.
+        deadline: Unix time to stop training at, or None.
+    """
+
+    def __init__(self, start: float, deadline: float | None = None) -> None:
+        self.start = float(start)
+        self.deadline = None if deadline is None else float(deadline)
+        self.before = 0.0
+        self.segments = 1
+        self.stopped = False
+
+    def elapsed(self) -> float:
+        """Seconds of the run so far, earlier processes included."""
+        return self.before + time.time() - self.start
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"elapsed": self.elapsed(), "segments": self.segments}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.before = float(state_dict.get("elapsed", 0.0))
+        self.segments = int(state_dict.get("segments", 1)) + 1
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if self.deadline is not None and time.time() >= self.deadline:
+            self.stopped = True
+            trainer.should_stop = True
+
+
 class BestTracker(Callback):
     """Keeps the best value of one metric (times ``scale``) over the validation runs during training.
 
@@ -114,6 +150,12 @@ class BestTracker(Callback):
     def __init__(self, key: str | None, scale: float = 1.0) -> None:
         self.key, self.scale = key, float(scale)
         self.best: float | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = state_dict.get("best")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not self.key or trainer.state.fn != "fit":

@@ -23,8 +23,19 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 INDEX_FIELDS = ["experiment", "date", "metric", "value", "best", "steps", "wall_time_s", "commit", "hardware", "record"]
 
 
+# A copy of the tree without .git (a GPU machine) gets its commit from this variable, set by whoever sent it there.
+COMMIT_ENV = "MITA_COMMIT"
+# Training processes that shared the accelerator with this run, and the name of their batch (scripts/gpu/lra_rows.py).
+CONCURRENCY_ENV = "MITA_CONCURRENT_RUNS"
+GROUP_ENV = "MITA_RUN_GROUP"
+
+
 def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
-    """Commit hash and whether the working tree has uncommitted changes (None when git is unavailable)."""
+    """Commit hash, whether the working tree has uncommitted changes, and where the commit came from.
+
+    Without a git checkout the commit is read from ``$MITA_COMMIT`` (``source: "stamped"``; the sender stamps a
+    clean commit, so ``dirty`` is False), else it is None (``source: None``).
+    """
 
     def run(*args: str) -> str | None:
         try:
@@ -34,8 +45,22 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
         return out.stdout.strip() if out.returncode == 0 else None
 
     commit = run("rev-parse", "HEAD")
+    if commit is None and os.environ.get(COMMIT_ENV):
+        return {"commit": os.environ[COMMIT_ENV], "dirty": False, "source": "stamped"}
     status = run("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+    return {
+        "commit": commit,
+        "dirty": bool(status) if status is not None else None,
+        "source": "git" if commit is not None else None,
+    }
+
+
+def concurrency() -> dict[str, Any] | None:
+    """``{"processes": N, "group": name}`` when the run shared its accelerator with other runs, else None."""
+    processes = os.environ.get(CONCURRENCY_ENV)
+    if not processes:
+        return None
+    return {"processes": int(processes), "group": os.environ.get(GROUP_ENV, "")}
 
 
 def hardware() -> dict[str, Any]:
@@ -104,6 +129,7 @@ def write_record(
     output_dir: str,
     best: float | None = None,
     smoke: bool = False,
+    segments: int = 1,
 ) -> Path:
     """Write ``<results_dir>/<experiment>/<date>-<hash>.json`` and append a line to ``<results_dir>/index.csv``.
 
@@ -115,12 +141,14 @@ def write_record(
         report: ``{"key": "val/acc1", "scale": 100}``: which metric is the table's number, and its scale.
         overrides: the command-line overrides of the run.
         steps, epochs: optimiser steps and epochs done.
-        wall_time_s: seconds from start to the end of the final evaluation.
+        wall_time_s: seconds of the run over all its segments (a resumed run counts its earlier processes), to
+            the end of the final evaluation.
         world_size: processes that trained.
         config: the resolved run configuration.
         output_dir: the run's output folder (logs, checkpoints).
         best: the best value of the reported metric seen during training (already scaled), if tracked.
         smoke: True for runs on tiny data (never shown in tables).
+        segments: processes the training ran in (1 + the number of resumes from a checkpoint).
 
     Returns:
         Path of the JSON record.
@@ -147,6 +175,8 @@ def write_record(
         "steps": steps,
         "epochs": epochs,
         "wall_time_s": round(wall_time_s, 2),
+        "segments": segments,
+        "concurrency": concurrency(),
         "output_dir": output_dir,
         "config": _plain(config),
     }

@@ -38,9 +38,26 @@ LISTOPS_SYMBOLS = [str(i) for i in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", 
 LISTOPS_VOCAB = {s: i + 1 for i, s in enumerate(LISTOPS_SYMBOLS)}
 
 
-def listops_tokens(source: str) -> np.ndarray:
-    """Token ids of one ListOps expression: ``]`` -> ``X``, parentheses dropped, split on whitespace."""
-    words = source.replace("]", "X").replace("(", "").replace(")", "").split()
+LISTOPS_TOKENIZERS = ("brackets", "alphanumeric")
+
+
+def listops_tokens(source: str, tokenizer: str = "brackets") -> np.ndarray:
+    """Token ids of one ListOps expression.
+
+    Args:
+        source: the expression as written in the release TSV (``( ( [MAX 2 ) 9 ) ]``).
+        tokenizer: ``"brackets"``: ``]`` -> ``X``, parentheses dropped, split on whitespace (the closing bracket
+            stays a token, so the tree is recoverable); ``"alphanumeric"``: only the alphanumeric runs, as the
+            release's own input pipeline tokenises (its text tokenizer drops every other character: ``[MAX`` ->
+            ``MAX``, no ``]`` token), which is what the PyTorch ports trained on.
+    """
+    if tokenizer == "brackets":
+        words = source.replace("]", "X").replace("(", "").replace(")", "").split()
+    elif tokenizer == "alphanumeric":
+        words = ["[" + w if w.isalpha() else w for w in source.replace("[", " ").replace("]", " ").split()]
+        words = [w for w in words if w not in ("(", ")")]
+    else:
+        raise ValueError(f"tokenizer must be one of {LISTOPS_TOKENIZERS}, got {tokenizer!r}")
     return np.array([LISTOPS_VOCAB[w] for w in words], dtype=np.int16)
 
 
@@ -205,13 +222,20 @@ class LRADataModule(L.LightningDataModule):
 
 
 class ListOpsDataModule(LRADataModule):
-    """ListOps (``listops-1000/basic_{train,val,test}.tsv``), 10 classes, length 2000."""
+    """ListOps (``listops-1000/basic_{train,val,test}.tsv``), 10 classes, length 2000.
+
+    Args:
+        tokenizer: ``"brackets"`` or ``"alphanumeric"`` (see :func:`listops_tokens`).
+    """
 
     num_classes = 10
     vocab_size = len(LISTOPS_SYMBOLS) + 1
 
-    def __init__(self, root: str, max_length: int = 2000, **kwargs) -> None:
+    def __init__(self, root: str, max_length: int = 2000, tokenizer: str = "brackets", **kwargs) -> None:
         super().__init__(root, max_length, **kwargs)
+        if tokenizer not in LISTOPS_TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {LISTOPS_TOKENIZERS}, got {tokenizer!r}")
+        self.tokenizer = tokenizer
 
     def load(self) -> dict[str, TokenDataset]:
         out = {}
@@ -223,7 +247,7 @@ class ListOpsDataModule(LRADataModule):
                 if [h.strip() for h in header[:2]] != ["Source", "Target"]:
                     raise ValueError(f"{path}: expected the header Source<TAB>Target, got {header}")
                 rows = [r for r in reader if r]
-            tokens = [listops_tokens(r[0])[: self.max_length] for r in rows]
+            tokens = [listops_tokens(r[0], self.tokenizer)[: self.max_length] for r in rows]
             out[split] = TokenDataset(tokens, [int(r[1]) for r in rows])
         return out
 
