@@ -44,9 +44,10 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
             return None
         return out.stdout.strip() if out.returncode == 0 else None
 
-    commit = run("rev-parse", "HEAD")
-    if commit is None and os.environ.get(COMMIT_ENV):
+    # A stamped commit wins: the copy on a GPU machine may sit in a git checkout of an older base commit.
+    if os.environ.get(COMMIT_ENV):
         return {"commit": os.environ[COMMIT_ENV], "dirty": False, "source": "stamped"}
+    commit = run("rev-parse", "HEAD")
     status = run("status", "--porcelain", "--untracked-files=no")
     return {
         "commit": commit,
