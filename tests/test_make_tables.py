@@ -60,6 +60,7 @@ def record(
         "steps": steps,
         "epochs": epochs,
         "wall_time_s": wall_time_s,
+        "segments": 1,
         "output_dir": "/somewhere/outputs/" + experiment,
         "config": {"seed": 0, "trainer": {"max_steps": max_steps, "max_epochs": max_epochs}},
         "concurrency": concurrency,
