@@ -10,8 +10,16 @@ A snake grows one segment (paddle) at a time: the next head is drawn among the p
 ``paddle_length`` around the last head, with probability proportional to
 ``(1 - occupancy) * max(cos(min(|turn| * continuity, pi/2)), 0) ** 2``; a segment whose stroke touches the
 occupancy mask (earlier strokes dilated by ``margin``, the image border) is rejected and redrawn, and a
-snake that cannot grow is regenerated. Everything is drawn at ``antialias`` times the resolution with
+snake that cannot grow is regenerated. A snake's first segment takes a uniform whole-degree heading, its end
+snapped to a pixel centre like every later head. Everything is drawn at ``antialias`` times the resolution with
 soft-edged strokes, box-downsampled, and min-max scaled to uint8.
+
+Speed: every head lies on a high-resolution pixel centre, so a segment is one of a few integer offsets and its
+stroke, ink and dilated footprint are patterns computed once (``_Tables``); occupancy is one Python int with a bit
+per pixel, so a collision test is a shift and an AND on a small window, and the ink is drawn once per image.
+Measured 2026-12-03 on 2 cores (PNG writing included): 4,000 images in 3.8 s with one process (about 1,050
+images/s per core) and 2.0-2.2 s with two (about 900-1,000 images/s per core); runs that met a file-system stall
+there took up to twice as long.
 
 Output (the release's ``pathfinder32/curv_contour_length_14``)::
 
@@ -21,7 +29,7 @@ Output (the release's ``pathfinder32/curv_contour_length_14``)::
         <paddle_thickness> <margin> 1
 
 Batches hold ``--per-batch`` images with exactly balanced labels (one extra 0 when odd); batch ``b`` is drawn
-from ``numpy.random.default_rng([seed, b])``, so the output does not depend on the number of processes.
+from ``numpy.random.default_rng([seed, b])`` alone, so the output does not depend on the number of processes.
 
 Usage::
 
@@ -31,6 +39,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -68,184 +77,313 @@ class Params:
         return 20 // self.distractor_length
 
 
-class _Canvas:
-    """High-resolution ink image and occupancy mask, with stroke rendering by distance to a segment."""
+class _Tables:
+    """Everything about one segment that does not depend on where it is drawn, computed once per ``Params``.
+
+    Heads sit on high-resolution pixel centres, so a segment is one of a few integer offsets from its start and its
+    stroke, its ink and its occupancy footprint are the same pattern wherever it lies. The canvas is held flat with a
+    border of ``pad`` pixels on every side (marked occupied), so that a window of ``±r`` pixels around any head stays
+    inside it; occupancy is a Python int with one bit per flat pixel, and a window is a shift and a mask of it.
+    """
 
     def __init__(self, p: Params) -> None:
-        self.p = p
-        self.s = p.antialias
-        self.n = p.size * p.antialias
-        yy, xx = np.mgrid[0 : self.n, 0 : self.n]
-        # Pixel centres in high-resolution units.
-        self.yy = yy.astype(np.float64) + 0.5
-        self.xx = xx.astype(np.float64) + 0.5
-        self.ink = np.zeros((self.n, self.n))
-        self.occ = np.zeros((self.n, self.n), dtype=bool)
-        pad = int(round(p.padding * self.s))
-        self.occ[:pad] = self.occ[-pad:] = True
-        self.occ[:, :pad] = self.occ[:, -pad:] = True
-        self.half = p.paddle_thickness * self.s / 2
-        self.dilate = self.half + p.margin * self.s
+        s = p.antialias
+        self.n = n = p.size * s
+        length = p.paddle_length * s
+        stroke = p.paddle_thickness * s / 2 + 0.5
+        dilate = p.paddle_thickness * s / 2 + p.margin * s
+        disc = p.marker_radius * s + 0.5
 
-    def distance(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Distance of every pixel centre to the segment a-b ([2] (y, x) high-res points) -> [n, n]."""
-        d = b - a
-        t = ((self.yy - a[0]) * d[0] + (self.xx - a[1]) * d[1]) / max(float(d @ d), 1e-12)
-        t = np.clip(t, 0.0, 1.0)
-        return np.hypot(self.yy - (a[0] + t * d[0]), self.xx - (a[1] + t * d[1]))
+        # Grow candidates: one per pixel of arc length on the circle around a head, deduplicated pixels.
+        angles = np.arange(0.0, 2 * math.pi, 1.0 / length)
+        grow = sorted(
+            set(
+                zip(
+                    np.floor(0.5 + length * np.sin(angles)).astype(int).tolist(),
+                    np.floor(0.5 + length * np.cos(angles)).astype(int).tolist(),
+                )
+            )
+        )
+        # First segments: a heading in whole degrees, its end snapped to the pixel centre it falls in.
+        deg = np.arange(-180, 180) * math.pi / 180
+        first = list(
+            zip(
+                np.floor(0.5 + length * np.sin(deg)).astype(int).tolist(),
+                np.floor(0.5 + length * np.cos(deg)).astype(int).tolist(),
+            )
+        )
+        offsets = grow + sorted(set(first) - set(grow))
+        index = {o: i for i, o in enumerate(offsets)}
+        self.first = [index[o] for o in first]
 
-    def inside(self, pt: np.ndarray) -> bool:
-        return 0 <= pt[0] < self.n and 0 <= pt[1] < self.n
+        reach = max(max(abs(dy), abs(dx)) for dy, dx in offsets)
+        self.r = r = reach + int(math.ceil(max(dilate, disc))) + 1
+        self.pad = pad = r
+        self.w = w = n + 2 * pad
+        self.rw = r * w + r  # flat distance from a window's first pixel to its centre
+        rows = 2 * r + 1
+        self.win_mask = (1 << (rows * w)) - 1
+        ry, rx = np.mgrid[-r : r + 1, -r : r + 1].astype(np.float64)
+        bit = ((ry + r) * w + (rx + r)).astype(np.int64)
+        rel = (ry * w + rx).astype(np.int64)
+
+        def to_int(sel: np.ndarray) -> int:
+            flat = np.zeros(rows * w, dtype=bool)
+            flat[bit[sel]] = True
+            return int.from_bytes(np.packbits(flat, bitorder="little").tobytes(), "little")
+
+        self.delta = [dy * w + dx for dy, dx in offsets]
+        self.stroke, self.dilated, ink_idx, ink_val = [], [], [], []
+        for dy, dx in offsets:
+            t = np.clip((ry * dy + rx * dx) / float(dy * dy + dx * dx), 0.0, 1.0)
+            dist = np.hypot(ry - t * dy, rx - t * dx)
+            self.stroke.append(to_int(dist <= stroke))
+            self.dilated.append(to_int(dist <= dilate))
+            ink = np.clip(stroke - dist, 0.0, 1.0)
+            ink_idx.append(rel[ink > 0])
+            ink_val.append(ink[ink > 0])
+        dist = np.hypot(ry, rx)
+        ink = np.clip(disc - dist, 0.0, 1.0)
+        ink_idx.append(rel[ink > 0])
+        ink_val.append(ink[ink > 0])
+        self.disc = len(offsets)  # row of the marker disc in the ink tables
+        # Ink patterns padded to one length (value 0 at offset 0 is a no-op under max).
+        width = max(len(i) for i in ink_idx)
+        self.ink_idx = np.zeros((len(ink_idx), width), dtype=np.int64)
+        self.ink_val = np.zeros((len(ink_idx), width))
+        for i, (idx, val) in enumerate(zip(ink_idx, ink_val)):
+            self.ink_idx[i, : len(idx)] = idx
+            self.ink_val[i, : len(val)] = val
+
+        # Continuity weights: for the offset a snake last took, the grow candidates of nonzero weight as
+        # (offset index, weight, candidate-pixel bit, stroke bits).
+        heading = [math.atan2(dy, dx) for dy, dx in offsets]
+        self.choices = []
+        for prev in range(len(offsets)):
+            row = []
+            for g, (dy, dx) in enumerate(grow):
+                turn = abs(heading[g] - heading[prev])
+                turn = min(turn, 2 * math.pi - turn)
+                weight = max(math.cos(min(turn * p.continuity, math.pi / 2)), 0.0) ** 2
+                if weight > 0:
+                    row.append((g, weight, 1 << ((dy + r) * w + dx + r), self.stroke[g]))
+            self.choices.append(row)
+
+        # Occupancy before anything is drawn: the image border (``padding``) and everything outside the canvas.
+        border = int(round(p.padding * s))
+        occ = np.ones((w, w), dtype=bool)
+        occ[pad + border : pad + n - border, pad + border : pad + n - border] = False
+        self.empty = int.from_bytes(np.packbits(occ.ravel(), bitorder="little").tobytes(), "little")
 
 
-class _Snake:
-    """One growing curve: tail, head, heading, and its last segment's occupancy held out of the global mask."""
-
-    def __init__(self, tail: np.ndarray, heading: float) -> None:
-        self.tail = tail
-        self.head = tail
-        self.heading = heading
-        self.pending: np.ndarray | None = None
+@functools.lru_cache(maxsize=8)
+def _tables(p: Params) -> _Tables:
+    return _Tables(p)
 
 
-def _place(canvas: _Canvas, snake: _Snake, new_head: np.ndarray, extra: np.ndarray | None = None) -> bool:
-    """Draw the segment head -> new_head if its stroke avoids the occupancy mask (and ``extra``); returns success."""
-    if not canvas.inside(new_head):
-        return False
-    dist = canvas.distance(snake.head, new_head)
-    stroke = dist <= canvas.half + 0.5
-    if (stroke & canvas.occ).any() or (extra is not None and (stroke & extra).any()):
-        return False
-    canvas.ink = np.maximum(canvas.ink, np.clip(canvas.half + 0.5 - dist, 0.0, 1.0))
-    # The previous segment joins the mask only now, so a segment never collides with its predecessor.
-    if snake.pending is not None:
-        canvas.occ |= snake.pending
-    snake.pending = dist <= canvas.dilate
-    delta = new_head - snake.head
-    snake.heading = math.atan2(delta[0], delta[1])
-    snake.head = new_head
-    return True
+class Uniforms:
+    """Uniform [0, 1) numbers from a numpy Generator, drawn a block at a time (one numpy call per block)."""
+
+    def __init__(self, rng: np.random.Generator, block: int = 1024) -> None:
+        self.rng = rng
+        self.block = block
+        self.buf: list[float] = []
+        self.i = 0
+
+    def __call__(self) -> float:
+        if self.i == len(self.buf):
+            self.buf = self.rng.random(self.block).tolist()
+            self.i = 0
+        self.i += 1
+        return self.buf[self.i - 1]
 
 
-def _first_segment(canvas: _Canvas, snake: _Snake, rng: np.random.Generator, extra: np.ndarray | None = None) -> bool:
-    length = canvas.p.paddle_length * canvas.s
-    for _ in range(canvas.p.max_segment_trial + 1):
-        heading = rng.integers(-180, 180) * math.pi / 180
-        head = snake.tail + length * np.array([math.sin(heading), math.cos(heading)])
-        if _place(canvas, snake, head, extra):
-            return True
-    return False
-
-
-def _grow(canvas: _Canvas, snake: _Snake, rng: np.random.Generator, extra: np.ndarray | None = None) -> bool:
-    """Add one segment to ``snake`` by the continuity-weighted circle sampling; False at a dead end.
-
-    ``extra`` is occupancy not yet in the canvas mask (the other target snake's last segment).
-    """
-    p = canvas.p
-    length = p.paddle_length * canvas.s
-    # One candidate per pixel of arc length on the circle around the head.
-    angles = np.arange(0.0, 2 * math.pi, 1.0 / length)
-    cand = snake.head[None, :] + length * np.stack([np.sin(angles), np.cos(angles)], axis=1)
-    cand = np.unique(np.floor(cand), axis=0) + 0.5
-    ok = (cand[:, 0] >= 0) & (cand[:, 0] < canvas.n) & (cand[:, 1] >= 0) & (cand[:, 1] < canvas.n)
-    cand = cand[ok]
-    if len(cand) == 0:
-        return False
-    disp = cand - snake.head
-    turn = np.abs(np.arctan2(disp[:, 0], disp[:, 1]) - snake.heading)
-    turn = np.minimum(turn, 2 * math.pi - turn)
-    weight = np.maximum(np.cos(np.minimum(turn * p.continuity, math.pi / 2)), 0.0) ** 2
-    occ = canvas.occ if extra is None else canvas.occ | extra
-    free = ~occ[cand[:, 0].astype(int), cand[:, 1].astype(int)]
-    weight = weight * free
+def _first_segment(tb: _Tables, p: Params, occ: int, head: int, u: Uniforms) -> int | None:
+    """Offset index of a first segment from ``head`` in a uniform whole-degree heading whose stroke avoids ``occ``."""
+    win = (occ >> (head - tb.rw)) & tb.win_mask
     for _ in range(p.max_segment_trial + 1):
-        total = weight.sum()
+        k = tb.first[int(u() * 360)]
+        if not win & tb.stroke[k]:
+            return k
+    return None
+
+
+def _grow(tb: _Tables, p: Params, occ: int, head: int, prev: int, u: Uniforms) -> int | None:
+    """Offset index of the next segment from ``head`` (last offset ``prev``) by the continuity-weighted circle
+    sampling over free candidate pixels, rejecting strokes that touch ``occ``; None at a dead end."""
+    win = (occ >> (head - tb.rw)) & tb.win_mask
+    cands = [(g, weight, stroke) for g, weight, bit, stroke in tb.choices[prev] if not win & bit]
+    weights = [c[1] for c in cands]
+    for _ in range(p.max_segment_trial + 1):
+        total = sum(weights)
         if total < 1e-6:
-            return False
-        i = rng.choice(len(cand), p=weight / total)
-        if _place(canvas, snake, cand[i], extra):
-            return True
-        weight[i] = 0.0
-    return False
+            return None
+        x = u() * total
+        acc = 0.0
+        i = last = -1
+        for j, weight in enumerate(weights):
+            if weight > 0:
+                last = j
+                acc += weight
+                if x < acc:
+                    i = j
+                    break
+        if i < 0:  # rounding at the top end
+            i = last
+        g, _, stroke = cands[i]
+        if not win & stroke:
+            return g
+        weights[i] = 0.0
+    return None
 
 
-def _commit(canvas: _Canvas, snake: _Snake) -> None:
-    if snake.pending is not None:
-        canvas.occ |= snake.pending
-        snake.pending = None
+def _two_targets(tb: _Tables, p: Params, u: Uniforms) -> tuple[int, list[tuple[int, int]], list[int], list[int]] | None:
+    """Both target snakes grown in turn, or None when either cannot be completed.
 
-
-def _two_targets(p: Params, rng: np.random.Generator) -> tuple[_Canvas, list[_Snake]] | None:
-    canvas = _Canvas(p)
-    s = canvas.s
-    lo, hi = p.seed_distance * s, canvas.n - p.seed_distance * s
-    tail1 = np.floor(rng.uniform(lo, hi, size=2)) + 0.5
-    angle = rng.integers(0, 360) * math.pi / 180
-    tail2 = np.floor(tail1 + p.seed_distance * s * np.array([math.sin(angle), math.cos(angle)])) + 0.5
-    pad = p.padding * s
-    if not (pad <= tail2[0] < canvas.n - pad and pad <= tail2[1] < canvas.n - pad):
+    Returns (occupancy, segments as (offset index, start), the two tails, the two heads); a snake's last segment is
+    held out of the occupancy until its next one is placed (so a segment never collides with its predecessor) and is
+    checked against the other snake as extra occupancy.
+    """
+    s, n, w, pad = p.antialias, tb.n, tb.w, tb.pad
+    lo, hi = p.seed_distance * s, n - p.seed_distance * s
+    y1 = math.floor(lo + u() * (hi - lo))
+    x1 = math.floor(lo + u() * (hi - lo))
+    angle = int(u() * 360) * math.pi / 180
+    y2 = math.floor(y1 + 0.5 + p.seed_distance * s * math.sin(angle))
+    x2 = math.floor(x1 + 0.5 + p.seed_distance * s * math.cos(angle))
+    border = p.padding * s
+    if not (border <= y2 + 0.5 < n - border and border <= x2 + 0.5 < n - border):
         return None
-    snakes = [_Snake(tail1, 0.0), _Snake(tail2, 0.0)]
-    if not _first_segment(canvas, snakes[0], rng) or not _first_segment(canvas, snakes[1], rng, snakes[0].pending):
-        return None
-    # Grow both targets in turn so that neither gets first claim on the free space.
+    tails = [(y1 + pad) * w + x1 + pad, (y2 + pad) * w + x2 + pad]
+    heads = list(tails)
+    occ = tb.empty
+    pending = [0, 0]
+    prev = [0, 0]
+    segs: list[tuple[int, int]] = []
+    rw, dilated, delta = tb.rw, tb.dilated, tb.delta
+    for i in (0, 1):
+        k = _first_segment(tb, p, occ | pending[1 - i], heads[i], u)
+        if k is None:
+            return None
+        pending[i] = dilated[k] << (heads[i] - rw)
+        segs.append((k, heads[i]))
+        heads[i] += delta[k]
+        prev[i] = k
     for _ in range(p.contour_length - 1):
-        for i, snake in enumerate(snakes):
-            if not _grow(canvas, snake, rng, snakes[1 - i].pending):
+        for i in (0, 1):
+            k = _grow(tb, p, occ | pending[1 - i], heads[i], prev[i], u)
+            if k is None:
                 return None
-    for snake in snakes:
-        _commit(canvas, snake)
-    return canvas, snakes
+            occ |= pending[i]
+            pending[i] = dilated[k] << (heads[i] - rw)
+            segs.append((k, heads[i]))
+            heads[i] += delta[k]
+            prev[i] = k
+    return occ | pending[0] | pending[1], segs, tails, heads
 
 
-def _distractor(canvas: _Canvas, p: Params, rng: np.random.Generator) -> None:
-    """Add one distractor snake of ``distractor_length`` segments, leaving the canvas untouched on failure."""
+def _free_pixel(tb: _Tables, occ: int, u: Uniforms) -> int | None:
+    """A uniformly drawn unoccupied canvas pixel (flat index), or None when there is none."""
+    n, w, pad = tb.n, tb.w, tb.pad
+    for _ in range(64):
+        y, x = divmod(int(u() * n * n), n)
+        pos = (y + pad) * w + x + pad
+        if not (occ >> pos) & 1:
+            return pos
+    # Nearly full canvas: draw among the free pixels directly.
+    bits = np.unpackbits(np.frombuffer(occ.to_bytes(w * w // 8 + 1, "little"), dtype=np.uint8), bitorder="little")
+    free = np.flatnonzero(~bits[: w * w].reshape(w, w)[pad : pad + n, pad : pad + n].astype(bool))
+    if len(free) == 0:
+        return None
+    y, x = divmod(int(free[int(u() * len(free))]), n)
+    return (y + pad) * w + x + pad
+
+
+def _distractor(tb: _Tables, p: Params, occ: int, segs: list[tuple[int, int]], u: Uniforms) -> int:
+    """Add one distractor snake of ``distractor_length`` segments to ``segs``; returns the new occupancy (the old
+    one, with ``segs`` untouched, when every attempt fails)."""
+    rw, dilated, delta = tb.rw, tb.dilated, tb.delta
     for _ in range(p.max_distractor_trial + 1):
-        free = np.argwhere(~canvas.occ)
-        if len(free) == 0:
-            return
-        saved = (canvas.ink.copy(), canvas.occ.copy())
-        snake = _Snake(free[rng.integers(len(free))] + 0.5, 0.0)
-        ok = _first_segment(canvas, snake, rng)
+        head = _free_pixel(tb, occ, u)
+        if head is None:
+            return occ
+        k = _first_segment(tb, p, occ, head, u)
+        if k is None:
+            continue
+        mine = [(k, head)]
+        work, pending = occ, dilated[k] << (head - rw)
+        head += delta[k]
         for _ in range(p.distractor_length - 1):
-            ok = ok and _grow(canvas, snake, rng)
-        if ok:
-            _commit(canvas, snake)
-            return
-        canvas.ink, canvas.occ = saved
+            k = _grow(tb, p, work, head, k, u)
+            if k is None:
+                break
+            work |= pending
+            pending = dilated[k] << (head - rw)
+            mine.append((k, head))
+            head += delta[k]
+        else:
+            segs.extend(mine)
+            return work | pending
+    return occ
 
 
-def _disc(canvas: _Canvas, centre: np.ndarray, radius: float) -> np.ndarray:
-    r = radius * canvas.s
-    dist = np.hypot(canvas.yy - centre[0], canvas.xx - centre[1])
-    return np.clip(r + 0.5 - dist, 0.0, 1.0)
-
-
-def make_image(label: int, rng: np.random.Generator, p: Params = Params()) -> np.ndarray:
-    """One Pathfinder image.
+def layout(
+    label: int, rng: np.random.Generator | Uniforms, p: Params = Params(), distractors: bool = True
+) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """The geometry of one image: segments as (offset index, flat start pixel) and the two marker pixels.
 
     Args:
         label: 1 if the two markers are to sit on the same snake, else 0.
         rng: random source.
         p: generator settings.
+        distractors: add the distractor snakes (off only to look at the targets alone).
+    """
+    u = rng if isinstance(rng, Uniforms) else Uniforms(rng)
+    tb = _tables(p)
+    while True:
+        made = _two_targets(tb, p, u)
+        if made is not None:
+            break
+    occ, segs, tails, heads = made
+    if distractors:
+        for _ in range(p.num_distractors):
+            occ = _distractor(tb, p, occ, segs, u)
+    first = int(u() * 2)
+    second = first if label == 1 else 1 - first
+    return segs, (tails[first], heads[second])
+
+
+def render(segs: list[tuple[int, int]], markers: tuple[int, ...], p: Params = Params()) -> np.ndarray:
+    """High-resolution ink of ``segs`` and marker discs centred on ``markers`` -> [n, n] float in [0, 1]."""
+    tb = _tables(p)
+    rows = np.array([k for k, _ in segs] + [tb.disc] * len(markers), dtype=np.int64)
+    starts = np.array([pos for _, pos in segs] + list(markers), dtype=np.int64)
+    ink = np.zeros(tb.w * tb.w)
+    np.maximum.at(ink, (tb.ink_idx[rows] + starts[:, None]).ravel(), tb.ink_val[rows].ravel())
+    pad, n = tb.pad, tb.n
+    return ink.reshape(tb.w, tb.w)[pad : pad + n, pad : pad + n]
+
+
+def pixel(pos: int, p: Params = Params()) -> tuple[int, int]:
+    """(y, x) of a flat pixel index of ``layout`` on the high-resolution canvas."""
+    tb = _tables(p)
+    y, x = divmod(pos, tb.w)
+    return y - tb.pad, x - tb.pad
+
+
+def make_image(label: int, rng: np.random.Generator | Uniforms, p: Params = Params()) -> np.ndarray:
+    """One Pathfinder image.
+
+    Args:
+        label: 1 if the two markers are to sit on the same snake, else 0.
+        rng: random source (a numpy Generator, or ``Uniforms`` over one to share its buffered draws).
+        p: generator settings.
 
     Returns:
         [size, size] uint8 image, min-max scaled to 0..255.
     """
-    while True:
-        made = _two_targets(p, rng)
-        if made is not None:
-            break
-    canvas, snakes = made
-    for _ in range(p.num_distractors):
-        _distractor(canvas, p, rng)
-    first = int(rng.integers(0, 2))
-    second = first if label == 1 else 1 - first
-    markers = np.maximum(
-        _disc(canvas, snakes[first].tail, p.marker_radius), _disc(canvas, snakes[second].head, p.marker_radius)
-    )
-    hi = np.maximum(canvas.ink, markers)
+    segs, markers = layout(label, rng, p)
+    hi = render(segs, markers, p)
     s = p.antialias
     lo = hi.reshape(p.size, s, p.size, s).mean(axis=(1, 3))
     lo = (lo - lo.min()) / max(lo.max() - lo.min(), 1e-12)
@@ -266,9 +404,10 @@ def _batch(args: tuple[Path, int, int, int, Params]) -> int:
     labels = rng.permutation(np.arange(count) % 2 == 1).astype(int)
     img_dir = root / "imgs" / str(batch)
     img_dir.mkdir(parents=True, exist_ok=True)
+    u = Uniforms(rng)
     lines = []
     for i, label in enumerate(labels):
-        Image.fromarray(make_image(int(label), rng, p), mode="L").save(img_dir / f"sample_{i}.png")
+        Image.fromarray(make_image(int(label), u, p)).save(img_dir / f"sample_{i}.png")
         lines.append(metadata_line(batch, i, int(label), p))
     (root / "metadata").mkdir(parents=True, exist_ok=True)
     (root / "metadata" / f"{batch}.npy").write_text("\n".join(lines) + "\n")
