@@ -209,3 +209,20 @@ def test_pathfinder_statistics_match_the_reference_generator() -> None:
     assert 0.168 < np.mean(ink) < 0.182
     assert 15.6 < np.mean(value) < 16.3
     assert np.mean(distractors) > 4.0
+
+
+def test_listops_first_operator_baseline_on_hand_written_splits(tmp_path: Path, capsys) -> None:
+    # Train: MAX trees mostly give 9, MIN trees mostly 0, so the rule is MAX -> 9, MIN -> 0; majority label 9.
+    train = [("( ( ( [MAX 2 ) 9 ) ] )", 9)] * 3 + [("( ( ( [MAX 2 ) 1 ) ] )", 2)]
+    train += [("( ( ( [MIN 0 ) 4 ) ] )", 0)] * 2 + [("( ( ( [MIN 5 ) 4 ) ] )", 4)]
+    test = [("( ( ( [MAX 3 ) 9 ) ] )", 9), ("( ( ( [MIN 1 ) 2 ) ] )", 1), ("( ( ( [MIN 0 ) 3 ) ] )", 0),
+            ("( ( ( [MAX 3 ) 4 ) ] )", 4)]
+    listops.write_tsv(tmp_path / "basic_train.tsv", train)
+    listops.write_tsv(tmp_path / "basic_test.tsv", test)
+    stats = listops.first_operator_baseline(tmp_path)
+    assert set(stats) == {"train", "test"}
+    assert stats["train"] == {"n": 7, "first_operator": 5 / 7, "majority": 3 / 7}
+    assert stats["test"] == {"n": 4, "first_operator": 2 / 4, "majority": 1 / 4}
+    listops.main(["--out", str(tmp_path), "--baseline"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["test", "n=", "4", "first-operator", "rule", "50.00%", "majority", "class", "25.00%"]
