@@ -19,6 +19,7 @@ from timm.models import register_model
 from timm.models.vision_transformer import Block, VisionTransformer
 
 from mita.registry import create_attention
+from mita.utils.tensor_cache import outside_inference_mode
 
 # DeiT's evaluation settings (facebookresearch/deit: crop 0.875, bicubic), used by timm.data.resolve_data_config.
 DEIT_PRETRAINED_CFG = {
@@ -248,12 +249,16 @@ class Rope2D(nn.Module):
         prefix = torch.arange(p, device=device, dtype=torch.float32)[:, None] * prefix_freqs
         return torch.cat([prefix, patches], dim=0)
 
+    @outside_inference_mode
+    def _cos_sin(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        a = self.angles(device)
+        return a.cos(), a.sin()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` [B, H, N, d] (N = prefix + h w); computed in float32."""
         key = (x.device, self.grid_size, self.num_prefix_tokens)
         if key not in self._cache:
-            a = self.angles(x.device)
-            self._cache = {key: (a.cos(), a.sin())}
+            self._cache = {key: self._cos_sin(x.device)}
         cos, sin = self._cache[key]
         if x.shape[-2] != cos.shape[0]:
             raise ValueError(f"rope: {x.shape[-2]} tokens, expected {cos.shape[0]} (prefix + grid {self.grid_size})")

@@ -18,12 +18,15 @@ from typing import NamedTuple
 
 import torch
 
+from mita.utils.tensor_cache import outside_inference_mode
+
 LAYOUTS = ("official", "patches", "1d")
 # Tokens summed per run in the first stage of long 1D segment means (see _pool_1d).
 _POOL_RUN = 32
 
 
 @functools.lru_cache(maxsize=64)
+@outside_inference_mode
 def adaptive_pool_matrix(length: int, bins: int, device=None, dtype=torch.float32) -> torch.Tensor:
     """``[bins, length]`` matrix whose row i averages adaptive-pooling bin i of a length-``length`` axis.
 
@@ -165,6 +168,7 @@ class _PoolTables(NamedTuple):
 
 
 @functools.lru_cache(maxsize=64)
+@outside_inference_mode
 def _pool_tables(
     n_tokens: int, start: int, h: int, w: int, ph: int, pw: int, device: torch.device, dtype: torch.dtype
 ) -> _PoolTables:
