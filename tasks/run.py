@@ -263,10 +263,50 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def group_choices(group: str) -> list[str]:
+    """The options of a config group (``experiment`` -> ``lra/listops-full``, ...), sorted; [] if no such group."""
+    root = CONFIG_PATH / group
+    if not root.is_dir():
+        return []
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def check_group_overrides(argv: list[str]) -> str | None:
+    """One line naming the first ``group=option`` argument whose option does not exist, else None.
+
+    Checked before Hydra composes (whose own message takes 8-17 lines); ``+group=...``, dotted keys, sweeps
+    (``a,b``) and interpolations are left to Hydra.
+    """
+    import difflib
+
+    for arg in argv:
+        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        if "." in key or "/" in key or not value or any(c in value for c in ",${}()[]*"):
+            continue
+        choices = group_choices(key)
+        if not choices or value in choices or value == "null":
+            continue
+        if key == "experiment":
+            near = difflib.get_close_matches(value, choices, n=4, cutoff=0.0)
+            return f"experiment: no experiment '{value}' under configs/experiment; nearest: {', '.join(near)}"
+        return f"{key}: unknown {key} '{value}'; known {key} options: {', '.join(choices)}"
+    return None
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def main(cfg: DictConfig) -> None:
-    """Hydra entry point."""
+def _hydra_main(cfg: DictConfig) -> None:
     run(cfg)
+
+
+def main() -> None:
+    """Command-line entry point: check the config-group choices, then hand over to Hydra."""
+    problem = check_group_overrides(sys.argv[1:])
+    if problem:
+        print(f"tasks.run: {problem}", file=sys.stderr)
+        sys.exit(2)
+    _hydra_main()
 
 
 if __name__ == "__main__":

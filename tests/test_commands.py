@@ -110,3 +110,38 @@ def test_reproduce_sh_commands_exist():
 def test_reproduce_sh_rejects_unknown_tables():
     proc = subprocess.run(["bash", str(REPO / "reproduce.sh"), "Z"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown argument" in proc.stderr
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.run", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_unknown_attention_is_one_line_naming_the_known_ones():
+    proc = _run_cli("attention=nope")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    known = sorted(p.stem for p in (CONFIGS / "attention").glob("*.yaml"))
+    assert "'nope'" in lines[0] and lines[0].endswith(", ".join(known))
+
+
+def test_unknown_experiment_is_one_line_with_existing_near_names():
+    for value, expected in (("lra/listops-ful", "lra/listops-full"), ("does/not_exist", None)):
+        proc = _run_cli(f"experiment={value}")
+        assert proc.returncode == 2
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        near = lines[0].split("nearest: ")[1].split(", ")
+        assert near and all((CONFIGS / "experiment" / f"{n}.yaml").exists() for n in near)
+        if expected:
+            assert near[0] == expected
+
+
+def test_group_check_passes_valid_sweeps_and_dotted_keys():
+    from tasks.run import check_group_overrides
+
+    assert check_group_overrides(["experiment=lra/listops-full", "attention=mita", "model.attention.m=16"]) is None
+    assert check_group_overrides(["-m", "attention=mita,full", "+trainer.max_time=1", "logger=null"]) is None
+    assert "unknown trainer 'gpux'" in check_group_overrides(["trainer=gpux"])

@@ -170,6 +170,15 @@ def test_mita_layer_errors_name_the_argument():
         layer(torch.randn(1, 18, 32))
 
 
+def test_mita_landmark_geometry_is_checked_at_construction():
+    with pytest.raises(ValueError, match="perfect square m"):
+        mita.create_attention("mita", dim=384, num_heads=6, m=7)
+    with pytest.raises(ValueError, match="perfect square m"):
+        mita.create_attention("mita", dim=384, num_heads=6).set_budget(m=10)
+    assert mita.create_attention("mita", dim=384, num_heads=6, m=7, landmark_layout="1d").m == 7
+    assert mita.create_attention("mita", dim=384, num_heads=6, m=(2, 3)).m == (2, 3)
+
+
 def test_mita_patches_layout_with_registers_and_non_square_grid():
     layer = mita.create_attention("mita", 32, 2, m=(2, 3), k=5, landmark_layout="patches", dwc=True)
     layer.num_prefix_tokens = 5

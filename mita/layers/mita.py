@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mita.layers.base import AttentionBase
-from mita.ops.landmarks import LAYOUTS, pool_landmarks, pool_operator_2d
+from mita.ops.landmarks import LAYOUTS, landmark_grid, pool_landmarks, pool_operator_2d
 from mita.ops.mita import mita_attention, triton_backend
 from mita.ops.mita.naive import stable_topk_indices
 from mita.registry import register_attention
@@ -125,6 +125,8 @@ class MiTAAttention(AttentionBase):
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ValueError(f"k must be an int >= 1, got {k!r}")
             self.k = k
+        if self.landmark_layout != "1d":
+            landmark_grid(self.m)  # 2D layouts need a p x p or (ph, pw) landmark grid: say so now, not at forward
         n_landmarks = self.m[0] * self.m[1] if isinstance(self.m, tuple) else self.m
         if self.experts_per_query < 1 or self.experts_per_query > n_landmarks:
             raise ValueError(f"experts_per_query must be in [1, m={n_landmarks}], got {self.experts_per_query}")
