@@ -7,14 +7,30 @@
 #   ./reproduce.sh A               every experiment of Table A (ImageNet-1K; needs data.root, GPUs), then tables
 #   ./reproduce.sh all             every table
 #   ./reproduce.sh A --dry-run     print the commands only
-#   ./reproduce.sh A --smoke       run each experiment for one step on tiny generated data (CPU)
+#   ./reproduce.sh A --smoke       run each experiment for one step on tiny generated data (CPU); needs a table
 #
 # Tables: A (ImageNet), B (fine-tuning / inference budgets), C (ADE20K), D (LRA), E (arXiv), F (throughput),
-# G (token pruning). Extra arguments after the options are passed to every `python -m tasks.run` command
+# G (routed-key maps). Extra arguments after the options are passed to every `python -m tasks.run` command
 # (e.g. data.root=/data/imagenet trainer.devices=8).
 set -euo pipefail
 cd "$(dirname "$0")"
-PYTHON=${PYTHON:-python}
+
+usage() {
+    # The comment block at the top of this file, without its leading "# ".
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
+
+# The project's environment: $PYTHON if set, else .venv (scripts/install.sh), else a python that has the project.
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x .venv/bin/python ]; then
+        PYTHON=.venv/bin/python
+    elif command -v python >/dev/null && python -c "import torch, hydra, lightning, timm, mita" 2>/dev/null; then
+        PYTHON=python
+    else
+        echo "reproduce.sh: no Python environment with the project found; set it up with: source scripts/install.sh" >&2
+        exit 2
+    fi
+fi
 
 TABLE=""
 DRY_RUN=0
@@ -25,11 +41,16 @@ for arg in "$@"; do
         A|B|C|D|E|F|G|all) TABLE="$arg" ;;
         --dry-run) DRY_RUN=1 ;;
         --smoke) SMOKE=1 ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *=*) EXTRA+=("$arg") ;;
         *) echo "reproduce.sh: unknown argument '$arg' (tables: A B C D E F G all; --dry-run, --smoke)" >&2; exit 2 ;;
     esac
 done
+
+if [ "$SMOKE" = 1 ] && [ -z "$TABLE" ]; then
+    echo "reproduce.sh: --smoke needs a table (A B C D E F G all); the main job (no table) is already CPU-sized" >&2
+    exit 2
+fi
 
 run() {
     echo "+ $*"

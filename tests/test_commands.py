@@ -145,3 +145,23 @@ def test_group_check_passes_valid_sweeps_and_dotted_keys():
     assert check_group_overrides(["experiment=lra/listops-full", "attention=mita", "model.attention.m=16"]) is None
     assert check_group_overrides(["-m", "attention=mita,full", "+trainer.max_time=1", "logger=null"]) is None
     assert "unknown trainer 'gpux'" in check_group_overrides(["trainer=gpux"])
+
+
+def test_reproduce_sh_help_smoke_and_missing_environment(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable)
+    help_text = subprocess.run(["bash", str(REPO / "reproduce.sh"), "--help"], capture_output=True, text=True, env=env)
+    assert help_text.returncode == 0
+    assert "set -euo" not in help_text.stdout and "routed-key maps" in help_text.stdout
+    assert "token pruning" not in help_text.stdout
+    smoke = subprocess.run(["bash", str(REPO / "reproduce.sh"), "--smoke"], capture_output=True, text=True, env=env)
+    assert smoke.returncode == 2 and len(smoke.stderr.strip().splitlines()) == 1 and "needs a table" in smoke.stderr
+    assert smoke.stdout == ""
+    # A checkout without .venv, no $PYTHON, and no python with the project on PATH: one line saying how to set up.
+    (tmp_path / "reproduce.sh").write_text((REPO / "reproduce.sh").read_text())
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", "reproduce.sh", "all", "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
+                          env=bare)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "reproduce.sh: no Python environment with the project found; set it up with: source scripts/install.sh"
+    ]
