@@ -138,8 +138,8 @@ run_table() {
         fi
     done
     case "$table" in
-        A) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only imagenet/ ;;
-        C) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only ade20k/ ;;
+        A) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only imagenet/ --out outputs/flops-A.csv ;;
+        C) [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/flops.py --only ade20k/ --out outputs/flops-C.csv ;;
         # Figure F: eager models, both models through torch.compile, and compiled with the fused MLP kernel in both.
         F) [ "$SMOKE" = 1 ] || { run "$PYTHON" scripts/bench/bench_figf.py --out results/bench &&
             run "$PYTHON" scripts/bench/bench_figf.py --out results/bench --compile --min-n 65536 &&
@@ -171,13 +171,23 @@ figure_g() {
 }
 
 main_job() {
-    mkdir -p results/main_job
-    run "$PYTHON" scripts/flops.py --only imagenet/ synthetic/
+    # Everything goes to outputs/main_job (ignored by git): a checkout's tracked files never change.
+    local out=outputs/main_job
+    mkdir -p "$out"
+    run "$PYTHON" scripts/flops.py --only imagenet/ synthetic/ --out "$out/flops.csv"
     run "$PYTHON" -m mita.selfcheck
-    run "$PYTHON" -m tasks.run experiment=synthetic/shapes-full trainer.enable_progress_bar=false "${EXTRA[@]}"
-    run "$PYTHON" -m tasks.run experiment=synthetic/shapes-mita trainer.enable_progress_bar=false "${EXTRA[@]}"
-    run "$PYTHON" -m tasks.synthetic.report --out results/main_job
-    run "$PYTHON" scripts/make_tables.py
+    run "$PYTHON" -m tasks.run experiment=synthetic/shapes-full "paths.results_dir=$out/runs" "${EXTRA[@]}"
+    run "$PYTHON" -m tasks.run experiment=synthetic/shapes-mita "paths.results_dir=$out/runs" "${EXTRA[@]}"
+    run "$PYTHON" -m tasks.synthetic.report --records "$out/runs" --flops "$out/flops.csv" --out "$out"
+    if [ "$DRY_RUN" = 0 ]; then
+        echo "done: main job in $((SECONDS / 60)) min $((SECONDS % 60)) s; written to $out (shapes.md, shapes.png," \
+            "runs/, flops.csv)"
+    fi
+}
+
+own_tables() {
+    # Tables of this checkout's own runs (outputs/runs) in outputs/tables; the committed results/ stay as they are.
+    run "$PYTHON" scripts/make_tables.py --records outputs/runs --out outputs/tables --readme ""
 }
 
 if [ -z "$TABLE" ]; then
@@ -186,8 +196,8 @@ elif [ "$TABLE" = all ]; then
     for t in A B C D E F G; do
         run_table "$t"
     done
-    [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/make_tables.py
+    [ "$SMOKE" = 1 ] || own_tables
 else
     run_table "$TABLE"
-    [ "$SMOKE" = 1 ] || run "$PYTHON" scripts/make_tables.py
+    [ "$SMOKE" = 1 ] || own_tables
 fi

@@ -24,6 +24,7 @@ import argparse
 import csv
 import functools
 import os
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -155,6 +156,35 @@ def recipe_length(rec: dict[str, Any]) -> tuple[str, int] | None:
     return None
 
 
+def import_records(source: Path, records_dir: Path) -> list[str]:
+    """Copy the records under ``source`` that may fill a row (and their curves and logs) into ``records_dir``.
+
+    A record is copied with every file beside it that shares its stem (``.metrics.csv``, ``.log``, earlier
+    segments' curves); records that could not fill a row (smoke runs, no commit, a dirty tree, overrides, short
+    runs) stay where they are. Returns one line per record: copied, already there, or skipped with the reason.
+    """
+    from tasks.common.records import read_records
+
+    lines = []
+    for rec in read_records(source):
+        path = Path(rec["_path"])
+        rel = path.relative_to(source)
+        reasons = disqualifications(rec)
+        if reasons:
+            lines.append(f"skipped {rel}: {'; '.join(reasons)}")
+            continue
+        target = records_dir / rel
+        if target.exists():
+            lines.append(f"already there: {rel}")
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        stem = path.name[: -len(".json")]
+        for extra in sorted(path.parent.glob(f"{stem}*")):
+            shutil.copy2(extra, target.parent / extra.name)
+        lines.append(f"copied {rel}")
+    return lines
+
+
 def disqualifications(rec: dict[str, Any]) -> list[str]:
     """Why a record may not fill its table row (empty when it may), in a fixed order."""
     reasons = []
@@ -162,6 +192,8 @@ def disqualifications(rec: dict[str, Any]) -> list[str]:
         reasons.append("smoke")
     if not (rec.get("git") or {}).get("commit"):
         reasons.append("no commit")
+    elif (rec.get("git") or {}).get("dirty"):
+        reasons.append("dirty tree (uncommitted changes)")
     changed = [o for o in rec.get("overrides") or [] if not override_allowed(o)]
     if changed:
         reasons.append("overrides " + ", ".join(changed))
@@ -584,13 +616,20 @@ def main() -> None:
     parser.add_argument("--list", metavar="TABLE", help="print the experiments of TABLE, one a line, and exit")
     parser.add_argument("--tables", nargs="*", default=None, help="tables to write (default: every table)")
     parser.add_argument(
-        "--readme", default=str(REPO / "README.md"), help="README whose generated-tables block to update"
+        "--readme", default=str(REPO / "README.md"), help="README whose generated-tables block to update ('' for none)"
+    )
+    parser.add_argument(
+        "--import", dest="import_dir", metavar="DIR",
+        help="first copy the records under DIR (e.g. outputs/runs) that may fill a row into --records",
     )
     args = parser.parse_args()
     if args.list:
         for name in list_experiments(args.list):
             print(name)
         return
+    if args.import_dir:
+        for line in import_records(Path(args.import_dir), Path(args.records)):
+            print(line)
     tables = args.tables or sorted({str(b.get("table")) for b in paper_blocks().values()})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -600,6 +639,10 @@ def main() -> None:
         print(f"wrote {path}")
     if args.readme and Path(args.readme).exists() and update_readme(Path(args.readme), out):
         print(f"updated the generated tables in {args.readme}")
+    if Path(args.records).is_dir():
+        from tasks.common.records import write_index
+
+        print(f"wrote {write_index(Path(args.records))}")
 
 
 if __name__ == "__main__":

@@ -290,8 +290,9 @@ def check_group_overrides(argv: list[str]) -> str | None:
             continue
         if key == "experiment":
             near = difflib.get_close_matches(value, choices, n=4, cutoff=0.0)
-            return f"experiment: no experiment '{value}' under configs/experiment; nearest: {', '.join(near)}"
-        return f"{key}: unknown {key} '{value}'; known {key} options: {', '.join(choices)}"
+            return f"no experiment '{value}' under configs/experiment; nearest: {', '.join(near)}"
+        known = "attentions" if key == "attention" else f"{key} configs"
+        return f"unknown {key} '{value}'; known {known}: {', '.join(choices)}"
     return None
 
 
@@ -304,7 +305,7 @@ def main() -> None:
     """Command-line entry point: check the config-group choices, then hand over to Hydra."""
     problem = check_group_overrides(sys.argv[1:])
     if problem:
-        print(f"tasks.run: {problem}", file=sys.stderr)
+        print(f"config error: {problem}", file=sys.stderr)
         sys.exit(2)
     _hydra_main()
 

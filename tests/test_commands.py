@@ -144,7 +144,7 @@ def test_group_check_passes_valid_sweeps_and_dotted_keys():
 
     assert check_group_overrides(["experiment=lra/listops-full", "attention=mita", "model.attention.m=16"]) is None
     assert check_group_overrides(["-m", "attention=mita,full", "+trainer.max_time=1", "logger=null"]) is None
-    assert "unknown trainer 'gpux'" in check_group_overrides(["trainer=gpux"])
+    assert "unknown trainer 'gpux'; known trainer configs: cpu" in check_group_overrides(["trainer=gpux"])
 
 
 def test_reproduce_sh_help_smoke_and_missing_environment(tmp_path):

@@ -330,3 +330,39 @@ def test_readme_block_is_replaced_and_links_rewritten(tmp_path):
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
     assert not make_tables.update_readme(plain, tables) and plain.read_text() == "no markers\n"
+
+
+def test_dirty_tree_record_never_fills_the_row(runs, tmp_path):
+    clean = record("lra/listops-full", 30.0, date="2026-12-01T10:00:00Z")
+    dirty = record("lra/listops-full", 40.0, date="2026-12-02T10:00:00Z")
+    dirty["git"]["dirty"] = True
+    write(runs, clean)
+    write(runs, dirty)
+    text = table(tmp_path)
+    assert "| 30.0 |" in row(text, "lra/listops-full")
+    assert any("dirty tree" in line and "40.0" in line for line in other_rows(text))
+
+
+def test_import_copies_qualifying_records_with_their_files_and_indexes_relative_paths(tmp_path):
+    from tasks.common.records import write_index
+
+    source, target = tmp_path / "outputs" / "runs", tmp_path / "results" / "runs"
+    good = write(source, record("lra/listops-full", 30.0))
+    (good.parent / (good.stem + ".metrics.csv")).write_text("step,loss\n1,2.0\n")
+    (good.parent / (good.stem + "-metrics-before-resume-0.metrics.csv")).write_text("step,loss\n0,2.3\n")
+    dirty_rec = record("lra/listops-mita", 31.0)
+    dirty_rec["git"]["dirty"] = True
+    dirty = write(source, dirty_rec)
+    smoke = write(source, record("lra/listops-topk", 32.0, smoke=True))
+    lines = make_tables.import_records(source, target)
+    rel = good.relative_to(source)
+    assert f"copied {rel}" in lines
+    assert any(line.startswith(f"skipped {dirty.relative_to(source)}: dirty tree") for line in lines)
+    assert any(line.startswith(f"skipped {smoke.relative_to(source)}: smoke") for line in lines)
+    copied = sorted(p.name for p in (target / rel).parent.iterdir())
+    assert copied == sorted([good.name, good.stem + ".metrics.csv", good.stem + "-metrics-before-resume-0.metrics.csv"])
+    assert not (target / "lra" / "listops-mita").exists() and not (target / "lra" / "listops-topk").exists()
+    assert f"already there: {rel}" in make_tables.import_records(source, target)
+    index = write_index(target).read_text().splitlines()
+    assert index[0].startswith("experiment,date,metric,value")
+    assert len(index) == 2 and index[1].split(",")[-1] == rel.as_posix()

@@ -191,21 +191,38 @@ def write_record(
         writer = csv.DictWriter(f, fieldnames=INDEX_FIELDS)
         if new:
             writer.writeheader()
-        writer.writerow(
-            {
-                "experiment": experiment,
-                "date": date,
-                "metric": record["result"]["metric"],
-                "value": value,
-                "best": best,
-                "steps": steps,
-                "wall_time_s": record["wall_time_s"],
-                "commit": record["git"]["commit"],
-                "hardware": record["hardware"]["summary"],
-                "record": str(path),
-            }
-        )
+        writer.writerow(index_row(record, path.relative_to(results_dir)))
     return path
+
+
+def index_row(record: Mapping[str, Any], relative_path: str | Path) -> dict[str, Any]:
+    """The index.csv line of one record; ``relative_path`` is the record's path under its results folder."""
+    result = record.get("result") or {}
+    return {
+        "experiment": record.get("experiment"),
+        "date": record.get("date"),
+        "metric": result.get("metric"),
+        "value": result.get("value"),
+        "best": result.get("best"),
+        "steps": record.get("steps"),
+        "wall_time_s": record.get("wall_time_s"),
+        "commit": (record.get("git") or {}).get("commit"),
+        "hardware": (record.get("hardware") or {}).get("summary"),
+        "record": Path(relative_path).as_posix(),
+    }
+
+
+def write_index(results_dir: str | Path) -> Path:
+    """Rewrite ``<results_dir>/index.csv`` from every record under it (sorted by date, then path; relative paths)."""
+    root = Path(results_dir)
+    records = sorted(read_records(root), key=lambda r: (r.get("date", ""), r["_path"]))
+    index = root / "index.csv"
+    with index.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=INDEX_FIELDS)
+        writer.writeheader()
+        for rec in records:
+            writer.writerow(index_row(rec, Path(rec["_path"]).relative_to(root)))
+    return index
 
 
 def read_records(results_dir: str | Path) -> list[dict[str, Any]]:
