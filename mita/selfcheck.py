@@ -1,10 +1,12 @@
 """Self-check: run every registered attention on the CPU and print a table.
 
 For each attention: parameter count, output shape, whether the output is finite, whether the backward reaches
-every parameter, and its agreement with a reference computed from the same weights:
-MiTA layers against ``naive_mita`` (fp32 reference), and the layers that reduce to full attention in a
-degenerate setting (``full``; ``topk`` with k = N; ``moba`` with every block selected) against plain softmax
-attention. Exits non-zero if any check fails.
+every parameter, and its agreement with a reference computed from the same weights in float64 by other code:
+MiTA layers against the layer's projections, ``torch.nn.AdaptiveAvgPool2d`` landmarks and the dense rank-counting
+formulation (``mita.ops.mita.dense_ref``); the layers that reduce to full attention in a degenerate setting
+(``full``; ``topk`` with k = N; ``moba`` with every block selected) against plain softmax attention; Agent
+attention against its published formula written out here; ReLU linear attention against its quadratic form.
+Exits non-zero if any check fails; an attention with no reference shows "-" as its error and fails.
 
 Usage: ``python -m mita.selfcheck [--dim 64] [--heads 4] [--grid 8] [--batch 2]``
 """
@@ -46,12 +48,69 @@ def _clone64(layer: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(layer).double()
 
 
+def mita_layer_reference(layer: AttentionBase, x: torch.Tensor) -> torch.Tensor:
+    """A MiTA layer's output from its own projections, adaptive-average-pooled landmarks and the dense formulation
+    (float64); no code of the layer's forward, the pooling or the operator is shared."""
+    from mita.ops.landmarks import landmark_grid
+    from mita.ops.mita.dense_ref import dense_mita
+
+    L = _clone64(layer)
+    if L.dwc is not None or L.gate_proj is not None or L.landmark_layout == "1d":
+        raise ValueError("mita_layer_reference: 2D landmarks without dwc or gate only")
+    q, k, v = L.split_qkv(x.double())[:3]
+    B, H, N, d = q.shape
+    (h, w), p = L.grid_size, L.num_prefix_tokens
+    start = 0 if L.landmark_layout == "official" else p  # "official": the first h*w tokens, CLS included
+    grid = q[:, :, start : start + h * w].reshape(B * H, h, w, d).permute(0, 3, 1, 2)
+    ph, pw = landmark_grid(L.m)
+    R = torch.nn.AdaptiveAvgPool2d((ph, pw))(grid).permute(0, 2, 3, 1).reshape(B, H, ph * pw, d)
+    o = dense_mita(
+        q, k, v, R, L.k, experts_per_query=L.experts_per_query, shared=not L.routing_only,
+        shared_scale=L.shared_scale, scale=L.scale,
+    )
+    return L.output(L.merge_heads(o))
+
+
+def agent_reference(layer: AttentionBase, x: torch.Tensor) -> tuple[torch.Tensor, AttentionBase]:
+    """Agent attention (Han et al. 2024) written out: agents A = adaptive-average-pooled patch queries,
+    O = softmax(Q A^T s) softmax(A K^T s) V, plus the depth-wise conv of the value map on the patches (``agent``).
+    Returns (reference, the layer in float64 with its agent biases zeroed): the formula has no position biases.
+    """
+    import math
+
+    L = _clone64(layer)
+    if L.agent_bias:
+        with torch.no_grad():
+            for prm in (L.an_bias, L.na_bias, L.ac_bias, L.ca_bias):
+                prm.zero_()
+    q, k, v = L.split_qkv(x.double())[:3]
+    B, H, N, d = q.shape
+    (h, w), p = L.grid_size, L.num_prefix_tokens
+    side = math.isqrt(L.agent_num)
+    grid = q[:, :, p:].reshape(B * H, h, w, d).permute(0, 3, 1, 2)
+    agents = torch.nn.AdaptiveAvgPool2d(side)(grid).permute(0, 2, 3, 1).reshape(B, H, side * side, d)
+    agent_v = torch.softmax(agents @ k.transpose(-1, -2) * L.scale, dim=-1) @ v
+    o = L.merge_heads(torch.softmax(q @ agents.transpose(-1, -2) * L.scale, dim=-1) @ agent_v)
+    if L.dwc is not None:
+        v_map = L.merge_heads(v)[:, p:].transpose(1, 2).reshape(B, -1, h, w)
+        o = torch.cat([o[:, :p], o[:, p:] + L.dwc(v_map).flatten(2).transpose(1, 2)], dim=1)
+    return L.output(o), L
+
+
+def linear_reference(layer: AttentionBase, x: torch.Tensor) -> torch.Tensor:
+    """ReLU linear attention as the quadratic form: weights relu(q_i) . relu(k_j), each row divided by its sum
+    plus eps (float64, N x N), from the layer's projections."""
+    L = _clone64(layer)
+    q, k, v = L.split_qkv(x.double())[:3]
+    weights = torch.relu(q) @ torch.relu(k).transpose(-1, -2)
+    o = (weights @ v) / (weights.sum(dim=-1, keepdim=True) + L.eps)
+    return L.output(L.merge_heads(o))
+
+
 def _reference(name: str, layer: AttentionBase, x: torch.Tensor, n_tokens: int):
     """(description, reference output) for layers with an exact reference, else (reason, None)."""
     if name in ("mita", "mita_routing"):
-        ref_layer = _clone64(layer)
-        ref_layer.backend = "naive"
-        return "naive_mita (fp64)", ref_layer(x.double())
+        return "pooled landmarks + dense MiTA (fp64)", mita_layer_reference(layer, x)
     if name == "full":
         return "softmax attention", full_attention_reference(layer, x)
     if name == "topk":
@@ -62,7 +121,12 @@ def _reference(name: str, layer: AttentionBase, x: torch.Tensor, n_tokens: int):
         dense = _clone64(layer)
         dense.topk_blocks = 10**6
         return "all blocks vs softmax attention", full_attention_reference(layer, x), dense
-    return "no exact reference", None
+    if name in ("agent", "agent_minus"):
+        ref, zero_bias = agent_reference(layer, x)
+        return "agent biases 0 vs the formula (fp64)", ref, zero_bias
+    if name == "linear":
+        return "N x N ReLU kernel form (fp64)", linear_reference(layer, x)
+    return "no reference", None
 
 
 def check_attention(name: str, dim: int, heads: int, grid: int, batch: int, seed: int = 0) -> dict:
@@ -91,8 +155,7 @@ def check_attention(name: str, dim: int, heads: int, grid: int, batch: int, seed
             checked = ref[2](x.double()) if len(ref) == 3 else out.double()
             row.update(reference=ref[0], max_err=(checked - ref[1]).abs().max().item())
     row["ok"] = row["finite"] and row["grads"] and row["shape"] == (batch, n_tokens, dim)
-    if row["max_err"] is not None:
-        row["ok"] = row["ok"] and row["max_err"] < 1e-4
+    row["ok"] = row["ok"] and row["max_err"] is not None and row["max_err"] < 1e-4
     return row
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from mita_dense_ref import _rank
+from mita.ops.mita.dense_ref import _rank
 
 import mita  # noqa: F401  (registers the timm entrypoints)
 from mita.analysis import (

@@ -184,3 +184,19 @@ def test_mita_patches_layout_with_registers_and_non_square_grid():
     layer.num_prefix_tokens = 5
     out = layer(torch.randn(2, 5 + 4 * 6, 32), grid=(4, 6))
     assert out.shape == (2, 29, 32) and torch.isfinite(out).all()
+
+
+def test_selfcheck_catches_a_layer_bug_that_its_own_naive_backend_would_share(monkeypatch):
+    import mita.layers.mita as mita_layer
+
+    assert check_attention("mita", dim=32, heads=2, grid=6, batch=2)["ok"]
+    real = mita_layer.pool_landmarks
+    monkeypatch.setattr(mita_layer, "pool_landmarks", lambda *a, **kw: real(*a, **kw) * 1.5)
+    row = check_attention("mita", dim=32, heads=2, grid=6, batch=2)
+    assert not row["ok"] and row["max_err"] > 1e-3
+
+
+@pytest.mark.parametrize("name", ["agent", "agent_minus", "linear"])
+def test_selfcheck_has_a_reference_for_every_baseline(name):
+    row = check_attention(name, dim=32, heads=2, grid=6, batch=2)
+    assert row["max_err"] is not None and row["max_err"] < 1e-6 and row["ok"], row

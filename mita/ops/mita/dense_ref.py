@@ -1,4 +1,4 @@
-"""A second, independent formulation of MiTA for the tests: dense softmax over m + N columns.
+"""A second, independent formulation of MiTA (tests and the self-check): dense softmax over m + N columns.
 
 Expert membership and routing come from explicit rank counting (no sorting, no top-k), and routed keys are
 columns of the full key set weighted by how many of the query's experts hold them (a key held by two experts
