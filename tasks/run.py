@@ -20,8 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 from tasks.common.callbacks import BestTracker, RunClock
 from tasks.common.config import CONFIG_DIR as CONFIG_PATH
 from tasks.common.config import register_resolvers
+from tasks.common.quiet import silence_known_noise
 
 register_resolvers()
+silence_known_noise()
 
 CONFIG_DIR = str(CONFIG_PATH)
 
@@ -253,7 +255,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             smoke=bool(cfg.get("smoke", False)),
             segments=segments,
         )
-        print(f"run record: {record_path}", file=sys.stderr)
+    if trainer.is_global_zero:
+        print(
+            summary_line(cfg, metrics, int(trainer.global_step), fit_elapsed + time.time() - fit_end, record_path),
+            file=sys.stderr,
+        )
     return {
         "metrics": metrics,
         "record": record_path,
@@ -261,6 +267,24 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "resumed_from": ckpt_path,
         "trainer": trainer,
     }
+
+
+def summary_line(cfg: DictConfig, metrics: dict[str, Any], steps: int, wall_s: float, record: Any) -> str:
+    """``done: <experiment>: <reported metric> ..., <steps> steps in <time>; record <path>`` (one line)."""
+    shown = []
+    report = cfg.get("report")
+    keys = [str(report.key)] if report else []
+    keys += [k for k in ("val/acc1", "test/acc1", "val/loss", "test/loss") if k not in keys]
+    for key in keys:
+        value = metrics.get(key)
+        if value is None:
+            continue
+        scale = float(report.get("scale", 1.0)) if report and key.endswith("acc1") else 1.0
+        shown.append(f"{key} {float(value) * scale:.{1 if scale != 1.0 else 4}f}")
+    where = f"; record {record}" if record else ""
+    minutes, seconds = divmod(int(round(wall_s)), 60)
+    took = f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
+    return f"done: {cfg.name}: {', '.join(shown) or 'no metrics'}; {steps} steps in {took}{where}"
 
 
 def group_choices(group: str) -> list[str]:
