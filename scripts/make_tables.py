@@ -24,6 +24,7 @@ import argparse
 import csv
 import functools
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -581,28 +582,63 @@ README_END = "<!-- generated tables: end -->"
 README_ORDER = ["main", "A", "B", "C", "D", "E", "F", "G"]
 
 
-def update_readme(readme: Path, table_dir: Path) -> bool:
-    """Replace the text between README_BEGIN and README_END in ``readme`` with the tables in ``table_dir``.
+def _first_table(text: str) -> tuple[list[str], list[list[str]]]:
+    """Header cells and data rows of the first markdown table in ``text``."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("| ")), None)
+    if start is None:
+        return [], []
 
-    Headings drop to level 4 and links are rewritten relative to the repository root. Returns False (and leaves
-    the file alone) when the markers are absent.
-    """
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip().strip("|").split(" | ")]
+
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("| "):
+            break
+        rows.append(cells(line))
+    return cells(lines[start]), rows
+
+
+def readme_summary(table_dir: Path, link_prefix: str) -> str:
+    """One line per table: its title, how many rows have a run, our numbers with the runs' dates and hardware,
+    and a link to the full table (provenance of every number, paper columns, other runs)."""
+    lines = [
+        "| table | rows with a run | ours (dates, hardware of the runs) | full table |",
+        "|---|---|---|---|",
+    ]
+    for path in sorted(
+        table_dir.glob("*.md"), key=lambda p: (README_ORDER.index(p.stem) if p.stem in README_ORDER else 99, p.stem)
+    ):
+        text = path.read_text()
+        title = text.splitlines()[0].lstrip("# ").strip() if text.strip() else path.stem
+        head, rows = _first_table(text)
+        ours = next((i for i, h in enumerate(head) if h.startswith("ours")), None)
+        prov = next((i for i, h in enumerate(head) if h == "provenance"), None)
+        ran = [r for r in rows if ours is not None and len(r) > ours and not r[ours].startswith(("not run", "—"))]
+        shown = []
+        for r in ran:
+            where = r[prov] if prov is not None and len(r) > prov else ""
+            dates = sorted(set(re.findall(r"\d{4}-\d{2}-\d{2}", where)))
+            hardware = sorted(set(re.findall(r"\d+x [A-Za-z][^,;)]*|CPU \(\d+ cores\)", where)))
+            span = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}" if dates else ""
+            shown.append(f"{r[0]}: {r[ours]} ({', '.join(x for x in (span, *hardware) if x)})")
+        count = f"{len(ran)} of {len(rows)}" if rows else "—"
+        lines.append(f"| {title} | {count} | {'; '.join(shown) or '—'} | [{path.name}]({link_prefix}/{path.name}) |")
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, table_dir: Path) -> bool:
+    """Replace the text between README_BEGIN and README_END in ``readme`` with a summary of the tables in
+    ``table_dir`` (links relative to the README). Returns False (and leaves the file alone) when the markers are
+    absent."""
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         return False
-    parts = []
-    for table in sorted(
-        table_dir.glob("*.md"), key=lambda p: (README_ORDER.index(p.stem) if p.stem in README_ORDER else 99, p.stem)
-    ):
-        results = table_dir.resolve().parent.relative_to(readme.resolve().parent).as_posix()
-        body = table.read_text().replace("](../", f"]({results}/")
-        lines = body.splitlines()
-        if lines and lines[0].startswith("# "):
-            lines[0] = "#### " + lines[0][2:]
-        parts.append("\n".join(lines))
+    prefix = table_dir.resolve().relative_to(readme.resolve().parent).as_posix()
     head, rest = text.split(README_BEGIN, 1)
     tail = rest.split(README_END, 1)[1]
-    new = head + README_BEGIN + "\n\n" + "\n\n".join(parts) + "\n\n" + README_END + tail
+    new = head + README_BEGIN + "\n\n" + readme_summary(table_dir, prefix) + "\n\n" + README_END + tail
     if new != text:
         readme.write_text(new)
     return True

@@ -310,22 +310,27 @@ def test_tables_are_byte_identical_across_builds_and_clones(tmp_path, monkeypatc
     shutil.copytree(first / "results" / "runs", clone / "results" / "runs")
     assert _build_all(clone) == once
     text = once["README.md"].decode()
-    assert str(tmp_path) not in text and "(results/runs/lra/listops-mita/" in text
+    assert str(tmp_path) not in text and "[D.md](results/tables/D.md)" in text
     assert "](../runs/lra/listops-mita/" in once["results/tables/D.md"].decode()
 
 
-def test_readme_block_is_replaced_and_links_rewritten(tmp_path):
+def test_readme_block_summarises_each_table_with_its_run_rows(tmp_path):
     tables = tmp_path / "results" / "tables"
     tables.mkdir(parents=True)
-    (tables / "A.md").write_text("# Table A\n\n| a | [record](../runs/x.json) |\n")
+    (tables / "A.md").write_text(
+        "# Table A: one\n\n| row | experiment | ours | provenance |\n|---|---|---|---|\n"
+        "| Row 1 | `a/x` | 71.2 | 2026-12-01, 0123abcd, 8x NVIDIA H200, 100 epochs ([record](../runs/x.json)) |\n"
+        "| Row 2 | `a/y` | not run | not run |\n\nA note.\n"
+    )
     (tables / "main.md").write_text("# Main\n")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{make_tables.README_BEGIN}\nold\n{make_tables.README_END}\noutro\n")
     assert make_tables.update_readme(readme, tables)
     text = readme.read_text()
     assert "old" not in text and text.startswith("intro") and text.rstrip().endswith("outro")
-    assert text.index("#### Main") < text.index("#### Table A")
-    assert "(results/runs/x.json)" in text
+    assert text.index("| Main |") < text.index("| Table A: one |")
+    assert "| Table A: one | 1 of 2 | Row 1: 71.2 (2026-12-01, 8x NVIDIA H200) | [A.md](results/tables/A.md) |" in text
+    assert "| Main | — | — | [main.md](results/tables/main.md) |" in text
     assert make_tables.update_readme(readme, tables) and readme.read_text() == text
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
