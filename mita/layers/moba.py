@@ -67,10 +67,16 @@ def moba_attention(
     block_keys = torch.einsum("bjn,bhnd->bhjd", member, k) / count.clamp(min=1).to(k.dtype)[:, None, :, None]
     kk = min(topk_blocks, num_blocks)
 
+    # Each key's column in a per-query table of additive biases: its routed block, ALWAYS (0: attended by every
+    # query) or PADDED (-inf); [B, N], so one gather writes the chunk's [B, H, c, N] bias for SDPA (a float mask
+    # runs faster there than a bool one, and the bool mask would be converted to it anyway).
+    always_col, padded_col = num_blocks, num_blocks + 1
+    columns = torch.where(valid, torch.where(always, always_col, routed_ids)[None, :], padded_col)
     outputs = []
     for q_chunk in q.split(chunk, dim=-2):
-        # [B, H, c, N]: keys this chunk's queries may attend.
-        allowed = always.expand(*q_chunk.shape[:-1], N)
+        c = q_chunk.shape[-2]
+        table = torch.full((B, H, c, num_blocks + 2), float("-inf"), dtype=q.dtype, device=q.device)
+        table[..., always_col] = 0.0
         if num_blocks > 0:
             # [B, H, c, nb]
             route = (q_chunk.detach() @ block_keys.detach().transpose(-2, -1)).masked_fill(
@@ -78,9 +84,9 @@ def moba_attention(
             )
             idx = route.topk(kk, dim=-1).indices
             chosen = torch.zeros_like(route, dtype=torch.bool).scatter_(-1, idx, True) & block_ok[:, None, None, :]
-            allowed = allowed | (chosen[..., routed_ids] & ~always)
-        allowed = allowed & valid[:, None, None, :]
-        outputs.append(masked_sdpa(q_chunk, k, v, allowed, scale, dropout_p))
+            table[..., :num_blocks].masked_fill_(chosen, 0.0)
+        bias = torch.gather(table, -1, columns[:, None, None, :].expand(B, H, c, N))
+        outputs.append(masked_sdpa(q_chunk, k, v, bias, scale, dropout_p))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 

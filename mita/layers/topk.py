@@ -26,11 +26,11 @@ def query_chunk(batch_heads: int, n_queries: int, n_keys: int, chunk_size: int |
 
 
 def masked_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float, dropout_p: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float, dropout_p: float
 ) -> torch.Tensor:
-    """Softmax attention of q [B, H, c, d] over the keys that ``allowed`` [B, H, c, M] (bool) marks, on SDPA's
-    fused kernels (every row must allow at least one key)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=scale)
+    """Softmax attention of q [B, H, c, d] over the keys whose additive ``bias`` [B, H, c, M] (q's dtype) is 0, not
+    -inf, on SDPA's fused kernels (every row must allow at least one key)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
 def topk_attention(
@@ -79,12 +79,13 @@ def topk_attention(
             if key_padding_mask is not None:
                 scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
             idx = scores.topk(kk, dim=-1).indices
-            keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, idx, True)
+            # Additive bias: 0 on the selected keys, -inf elsewhere (SDPA runs a float mask faster than a bool one).
+            bias = torch.full_like(scores, float("-inf"), dtype=q.dtype).scatter_(-1, idx, 0.0)
             # Padded keys score -inf, so they are picked only when fewer than kk keys are valid; drop them then.
             if key_padding_mask is not None:
-                keep &= ~key_padding_mask[:, None, None, :]
+                bias.masked_fill_(key_padding_mask[:, None, None, :], float("-inf"))
             del scores
-        outputs.append(masked_sdpa(q_chunk, k, v, keep, scale, dropout_p))
+        outputs.append(masked_sdpa(q_chunk, k, v, bias, scale, dropout_p))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 
