@@ -112,31 +112,46 @@ def test_reproduce_sh_rejects_unknown_tables():
     assert proc.returncode == 2 and "unknown argument" in proc.stderr
 
 
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tasks.run", *args], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+def _run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """``python -m tasks.run ARGS`` in this process (the check runs before Hydra): exit code and stderr."""
+    import tasks.run
+
+    monkeypatch.setattr(sys, "argv", ["tasks/run.py", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        tasks.run.main()
+    return exit_info.value.code, capsys.readouterr().err
 
 
-def test_unknown_attention_is_one_line_naming_the_known_ones():
-    proc = _run_cli("attention=nope")
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+def test_unknown_attention_is_one_line_naming_the_known_ones(monkeypatch, capsys):
+    code, err = _run_cli(monkeypatch, capsys, "attention=nope")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     known = sorted(p.stem for p in (CONFIGS / "attention").glob("*.yaml"))
     assert "'nope'" in lines[0] and lines[0].endswith(", ".join(known))
 
 
-def test_unknown_experiment_is_one_line_with_existing_near_names():
+def test_unknown_experiment_is_one_line_with_existing_near_names(monkeypatch, capsys):
     for value, expected in (("lra/listops-ful", "lra/listops-full"), ("does/not_exist", None)):
-        proc = _run_cli(f"experiment={value}")
-        assert proc.returncode == 2
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1, proc.stderr
+        code, err = _run_cli(monkeypatch, capsys, f"experiment={value}")
+        assert code == 2
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
         near = lines[0].split("nearest: ")[1].split(", ")
         assert near and all((CONFIGS / "experiment" / f"{n}.yaml").exists() for n in near)
         if expected:
             assert near[0] == expected
+
+
+def test_cli_prints_the_one_line_error_in_a_real_process():
+    proc = subprocess.run(
+        [sys.executable, "-m", "tasks.run", "trainer=nope"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "config error: unknown trainer 'nope'; known trainer configs: "
+        + ", ".join(sorted(p.stem for p in (CONFIGS / "trainer").glob("*.yaml")))
+    ]
 
 
 def test_group_check_passes_valid_sweeps_and_dotted_keys():

@@ -67,10 +67,12 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
     "sweep,vals,extra",
     [
         ("block_top=1,2", ["1", "2"], []),
-        ("num_warps=4,8", ["4", "8"], []),
         ("fwd.bm_max=16,32", ["16", "32"], ["--backward"]),
-        ("fwd.shared_in_route=0,1", ["0", "1"], []),
-        ("route.bm=32,64", ["32", "64"], ["--set", "fwd.shared_in_route=1;route.bs=16"]),
+        # Launch options and non-default switches (the interpreter ignores warps): in the slow selection.
+        pytest.param("num_warps=4,8", ["4", "8"], [], marks=pytest.mark.slow),
+        pytest.param("fwd.shared_in_route=0,1", ["0", "1"], [], marks=pytest.mark.slow),
+        pytest.param("route.bm=32,64", ["32", "64"], ["--set", "fwd.shared_in_route=1;route.bs=16"],
+                     marks=pytest.mark.slow),
     ],
 )
 def test_ab_script_runs_on_cpu(sweep, vals, extra):
@@ -97,6 +99,7 @@ def test_ab_script_runs_on_cpu(sweep, vals, extra):
     assert diffs[0] == 0.0 and all(0.0 <= x < 0.05 for x in diffs)
 
 
+@pytest.mark.slow  # register caps and warps only, which the interpreter ignores: 2 min on 2 cores
 def test_ab_script_several_sweeps_on_cpu():
     """Several --sweep options in one ab_scan.py run: each setting's values in turn on the same point, register caps
     and the per-row kernels' warps included (launch options only: the same selection and output)."""

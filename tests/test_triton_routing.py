@@ -273,7 +273,7 @@ def _float_inputs(BH, M, N, d, seed, rho=0.0):
 @pytest.mark.parametrize(
     "N,M,ksel,cap,rho,pad,emit_top,eb",
     [
-        (2000, 8, 16, None, 0.0, False, None, None),
+        pytest.param(2000, 8, 16, None, 0.0, False, None, None, marks=pytest.mark.slow),
         (4096, 8, 32, None, 0.0, True, 2, 16),
         (2048, 4, 64, 64, 0.0, False, 3, 16),  # with a coarse start (12 bisection steps): rows overflow
         (2048, 8, 16, None, 0.95, False, None, None),
@@ -467,8 +467,12 @@ def test_exact_topk_fully_padded_row(block_top):
         assert _same_sets(got[0:1], _ref_topk(r[0:1], k[0:1], valid[0:1], 8))
 
 
-@pytest.mark.parametrize("bt", [2, 4])
-@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize(
+    "bt,pad",
+    # block_top is off by default; one case in the default selection, the others in the slow one.
+    [(2, True), pytest.param(2, False, marks=pytest.mark.slow), pytest.param(4, False, marks=pytest.mark.slow),
+     pytest.param(4, True, marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_exact_topk_block_top_start(monkeypatch, bt, pad):
     """Start from the bt largest scores of each key block: exact on the mixed rows (list fits, all ties, refinement,
     ties below the top keys), on integer scores with many ties across blocks, and on correlated tokens, with and
@@ -671,7 +675,8 @@ def _lse_ref(r, k, valid, scale):
     return torch.logsumexp(_lv_logits(r, k, valid, scale), -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("fused", [0, 1])
+# fused 0 (the separate landmark-value pass) is not the default: in the slow selection.
+@pytest.mark.parametrize("fused", [pytest.param(0, marks=pytest.mark.slow), 1])
 @pytest.mark.parametrize(
     "N,M,d,ksel,dtype,pad,small",
     [
