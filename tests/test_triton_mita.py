@@ -380,7 +380,9 @@ def test_supports_and_dispatch():
     assert "head dim 100" in triton_backend.supports(x, x, x, x[:, :, :2], 4)
     y = torch.randn(1, 1, 8, 32, dtype=torch.float64)
     assert "dtype" in triton_backend.supports(y, y, y, y[:, :, :2], 4)
-    triton_backend.register()
+    from mita.ops.mita.api import register_triton_backend
+
+    register_triton_backend(triton_backend)
     (q, k, v, r), _ = _inputs(1, 1, 32, 32, 4, torch.float32, seed=9)
     with torch.no_grad():
         out = mita_attention(q, k, v, r, 8, backend="triton")

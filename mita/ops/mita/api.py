@@ -49,7 +49,12 @@ def _load_optional_backends() -> None:
         from mita.ops.mita import triton_backend
     except ImportError:
         return
-    triton_backend.register()
+    register_triton_backend(triton_backend)
+
+
+def register_triton_backend(triton_backend) -> None:
+    """Register the Triton backend module's entry and support check under the name "triton"."""
+    register_backend("triton", triton_backend.triton_entry, triton_backend.supports)
 
 
 def list_backends() -> list[str]:

@@ -1,4 +1,5 @@
-"""Registers the fused Triton kernels as the MiTA backend "triton" (see triton_mita.py)."""
+"""The MiTA backend "triton" (the fused kernels of triton_mita.py): what it supports and its entry; registered by
+``mita.ops.mita.api`` when Triton imports."""
 
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ def supports(q: torch.Tensor, k=None, v=None, landmarks=None, topk=None, **kw) -
     return None
 
 
-def register() -> None:
-    """Register ``triton_mita`` with ``mita.ops.mita.api`` under the name "triton"."""
-    from mita.ops.mita.api import register_backend
+def triton_entry(q, k, v, landmarks, topk, **kw):
+    """The backend function: ``triton_mita`` (imported on first call, so that importing this module needs no
+    Triton)."""
     from mita.ops.mita.triton_mita import triton_mita
 
-    register_backend("triton", triton_mita, supports)
+    return triton_mita(q, k, v, landmarks, topk, **kw)
