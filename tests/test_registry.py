@@ -200,3 +200,24 @@ def test_selfcheck_catches_a_layer_bug_that_its_own_naive_backend_would_share(mo
 def test_selfcheck_has_a_reference_for_every_baseline(name):
     row = check_attention(name, dim=32, heads=2, grid=6, batch=2)
     assert row["max_err"] is not None and row["max_err"] < 1e-6 and row["ok"], row
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_geometry_is_a_constructor_argument(name):
+    layer = mita.create_attention(name, 32, 2, grid_size=(3, 4), num_prefix_tokens=5, **TINY_GRID_OPTIONS.get(name, {}))
+    assert layer.grid_size == (3, 4) and layer.num_prefix_tokens == 5
+    seq = mita.create_attention(name, 32, 2, grid_size=None, num_prefix_tokens=0, **SEQ_OPTIONS.get(name, {}))
+    assert seq.grid_size is None and seq.num_prefix_tokens == 0
+    with pytest.raises(ValueError, match="num_prefix_tokens"):
+        mita.create_attention(name, 32, 2, num_prefix_tokens=-1, **TINY_GRID_OPTIONS.get(name, {}))
+
+
+def test_lra_builder_uses_the_class_sequence_options():
+    from mita.models.lra import build_attention
+
+    layer = build_attention("mita", 32, 2, m=4, k=6, landmark_layout="official")
+    assert layer.landmark_layout == "1d" and layer.grid_size is None and layer.num_prefix_tokens == 0
+    agent = build_attention("agent_minus", 32, 2, agent_num=4)
+    assert agent.grid_size is None and agent.num_prefix_tokens == 0
+    x = torch.randn(2, 23, 32)
+    assert agent(x).shape == x.shape and layer(x).shape == x.shape

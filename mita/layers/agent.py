@@ -103,8 +103,13 @@ class AgentAttention(AttentionBase):
         dwc: bool = True,
         dwc_kernel: int = 3,
         bias_grid: int = 7,
+        grid_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 1,
     ) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer)
+        super().__init__(
+            dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer,
+            grid_size=grid_size, num_prefix_tokens=num_prefix_tokens,
+        )  # fmt: skip
         if agent_num < 1:
             raise ValueError(f"agent_num must be >= 1, got {agent_num}")
         if dwc_kernel < 1 or dwc_kernel % 2 == 0:
@@ -255,6 +260,8 @@ class AgentMinusAttention(AgentAttention):
         dwc: bool = False,
         dwc_kernel: int = 3,
         bias_grid: int = 7,
+        grid_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 1,
     ) -> None:
         super().__init__(
             dim,
@@ -270,4 +277,6 @@ class AgentMinusAttention(AgentAttention):
             dwc=dwc,
             dwc_kernel=dwc_kernel,
             bias_grid=bias_grid,
+            grid_size=grid_size,
+            num_prefix_tokens=num_prefix_tokens,
         )

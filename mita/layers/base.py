@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -30,7 +31,14 @@ class AttentionBase(nn.Module):
         proj_bias: bias on the output projection.
         norm_layer: the qk-norm layer class (None: LayerNorm).
         qkv_mult: width multiple of the qkv projection (3 for q, k, v; 4 when a layer adds a gate).
+        grid_size: the patch grid (h, w) of the tokens after the prefix; None: a square inferred from N at each
+            call (images), or no grid at all for sequences (with ``num_prefix_tokens=0``).
+        num_prefix_tokens: tokens before the patches (CLS, registers); 0 for sequences. Every registered
+            attention takes these two keywords.
     """
+
+    # Constructor options a layer needs on 1D sequences (no image grid), e.g. MiTA's 1D landmarks.
+    sequence_options: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Make every subclass accept what timm's ``Block`` passes (see ``_timm_compatible``)."""
@@ -51,6 +59,9 @@ class AttentionBase(nn.Module):
         proj_bias: bool = True,
         norm_layer: type[nn.Module] | None = None,
         qkv_mult: int = 3,
+        *,
+        grid_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 1,
     ) -> None:
         super().__init__()
         if num_heads < 1 or dim % num_heads != 0:
@@ -67,9 +78,15 @@ class AttentionBase(nn.Module):
         self.attn_drop_p = float(attn_drop)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
-        # Token layout, set by the model that owns the layer (None: infer a square grid).
-        self.grid_size: tuple[int, int] | None = None
-        self.num_prefix_tokens: int = 1
+        # Token layout: the patch grid (None: a square inferred from N at each call, or no grid for sequences) and
+        # the tokens before the patches (CLS, registers; 0 for sequences). Models that change the input size may
+        # set them again later (timm's set_input_size).
+        if grid_size is not None and (len(grid_size) != 2 or min(grid_size) < 1):
+            raise ValueError(f"grid_size must be None or (h, w) with h, w >= 1, got {grid_size!r}")
+        if num_prefix_tokens < 0:
+            raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
+        self.grid_size: tuple[int, int] | None = None if grid_size is None else (int(grid_size[0]), int(grid_size[1]))
+        self.num_prefix_tokens: int = int(num_prefix_tokens)
         # Rotary position embedding applied to q and k after their norms, set by models that use one (ViT-5).
         self.rope: nn.Module | None = None
 

@@ -70,8 +70,13 @@ class FullAttention(AttentionBase):
         norm_layer: type[nn.Module] = nn.LayerNorm,
         sdpa_backend: str = "auto",
         use_flash_attn: bool | None = None,
+        grid_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 1,
     ) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer)
+        super().__init__(
+            dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer,
+            grid_size=grid_size, num_prefix_tokens=num_prefix_tokens,
+        )  # fmt: skip
         if sdpa_backend not in SDPA_BACKENDS:
             raise ValueError(f"sdpa_backend must be one of {sorted(SDPA_BACKENDS)}, got {sdpa_backend!r}")
         self.sdpa_backend = sdpa_backend

@@ -68,10 +68,15 @@ class LinearAttention(AttentionBase):
         proj_bias: bool = True,
         norm_layer: type[nn.Module] = nn.LayerNorm,
         eps: float = 1e-6,
+        grid_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 1,
     ) -> None:
         if attn_drop != 0.0:
             raise ValueError(f"attn_drop: linear attention forms no attention matrix to drop, got {attn_drop}")
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer)
+        super().__init__(
+            dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer,
+            grid_size=grid_size, num_prefix_tokens=num_prefix_tokens,
+        )  # fmt: skip
         self.eps = eps
 
     def forward(

@@ -71,6 +71,8 @@ class MiTAAttention(AttentionBase):
     operator's selection; ``-1`` marks an empty slot when fewer than k keys are valid). See ``mita.analysis``.
     """
 
+    sequence_options = {"landmark_layout": "1d"}
+
     def __init__(
         self,
         dim: int,
@@ -90,8 +92,13 @@ class MiTAAttention(AttentionBase):
         dwc: bool = False,
         gate: bool = False,
         backend: str | None = None,
+        grid_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 1,
     ) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer)
+        super().__init__(
+            dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer,
+            grid_size=grid_size, num_prefix_tokens=num_prefix_tokens,
+        )  # fmt: skip
         if attn_drop:
             raise ValueError(
                 f"attn_drop must be 0 for MiTA attention (no dropout on its probabilities), got {attn_drop}"

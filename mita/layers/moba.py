@@ -173,8 +173,13 @@ class MoBAAttention(AttentionBase):
         topk_blocks: int = 3,
         prefix_block: str = "always",
         chunk_size: int | None = None,
+        grid_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 1,
     ) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer)
+        super().__init__(
+            dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer,
+            grid_size=grid_size, num_prefix_tokens=num_prefix_tokens,
+        )  # fmt: skip
         window_size = (window_size, window_size) if isinstance(window_size, int) else tuple(window_size)
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")

@@ -116,8 +116,13 @@ class TopkAttention(AttentionBase):
         norm_layer: type[nn.Module] = nn.LayerNorm,
         k: int = 64,
         chunk_size: int | None = None,
+        grid_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 1,
     ) -> None:
-        super().__init__(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer)
+        super().__init__(
+            dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer,
+            grid_size=grid_size, num_prefix_tokens=num_prefix_tokens,
+        )  # fmt: skip
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         query_chunk(1, 1, 1, chunk_size)

@@ -5,14 +5,14 @@ attention: token + learned position embeddings, 2 pre-LN blocks of width 64 with
 dropout 0.1, a final LayerNorm, MEAN pooling over the valid tokens and a Linear-ReLU-Linear head. Retrieval
 is a dual encoder: one shared encoder for both documents, the head on ``[x1, x2, x1 * x2, x1 - x2]``.
 
-The attention is built with :func:`mita.registry.create_attention`; the encoder sets ``grid_size = None`` and
-``num_prefix_tokens = 0`` on every layer, so layers that pool (MiTA landmarks, Agent agents, MoBA blocks) work
-on 1D segments of the valid tokens, and it passes the padding mask to every layer. Inputs are right-padded.
+The attention is built with :func:`mita.registry.create_attention` with ``grid_size=None``,
+``num_prefix_tokens=0`` and its class's ``sequence_options``, so layers that pool (MiTA landmarks, Agent
+agents, MoBA blocks) work on 1D segments of the valid tokens; the padding mask goes to every layer. Inputs are
+right-padded.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,20 +49,12 @@ class Block(nn.Module):
 
 
 def build_attention(name: str, dim: int, num_heads: int, **kwargs) -> nn.Module:
-    """A registered attention laid out for 1D sequences (no grid, no prefix tokens).
-
-    A sequence has no image grid, so layers that take a ``landmark_layout`` (MiTA) always get ``"1d"``, whatever
-    the attention config group says (its default is the 2D reference layout).
-    """
+    """A registered attention laid out for 1D sequences: no grid, no prefix tokens, and the class's own
+    ``sequence_options`` (MiTA: ``landmark_layout="1d"``, whatever the attention config group says, whose default
+    is the 2D reference layout)."""
     cls = get_attention_class(name)
-    # Subclasses may forward **kwargs to a parent that owns the option, so look along the MRO.
-    takes_layout = any("landmark_layout" in inspect.signature(c.__init__).parameters for c in cls.__mro__[:-1])
-    if takes_layout:
-        kwargs["landmark_layout"] = "1d"
-    layer = create_attention(name, dim, num_heads, **kwargs)
-    layer.grid_size = None
-    layer.num_prefix_tokens = 0
-    return layer
+    kwargs = {**kwargs, **cls.sequence_options, "grid_size": None, "num_prefix_tokens": 0}
+    return create_attention(name, dim, num_heads, **kwargs)
 
 
 class LRAEncoder(nn.Module):

@@ -59,10 +59,8 @@ def points(max_n: int) -> list[dict]:
 def build(name: str, opts: dict, p: dict) -> torch.nn.Module:
     """Attention ``name`` for point ``p``: at 1D points without prefix tokens (Agent Attention and MoBA then use
     their 1D layouts: segment-mean agents, contiguous key blocks)."""
-    layer = create_attention(name, p["H"] * p["d"], p["H"], **opts)
-    if p["layout"] == "1d":
-        layer.num_prefix_tokens = 0
-    return layer
+    geometry = {"num_prefix_tokens": 0} if p["layout"] == "1d" else {}
+    return create_attention(name, p["H"] * p["d"], p["H"], **opts, **geometry)
 
 
 def layer_options(name: str, p: dict) -> dict:
