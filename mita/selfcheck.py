@@ -48,6 +48,15 @@ def _clone64(layer: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(layer).double()
 
 
+def _adaptive_pool_grid(q: torch.Tensor, start: int, grid: tuple[int, int], bins: tuple[int, int]) -> torch.Tensor:
+    """``torch.nn.AdaptiveAvgPool2d`` of the h x w tokens of q [B, H, N, d] from ``start`` into ph x pw bins ->
+    [B, H, ph * pw, d] (row-major bins)."""
+    B, H, _, d = q.shape
+    (h, w), (ph, pw) = grid, bins
+    maps = q[:, :, start : start + h * w].reshape(B * H, h, w, d).permute(0, 3, 1, 2)
+    return torch.nn.AdaptiveAvgPool2d((ph, pw))(maps).permute(0, 2, 3, 1).reshape(B, H, ph * pw, d)
+
+
 def mita_layer_reference(layer: AttentionBase, x: torch.Tensor) -> torch.Tensor:
     """A MiTA layer's output from its own projections, adaptive-average-pooled landmarks and the dense formulation
     (float64); no code of the layer's forward, the pooling or the operator is shared."""
@@ -58,12 +67,8 @@ def mita_layer_reference(layer: AttentionBase, x: torch.Tensor) -> torch.Tensor:
     if L.dwc is not None or L.gate_proj is not None or L.landmark_layout == "1d":
         raise ValueError("mita_layer_reference: 2D landmarks without dwc or gate only")
     q, k, v = L.split_qkv(x.double())[:3]
-    B, H, N, d = q.shape
-    (h, w), p = L.grid_size, L.num_prefix_tokens
-    start = 0 if L.landmark_layout == "official" else p  # "official": the first h*w tokens, CLS included
-    grid = q[:, :, start : start + h * w].reshape(B * H, h, w, d).permute(0, 3, 1, 2)
-    ph, pw = landmark_grid(L.m)
-    R = torch.nn.AdaptiveAvgPool2d((ph, pw))(grid).permute(0, 2, 3, 1).reshape(B, H, ph * pw, d)
+    start = 0 if L.landmark_layout == "official" else L.num_prefix_tokens  # "official": the first h*w tokens
+    R = _adaptive_pool_grid(q, start, L.grid_size, landmark_grid(L.m))
     o = dense_mita(
         q, k, v, R, L.k, experts_per_query=L.experts_per_query, shared=not L.routing_only,
         shared_scale=L.shared_scale, scale=L.scale,
@@ -84,11 +89,10 @@ def agent_reference(layer: AttentionBase, x: torch.Tensor) -> tuple[torch.Tensor
             for prm in (L.an_bias, L.na_bias, L.ac_bias, L.ca_bias):
                 prm.zero_()
     q, k, v = L.split_qkv(x.double())[:3]
-    B, H, N, d = q.shape
+    B = q.shape[0]
     (h, w), p = L.grid_size, L.num_prefix_tokens
     side = math.isqrt(L.agent_num)
-    grid = q[:, :, p:].reshape(B * H, h, w, d).permute(0, 3, 1, 2)
-    agents = torch.nn.AdaptiveAvgPool2d(side)(grid).permute(0, 2, 3, 1).reshape(B, H, side * side, d)
+    agents = _adaptive_pool_grid(q, p, (h, w), (side, side))
     agent_v = torch.softmax(agents @ k.transpose(-1, -2) * L.scale, dim=-1) @ v
     o = L.merge_heads(torch.softmax(q @ agents.transpose(-1, -2) * L.scale, dim=-1) @ agent_v)
     if L.dwc is not None:
