@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from mita.ops.mita.dense_ref import _rank
 
 import mita  # noqa: F401  (registers the timm entrypoints)
 from mita.analysis import (
@@ -24,6 +23,7 @@ from mita.analysis import (
 )
 from mita.layers.mita import MiTAAttention
 from mita.ops.landmarks import pool_landmarks
+from mita.ops.mita.dense_ref import _rank
 from mita.registry import create_attention
 
 REPO = Path(__file__).resolve().parents[1]

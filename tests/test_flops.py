@@ -10,7 +10,6 @@ import torch.nn as nn
 import mita.models  # noqa: F401
 from mita.utils.flops import count_macs, count_params, mita_core_macs, model_gmacs
 
-
 C_S, DEPTH, PATCHES = 384, 12, 196  # ViT-S: width, blocks, 14 x 14 patches of 16 x 16 x 3
 
 
@@ -126,6 +125,7 @@ def test_scripts_flops_counts_an_experiment_file():
     params_m, gmacs = count_experiment("imagenet/deit_s-mita")
     assert gmacs == pytest.approx(vit_s_macs_by_hand(197, mita_core_by_hand(197, C_S, 25, 25)), rel=2e-3)
     # DeiT-S by hand: patch embedding, CLS, positions, 12 blocks (2 norms, qkv, proj, fc1, fc2), norm, head.
-    block = 2 * 2 * C_S + (C_S * 3 * C_S + 3 * C_S) + (C_S * C_S + C_S) + (C_S * 4 * C_S + 4 * C_S) + (4 * C_S * C_S + C_S)
+    norms, qkv, proj = 2 * 2 * C_S, C_S * 3 * C_S + 3 * C_S, C_S * C_S + C_S
+    block = norms + qkv + proj + (C_S * 4 * C_S + 4 * C_S) + (4 * C_S * C_S + C_S)
     params = (768 * C_S + C_S) + C_S + 197 * C_S + DEPTH * block + 2 * C_S + (C_S * 1000 + 1000)
     assert params_m == pytest.approx(params / 1e6, abs=1e-6)

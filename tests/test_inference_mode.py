@@ -6,19 +6,12 @@ import pytest
 import timm
 import torch
 
+# Small-grid options of every attention (the layers' defaults are for 197 tokens).
+from test_registry import TINY_GRID_OPTIONS as GRID_OPTIONS
+
 import mita
 from mita.models.vit import Rope2D
 from mita.ops import landmarks
-
-# Options for a 6 x 6 grid with one prefix token (the layers' defaults are for 197 tokens).
-GRID_OPTIONS = {
-    "mita": dict(m=4, k=5),
-    "mita_routing": dict(m=4, k=10),
-    "agent": dict(agent_num=4),
-    "agent_minus": dict(agent_num=4),
-    "moba": dict(window_size=2),
-    "topk": dict(k=5),
-}
 
 
 @pytest.fixture(autouse=True)

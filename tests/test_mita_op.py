@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mita.ops.mita.dense_ref import dense_mita
 
 from mita import mita_attention, naive_mita, pool_landmarks
 from mita.ops.landmarks import adaptive_pool_matrix
+from mita.ops.mita.dense_ref import dense_mita
 
 # (B, H, N, d, m, topk): awkward sizes, k above N, one token, m = 1.
 SHAPES = [

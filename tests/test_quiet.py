@@ -28,9 +28,11 @@ def test_known_warnings_are_ignored_and_others_raised():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         silence_known_noise()
-        warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory")
-        warnings.warn("Found 11 module(s) in eval mode at the start of training. This may lead to unexpected behavior")
-        warnings.warn("something new")
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory", stacklevel=1
+        )
+        warnings.warn("Found 11 module(s) in eval mode at the start of training. This may lead to bugs", stacklevel=1)
+        warnings.warn("something new", stacklevel=1)
     assert [str(w.message) for w in caught] == ["something new"]
 
 

@@ -202,7 +202,8 @@ def first_operator_baseline(root: Path) -> dict[str, dict[str, float]]:
     Returns:
         {split: {"n", "first_operator", "majority"}} for the splits present (train must be).
     """
-    splits = {s: read_tsv(root / f"basic_{s}.tsv") for s in ("train", "val", "test") if (root / f"basic_{s}.tsv").exists()}
+    paths = {s: root / f"basic_{s}.tsv" for s in ("train", "val", "test")}
+    splits = {s: read_tsv(path) for s, path in paths.items() if path.exists()}
     if "train" not in splits:
         raise FileNotFoundError(f"{root / 'basic_train.tsv'} is missing")
     by_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
