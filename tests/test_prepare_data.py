@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from script_loader import load_prepare_script
 
@@ -226,3 +228,17 @@ def test_listops_first_operator_baseline_on_hand_written_splits(tmp_path: Path, 
     listops.main(["--out", str(tmp_path), "--baseline"])
     out = capsys.readouterr().out.splitlines()
     assert out[1].split() == ["test", "n=", "4", "first-operator", "rule", "50.00%", "majority", "class", "25.00%"]
+
+
+def test_pathfinder_cnn_check_reads_the_split_and_reports(pathfinder_dir: Path, capsys) -> None:
+    cnn = load_prepare_script("pathfinder_cnn")
+    parts = cnn.PathfinderDataModule(str(pathfinder_dir), seed=0).load()
+    x, y = cnn.images(parts["val"], torch.device("cpu"))
+    # Tokens are pixel + 1; the check sees grey levels in [0, 1] with the background at 0 and some ink at 1.
+    assert x.shape == (len(parts["val"]), 1, 32, 32) and x.min() == 0.0 and x.max() == 1.0
+    assert set(y.tolist()) <= {0, 1}
+    assert cnn.make_cnn(width=8, depth=3)(x).shape == (len(y), 2)
+    cnn.main(["--root", str(pathfinder_dir), "--seconds", "0.5", "--batch", "8", "--eval-every", "1"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["val"] == len(parts["val"]) and report["train"] == len(parts["train"]) and report["steps"] >= 1
+    assert 0.0 <= report["best_val_acc"] <= 1.0 and report["history"][0][0] == 1

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole GPU test suite in one go: `pytest -m gpu` over tests/, spread over pytest-xdist workers (Triton
+# compilation is CPU-bound, so workers on the machine's cores share it; they share one Triton cache), with the
+# slowest tests listed. The log goes to OUT/<date>-<commit>.log, the form results/gpu_tests/ keeps.
+#
+#   MITA_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/gpu_suite.sh OUT [WORKERS] [TIMEOUT_S]
+set -o pipefail
+out=${1:?usage: gpu_suite.sh OUT [WORKERS] [TIMEOUT_S]}
+workers=${2:-12}
+limit=${3:-480}
+commit=${MITA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+mkdir -p "$out"
+log="$out/$(date -u +%F)-${commit:0:7}.log"
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache-suite}
+{
+  echo "# pytest -m gpu tests -n $workers (commit $commit, $(date -u +%FT%TZ))"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+  nproc | sed 's/^/cpu cores: /'
+} >"$log" 2>&1
+start=$(date +%s)
+timeout "$limit" python3 -m pytest -m gpu tests -n "$workers" -q -p no:cacheprovider -rfE --durations=15 >>"$log" 2>&1
+rc=$?
+echo "# exit $rc, wall $(( $(date +%s) - start )) s" >>"$log"
+tail -25 "$log"
+exit $rc
