@@ -13,6 +13,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+# GPU tests with a million-token row (any integer parameter at least this large) need tens of GiB each; under
+# pytest-xdist (`--dist loadgroup`, scripts/gpu/gpu_suite.sh) they share one worker so they never run side by side.
+LARGE_ROW = 1 << 20
+
+
 def pytest_collection_modifyitems(config, items):
     markexpr = config.getoption("-m") or ""
     run_slow = os.environ.get("RUN_SLOW") == "1" or "slow" in markexpr and "not slow" not in markexpr
@@ -23,6 +28,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_cuda)
         if "slow" in item.keywords and not run_slow:
             item.add_marker(not_slow)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "gpu" in item.keywords and any(type(v) is int and v >= LARGE_ROW for v in params.values()):
+            item.add_marker(pytest.mark.xdist_group("large_rows"))
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory(request):
+    """After a GPU test, hand its cached blocks back to the driver, so workers running side by side on one GPU do
+    not hold each other's peaks."""
+    yield
+    if "gpu" in request.keywords and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture

@@ -112,6 +112,7 @@ def test_capture_failure_is_reported_and_timing_recovers():
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive
 def test_queued_graph_timing_leaves_out_the_launch_latency():
     """cuda_graph_queued times a replay queued behind a spin kernel: for a graph of many tiny kernels (whose
     launch latency is a large part of an idle-GPU replay's interval) it reads less than the idle-GPU timing, and

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU test suite in one go: `pytest -m gpu` over tests/, spread over pytest-xdist workers (Triton
-# compilation is CPU-bound, so workers on the machine's cores share it; they share one Triton cache), with the
-# slowest tests listed. The log goes to OUT/<date>-<commit>.log, the form results/gpu_tests/ keeps.
+# compilation is CPU-bound, so workers on the machine's cores share it; they share one Triton cache; tests with
+# million-token rows share one worker, tests/conftest.py), then the `exclusive` tests (timing comparisons) alone,
+# with the slowest tests listed. The log goes to OUT/<date>-<commit>.log, the form results/gpu_tests/ keeps.
 #
 #   MITA_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/gpu_suite.sh OUT [WORKERS] [TIMEOUT_S]
 set -o pipefail
@@ -19,8 +20,13 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache
   nproc | sed 's/^/cpu cores: /'
 } >"$log" 2>&1
 start=$(date +%s)
-timeout "$limit" python3 -m pytest -m gpu tests -n "$workers" -q -p no:cacheprovider -rfE --durations=15 >>"$log" 2>&1
+pt="python3 -m pytest tests -q -p no:cacheprovider -rfE"
+timeout "$limit" $pt -m "gpu and not exclusive" -n "$workers" --dist loadgroup --durations=15 >>"$log" 2>&1
 rc=$?
+echo "# exclusive (alone on the GPU)" >>"$log"
+timeout 120 $pt -m "gpu and exclusive" >>"$log" 2>&1
+rc2=$?
+[ $rc -eq 0 ] && rc=$rc2
 echo "# exit $rc, wall $(( $(date +%s) - start )) s" >>"$log"
 tail -25 "$log"
 exit $rc
