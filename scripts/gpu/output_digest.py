@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from pathlib import Path
 
 import torch
 
-import mita
-from mita.ops.landmarks import pool_landmarks
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import mita  # noqa: E402
+from mita.ops.landmarks import pool_landmarks  # noqa: E402
 
 # (B, H, N, d, m, k, layout): DeiT-S, odd short rows, medium, long.
 CASES = [
