@@ -1,10 +1,10 @@
-"""Helpers of the benchmarks that run without a GPU (scripts/bench/common.py)."""
+"""Helpers of the benchmarks that run without a GPU (scripts/bench/common.py, make_report.py, bench_figf.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from script_loader import fresh_bench_script
+from script_loader import fresh_bench_script, load_bench_script
 
 
 @pytest.fixture
@@ -63,14 +63,19 @@ def test_report_orders_runs_by_number_and_labels_fused_mlp(report, tmp_path):
     assert report.full_curve([*rows, extra], series) == {65536: (4.5e6, "h200_run16"), 1048576: (2.6e5, "h200_run20")}
 
 
-def test_fused_mlp_gate_passes_and_can_fail(common, monkeypatch):
+@pytest.fixture
+def figf():
+    return load_bench_script("bench_figf")
+
+
+def test_fused_mlp_gate_passes_and_can_fail(figf, monkeypatch):
     """The gate bench_figf.py --fused-mlp runs (on the CPU the kernel runs under TRITON_INTERPRET=1)."""
     pytest.importorskip("triton")
-    from mita.ops import fused_mlp as fm
+    fm = figf
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
-    ok, msg = common.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
+    ok, msg = figf.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
     assert ok, msg
     # A kernel that dropped fc2's bias fails it.
     real = fm.residual_mlp_op
@@ -79,12 +84,12 @@ def test_fused_mlp_gate_passes_and_can_fail(common, monkeypatch):
         return real(x, a, ln_w, ln_b, eps, w1, b1, w2, None, tanh)
 
     monkeypatch.setattr(fm, "residual_mlp_op", no_b2)
-    ok, msg = common.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
+    ok, msg = figf.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
     assert not ok and "rel err" in msg
 
 
-def test_mlp_settings_parse_and_reject_unknown_keys(common):
-    assert common.mlp_settings("bh=32, reload=1") == {"bh": 32, "reload": 1}
-    assert common.mlp_settings("") == {}
+def test_mlp_settings_parse_and_reject_unknown_keys(figf):
+    assert figf.mlp_settings("bh=32, reload=1") == {"bh": 32, "reload": 1}
+    assert figf.mlp_settings("") == {}
     with pytest.raises(SystemExit, match="unknown fused MLP setting 'bhh'"):
-        common.mlp_settings("bhh=32")
+        figf.mlp_settings("bhh=32")
