@@ -301,8 +301,9 @@ def mlp_settings(text: str) -> dict[str, int]:
 def fused_mlp_correct(
     device: str = "cuda", dim: int = 128, hidden: int = 512, dtype: torch.dtype = torch.bfloat16
 ) -> tuple[bool, str]:
-    """Correctness gate of the fused MLP kernel above, which ``--fused-mlp`` puts in both models: ``dtype`` against the float32 modules at 1000 rows (not a multiple of its tile), within 1.5x of the
-    modules' own error in ``dtype``; also fails when the kernel cannot run these inputs (it would fall back to the
+    """Correctness gate of the fused MLP kernel above, which ``--fused-mlp`` puts in both models: ``dtype`` against
+    the float32 modules at 1000 rows (not a multiple of its tile), within 1.5x of the modules' own error in
+    ``dtype``; also fails when the kernel cannot run these inputs (it would fall back to the
     modules). (Under TRITON_INTERPRET=1 use float16: the interpreter truncates float32 -> bfloat16.)
 
     Returns:

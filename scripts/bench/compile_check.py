@@ -25,11 +25,11 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
+import bench_figf as fm  # noqa: E402  (the fused MLP kernel of Figure F's block)
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-import bench_figf as fm  # noqa: E402  (the fused MLP kernel of Figure F's block)
 from mita.ops.mita import triton_mita as tm  # noqa: E402
 from mita.ops.mita import triton_pool as tp  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
