@@ -82,7 +82,7 @@ if __name__ == "__main__":
 # stages, a register cap (0: none); ``erf_poly``: exact GELU's erf from an erfc fit (relative error below 1.2e-7, see
 # _gelu) instead of libdevice's erff; ``reload``: the residual x1 is parked in the output buffer and read back at the
 # end instead of being held in registers across the hidden loop. The defaults were the fastest of the settings timed
-# on the H200 (results/bench/h200_run16, calls 1-3; 1M rows of Figure F's block: 1.20 ms against 1.88 ms for
+# on the H200 (run 16, calls 1-3; 1M rows of Figure F's block: 1.20 ms against 1.88 ms for
 # PyTorch's modules through torch.compile and 1.34 ms for 64-column steps holding x1; 168 registers, 3 programs/SM).
 MLP_CONFIG: dict[str, int] = {"bm": 64, "bh": 32, "num_warps": 4, "num_stages": 3, "maxnreg": 0, "erf_poly": 1,
                               "reload": 1}  # fmt: skip

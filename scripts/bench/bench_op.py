@@ -194,7 +194,7 @@ def main() -> None:
         type=float,
         default=0.0,
         help="token correlation of q, k, v (AR(1) along N; 0: i.i.d.). Correlated tokens make the long-row top-k "
-        "take its refinement passes (scripts/bench/topk_overflow.py); writes op_bench_rho<rho>.csv",
+        "take its refinement passes (sweep.py --model models it); writes op_bench_rho<rho>.csv",
     )
     ap.add_argument(
         "--block-top",

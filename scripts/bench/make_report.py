@@ -61,7 +61,7 @@ TIMING_NOTE = (
     "(the GPU's execution time of one call, without that latency); +compile (Figure F) = both "
     "models run through torch.compile (bench_figf.py --compile); +compile(max-autotune-no-cudagraphs) = the same with "
     "inductor's GEMM autotuning (--compile-mode); +fused-mlp (Figure F) = both models run each block's residual add, "
-    "norm, MLP and residual add as one Triton kernel (bench_figf.py --fused-mlp, mita/ops/fused_mlp.py)."
+    "norm, MLP and residual add as one Triton kernel (bench_figf.py --fused-mlp)."
 )
 
 
