@@ -1,4 +1,4 @@
-"""Import the data-preparation scripts (scripts/prepare_data/*.py, not a package) once per process.
+"""Import the data-preparation and benchmark scripts (scripts/prepare_data/*.py, scripts/bench/*.py; not packages).
 
 Loading a script twice under one module name breaks pickling of its functions for multiprocessing (the pickled
 reference must be the object registered in sys.modules), so every test module goes through this cache.
@@ -30,4 +30,14 @@ def fresh_bench_script(monkeypatch, name: str) -> ModuleType:
     benchmark scripts import their sibling ``common`` that way); ``monkeypatch`` undoes the path change."""
     monkeypatch.syspath_prepend(str(ROOT / "scripts" / "bench"))
     sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+def load_bench_script(name: str) -> ModuleType:
+    """scripts/bench/<name>.py imported once per process under its own name, with scripts/bench on sys.path (for a
+    script that must exist once, such as bench_figf.py, whose fused MLP registers the custom op
+    ``mita::residual_mlp`` reading that module's MLP_CONFIG)."""
+    bench = str(ROOT / "scripts" / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
     return importlib.import_module(name)

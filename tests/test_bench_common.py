@@ -1,10 +1,10 @@
-"""Helpers of the benchmarks that run without a GPU (scripts/bench/common.py)."""
+"""Helpers of the benchmarks that run without a GPU (scripts/bench/common.py, make_report.py, bench_figf.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from script_loader import fresh_bench_script
+from script_loader import fresh_bench_script, load_bench_script
 
 
 @pytest.fixture
@@ -63,14 +63,19 @@ def test_report_orders_runs_by_number_and_labels_fused_mlp(report, tmp_path):
     assert report.full_curve([*rows, extra], series) == {65536: (4.5e6, "h200_run16"), 1048576: (2.6e5, "h200_run20")}
 
 
-def test_fused_mlp_gate_passes_and_can_fail(common, monkeypatch):
+@pytest.fixture
+def figf():
+    return load_bench_script("bench_figf")
+
+
+def test_fused_mlp_gate_passes_and_can_fail(figf, monkeypatch):
     """The gate bench_figf.py --fused-mlp runs (on the CPU the kernel runs under TRITON_INTERPRET=1)."""
     pytest.importorskip("triton")
-    from mita.ops import fused_mlp as fm
+    fm = figf
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
-    ok, msg = common.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
+    ok, msg = figf.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
     assert ok, msg
     # A kernel that dropped fc2's bias fails it.
     real = fm.residual_mlp_op
@@ -79,12 +84,45 @@ def test_fused_mlp_gate_passes_and_can_fail(common, monkeypatch):
         return real(x, a, ln_w, ln_b, eps, w1, b1, w2, None, tanh)
 
     monkeypatch.setattr(fm, "residual_mlp_op", no_b2)
-    ok, msg = common.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
+    ok, msg = figf.fused_mlp_correct(device, dim=32, hidden=64, dtype=dtype)
     assert not ok and "rel err" in msg
 
 
-def test_mlp_settings_parse_and_reject_unknown_keys(common):
-    assert common.mlp_settings("bh=32, reload=1") == {"bh": 32, "reload": 1}
-    assert common.mlp_settings("") == {}
+def test_mlp_settings_parse_and_reject_unknown_keys(figf):
+    assert figf.mlp_settings("bh=32, reload=1") == {"bh": 32, "reload": 1}
+    assert figf.mlp_settings("") == {}
     with pytest.raises(SystemExit, match="unknown fused MLP setting 'bhh'"):
-        common.mlp_settings("bhh=32")
+        figf.mlp_settings("bhh=32")
+
+
+def test_report_add_run_updates_history_and_current_csvs(report, tmp_path):
+    """make_report.py --add-run: a run's CSVs go to history.csv (run, benchmark, source, commit first) and become
+    the current CSVs of their benchmarks; then README.md and figf.png are regenerated from them."""
+    env = "date,gpu,driver,torch,triton"
+    vals = "2026-12-05T00:00:00Z,g,d,t,tr"
+    op = tmp_path / "new" / "op_bench_cuda_graph.csv"
+    op.parent.mkdir()
+    op.write_text(f"point,method,timing,fwd_ms,fwdbwd_ms,{env}\nN65536,mita_triton,cuda_graph,0.1,0.5,{vals}\n")
+    figf = tmp_path / "new" / "figf_compiled.csv"
+    figf.write_text(
+        f"N,method,tokens_per_s,batch,m,k,speedup,timing,model,{env}\n"
+        f"65536,full (cudnn),4.5e6,1,,,,eager,compiled,{vals}\n"
+        f"65536,mita (triton),9.0e7,32,128,128,20.0,eager,compiled,{vals}\n"
+    )
+    out = tmp_path / "bench"
+    out.mkdir()
+    report.main(["--out", str(out), "--add-run", "h200_run25", "--commit", "abc1234", str(op), str(figf)])
+    report.main(["--out", str(out), "--add-run", "h200_run26", str(op)])
+    hist = report.read_rows(str(out / "history.csv"))
+    assert [(r["run"], r["benchmark"], r["source"], r["commit"]) for r in hist] == [
+        ("h200_run25", "op", "h200_run25/op_bench_cuda_graph.csv", "abc1234"),
+        ("h200_run25", "figf", "h200_run25/figf_compiled.csv", "abc1234"),
+        ("h200_run25", "figf", "h200_run25/figf_compiled.csv", "abc1234"),
+        ("h200_run26", "op", "h200_run26/op_bench_cuda_graph.csv", ""),
+    ]
+    assert [r["run"] for r in report.read_rows(str(out / "op_bench.csv"))] == ["h200_run26"]
+    assert [r["run"] for r in report.read_rows(str(out / "figf.csv"))] == ["h200_run25"] * 2
+    text = (out / "README.md").read_text()
+    assert "| N65536 | h200_run26 | cuda_graph | mita_triton | 0.100 | 0.500 |" in text
+    assert "| 65536 | h200_run25 | eager+compile | full (cudnn) |" in text and "![Figure F](figf.png)" in text
+    assert (out / "figf.png").stat().st_size > 0

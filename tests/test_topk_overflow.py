@@ -1,6 +1,7 @@
-"""The CPU model of the long-row top-k's start threshold (scripts/bench/topk_overflow.py) against the Triton
+"""The CPU model of the long-row top-k's start threshold (scripts/bench/sweep.py --model) against the Triton
 kernel's own per-row counts (exact_topk(stats=...), interpreter on the CPU): same count of keys at or above the
-start threshold in every row, for independent and for correlated tokens (where rows overflow the list)."""
+start threshold in every row, for independent and for correlated tokens (where rows overflow the list). Also
+sweep.py's GPU sweeps end to end on the CPU, and the 1D pooling kernel's settings."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 
 @pytest.fixture
 def ovf(monkeypatch):
-    return fresh_bench_script(monkeypatch, "topk_overflow")
+    return fresh_bench_script(monkeypatch, "sweep")
 
 
 @pytest.mark.parametrize(
@@ -76,7 +77,7 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
     ],
 )
 def test_ab_script_runs_on_cpu(sweep, vals, extra):
-    """scripts/bench/ab_scan.py (the GPU A/B of one SCAN_CONFIG or FWD_CONFIG key) end to end on the CPU at one tiny
+    """scripts/bench/sweep.py (the GPU A/B of one SCAN_CONFIG or FWD_CONFIG key) end to end on the CPU at one tiny
     long-row point: one line per value, the same selection at every value (and a forward + backward time with
     --backward)."""
     import os
@@ -84,7 +85,7 @@ def test_ab_script_runs_on_cpu(sweep, vals, extra):
 
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run(
-        [sys.executable, str(BENCH / "ab_scan.py"), "--device", "cpu", "--points", "640:4", "--rho", "0.9",
+        [sys.executable, str(BENCH / "sweep.py"), "--device", "cpu", "--points", "640:4", "--rho", "0.9",
          "--sweep", sweep, "--reps", "1", *extra],
         capture_output=True, text=True, env=env, timeout=600, check=True,
     ).stdout  # fmt: skip
@@ -101,7 +102,7 @@ def test_ab_script_runs_on_cpu(sweep, vals, extra):
 
 @pytest.mark.slow  # register caps and warps only, which the interpreter ignores: 2 min on 2 cores
 def test_ab_script_several_sweeps_on_cpu():
-    """Several --sweep options in one ab_scan.py run: each setting's values in turn on the same point, register caps
+    """Several --sweep options in one sweep.py run: each setting's values in turn on the same point, register caps
     and the per-row kernels' warps included (launch options only: the same selection and output)."""
     import os
     import subprocess
@@ -110,7 +111,7 @@ def test_ab_script_several_sweeps_on_cpu():
     sweeps = ["lv.maxnreg=None,80", "start_warps=None,8", "fwd.maxnreg=None,96", "final_maxnreg=None,96"]
     args = [a for sw in sweeps for a in ("--sweep", sw)]
     out = subprocess.run(
-        [sys.executable, str(BENCH / "ab_scan.py"), "--device", "cpu", "--points", "640:4", "--rho", "0",
+        [sys.executable, str(BENCH / "sweep.py"), "--device", "cpu", "--points", "640:4", "--rho", "0",
          "--reps", "1", *args],
         capture_output=True, text=True, env=env, timeout=600, check=True,
     ).stdout  # fmt: skip
@@ -122,11 +123,11 @@ def test_ab_script_several_sweeps_on_cpu():
 
 
 def test_ab_sweep_keys_parse():
-    """ab_scan.py's setting names: SCAN_CONFIG keys, fwd. / route. / lv. / bwd. prefixes; an unknown key stops the
-    run with the list of known ones."""
+    """sweep.py's setting names: SCAN_CONFIG keys, fwd. / route. / lv. / bwd. / pool. / small. prefixes; an unknown
+    key stops the run with the list of known ones."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ab_scan_script", BENCH / "ab_scan.py")
+    spec = importlib.util.spec_from_file_location("sweep_script", BENCH / "sweep.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
     from mita.ops.mita import triton_mita, triton_routing
@@ -138,16 +139,21 @@ def test_ab_sweep_keys_parse():
     from mita.ops.mita import triton_pool
 
     assert ab.parse_sweep("pool.BL=128") == (triton_pool.CONFIG["fwd1d"], "BL", [128])
+    from mita.ops.mita import triton_small
+
+    assert ab.parse_sweep("small.attn.BM=32,64") == (triton_small.CONFIG["attn"], "BM", [32, 64])
+    with pytest.raises(SystemExit, match="small.<kernel>.<key>"):
+        ab.parse_sweep("small.nope.BM=1")
     with pytest.raises(SystemExit, match="bwd.<key>"):
         ab.parse_sweep("bwd.nope=1")
 
 
 def test_ab_variants_apply_and_restore():
-    """ab_scan.py --variants: each value sets its keys (undoing the previous value's first); the sweep's end puts
+    """sweep.py --variants: each value sets its keys (undoing the previous value's first); the sweep's end puts
     every key back; a bad key stops the run."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ab_scan_script", BENCH / "ab_scan.py")
+    spec = importlib.util.spec_from_file_location("sweep_script", BENCH / "sweep.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
     from mita.ops.mita import triton_mita, triton_routing
@@ -165,24 +171,36 @@ def test_ab_variants_apply_and_restore():
         v["variant"] = "nope=1"
 
 
-def test_pool_bench_script_runs_on_cpu():
-    """scripts/bench/pool_bench.py end to end under the interpreter: one line per (point, variant), the outputs of
-    every variant bitwise the first's and within bf16 rounding of the float32 means; a bad setting stops it."""
-    import os
+@pytest.mark.parametrize("n,m", [(1024, 8), (600, 3)])
+def test_pool1d_settings_give_the_same_output(monkeypatch, n, m):
+    """The 1D landmark pooling kernel at several of its settings (triton_pool.CONFIG["fwd1d"], which sweep.py's
+    pool.<key> sets): every setting's output bitwise the defaults' and within bf16 rounding of the float32 means."""
+    from mita.ops.mita import triton_pool as tp
+
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16)
+    ref = x.reshape(1, 2, m, n // m, 64).sum(3, dtype=torch.float32) / (n // m)
+    base = dict(tp.CONFIG["fwd1d"])
+    first = None
+    for cfg in ({}, {"unmasked": 0}, {"BL": 128, "num_warps": 8}):
+        monkeypatch.setitem(tp.CONFIG, "fwd1d", {**base, **cfg})
+        out = tp.pool1d_fwd(x, m)
+        first = out if first is None else first
+        assert torch.equal(out, first), cfg
+        assert (out.float() - ref).abs().max().item() < 1e-2, cfg
+
+
+def test_model_mode_prints_the_overflow_share_per_value():
+    """sweep.py --model: one line per (point, rho, value) of a start setting; correlated tokens overflow at
+    block_top 1; a setting the model does not follow stops the run."""
     import subprocess
 
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = [sys.executable, str(BENCH / "sweep.py"), "--model", "--points", "2048:16", "--rho", "0,0.95"]
     out = subprocess.run(
-        [sys.executable, str(BENCH / "pool_bench.py"), "--device", "cpu", "--points", "1024:8,600:3",
-         "--variants", "|unmasked=0|BL=128;num_warps=8"],
-        capture_output=True, text=True, env=env, timeout=600, check=True,
+        [*run, "--sweep", "block_top=1,2"], capture_output=True, text=True, timeout=600, check=True
     ).stdout  # fmt: skip
-    lines = [ln for ln in out.splitlines() if ln.startswith("N ")]
-    assert len(lines) == 6
-    assert all("same as the first variant: True" in ln for ln in lines)
-    assert all(float(ln.rsplit(" ", 1)[1]) < 1e-2 for ln in lines)
-    bad = subprocess.run(
-        [sys.executable, str(BENCH / "pool_bench.py"), "--device", "cpu", "--variants", "|BX=1"],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
-    assert bad.returncode != 0 and "unknown setting" in bad.stderr
+    lines = [ln for ln in out.splitlines() if ln.startswith("N 2048")]
+    assert [ln.split("block_top=")[1].split(":")[0] for ln in lines] == ["1", "2", "1", "2"]
+    assert "'overflow': 0.0" in lines[0] and "'overflow': 0.0" not in lines[2]
+    bad = subprocess.run([*run, "--sweep", "fwd.bm_max=16"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--model sweeps only" in bad.stderr

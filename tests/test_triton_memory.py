@@ -2,7 +2,7 @@
 launches themselves skipped (buffer sizes never depend on values: the op makes no host synchronisation).
 
 Dense attention holds the output in the forward and o, dq, dk, dv plus float32 workspace in the forward and
-backward (cuDNN on the H200: about six [B, H, N, d] tensors at its peak, scripts/bench/mem_profile.py). These
+backward (cuDNN on the H200: about six [B, H, N, d] tensors at its peak, scripts/bench/profiler.py memory). These
 bounds keep MiTA's buffers below that: the output, the routing plan and small partials in the forward; o, do's
 gradient outputs and the per-entry rows of the routed keys in the backward (no copy of do, partial sums capped).
 """

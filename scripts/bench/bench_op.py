@@ -194,7 +194,7 @@ def main() -> None:
         type=float,
         default=0.0,
         help="token correlation of q, k, v (AR(1) along N; 0: i.i.d.). Correlated tokens make the long-row top-k "
-        "take its refinement passes (scripts/bench/topk_overflow.py); writes op_bench_rho<rho>.csv",
+        "take its refinement passes (sweep.py --model models it); writes op_bench_rho<rho>.csv",
     )
     ap.add_argument(
         "--block-top",
@@ -206,7 +206,7 @@ def main() -> None:
     ap.add_argument(
         "--set",
         default="",
-        help="kernel settings for the whole run, ';'-separated key=value as ab_scan.py --set takes them (e.g. "
+        help="kernel settings for the whole run, ';'-separated key=value as sweep.py --set takes them (e.g. "
         "'lv_fused=0;fwd.maxnreg=0'); recorded in each row's settings column",
     )
     ap.add_argument(
@@ -217,7 +217,7 @@ def main() -> None:
         "row's order column",
     )
     args = ap.parse_args()
-    from ab_scan import apply_settings
+    from sweep import apply_settings
 
     settings = [f"{name}={val}" for name, val in apply_settings(args.set)]
     if settings:

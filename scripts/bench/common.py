@@ -198,54 +198,6 @@ def mita_correct(backend: str, device: str = "cuda") -> tuple[bool, str]:
     return ok, "; ".join(msgs) if msgs else "ok"
 
 
-def mlp_settings(text: str) -> dict[str, int]:
-    """``"key=value,..."`` -> launch settings of the fused MLP kernel (integers, keys of ``MLP_CONFIG``).
-
-    Raises:
-        SystemExit: an unknown key.
-    """
-    from mita.ops.fused_mlp import MLP_CONFIG
-
-    out = {}
-    for kv in filter(None, text.split(",")):
-        key, val = (x.strip() for x in kv.split("="))
-        if key not in MLP_CONFIG:
-            raise SystemExit(f"unknown fused MLP setting {key!r} (keys: {sorted(MLP_CONFIG)})")
-        out[key] = int(val)
-    return out
-
-
-def fused_mlp_correct(
-    device: str = "cuda", dim: int = 128, hidden: int = 512, dtype: torch.dtype = torch.bfloat16
-) -> tuple[bool, str]:
-    """Correctness gate of the fused MLP kernel (mita/ops/fused_mlp.py), which ``bench_figf.py --fused-mlp`` puts in
-    both models: ``dtype`` against the float32 modules at 1000 rows (not a multiple of its tile), within 1.5x of the
-    modules' own error in ``dtype``; also fails when the kernel cannot run these inputs (it would fall back to the
-    modules). (Under TRITON_INTERPRET=1 use float16: the interpreter truncates float32 -> bfloat16.)
-
-    Returns:
-        ``(ok, message)``.
-    """
-    from mita.ops import fused_mlp as fm
-
-    torch.manual_seed(0)
-    mod = fm.ResidualMLP(dim, hidden).to(device)
-    x, a = torch.randn(1000, dim, device=device), torch.randn(1000, dim, device=device)
-    with torch.inference_mode():
-        ref = fm.residual_mlp_reference(x, a, mod.norm, mod.fc1, mod.act, mod.fc2).double()
-        mod = mod.to(dtype)
-        xb, ab = x.to(dtype), a.to(dtype)
-        why = fm.why_not_fused(xb, ab, mod.norm, mod.fc1, mod.act, mod.fc2)
-        if why is not None:
-            return False, f"the kernel would not run: {why}"
-        out = mod(xb, ab).double()
-        half = fm.residual_mlp_reference(xb, ab, mod.norm, mod.fc1, mod.act, mod.fc2).double()
-    err, base = ((out - ref).norm() / ref.norm()).item(), ((half - ref).norm() / ref.norm()).item()
-    if not err <= 1.5 * base + 1e-4:
-        return False, f"rel err {err:.2e} against the {dtype} modules' {base:.2e}"
-    return True, "ok"
-
-
 def correlated_tokens(
     shape: tuple[int, ...], rho: float, generator: torch.Generator, device: str = "cuda", dtype=torch.bfloat16
 ) -> torch.Tensor:

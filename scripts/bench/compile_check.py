@@ -22,13 +22,14 @@ import sys
 import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
+import bench_figf as fm  # noqa: E402  (the fused MLP kernel of Figure F's block)
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from mita.ops import fused_mlp as fm  # noqa: E402
 from mita.ops.mita import triton_mita as tm  # noqa: E402
 from mita.ops.mita import triton_pool as tp  # noqa: E402
 from mita.ops.mita import triton_routing as tr  # noqa: E402
@@ -258,11 +259,11 @@ def main() -> None:
         cases.append(
             (f"pool1d_fwd BL={bl} even={int(even)}", tp._pool1d_fwd_kernel, dict(D=64, BL=bl, EVEN=even), warps, pool1d)
         )
-    # The fused residual + MLP kernel of Figure F's block (C 128, hidden 512), at the tiles mlp_bench.py times.
+    # The fused residual + MLP kernel of Figure F's block (C 128, hidden 512), at the tiles run 16 timed.
     mlp = {n: "*bf16" for n in fm._residual_mlp_kernel.arg_names if n.endswith("_ptr")} | {"M": "i32", "eps": "fp32"}
     flags = dict(HAS_LNW=True, HAS_LNB=True, HAS_B1=True, HAS_B2=True, TANH=False, UP=False)
     # Shipped (168 registers, 3 per SM), the first version, x1 held in registers, and a 128-row tile with 8 warps
-    # (~180 registers: 1 per SM); run 16 timed each (results/bench/h200_run16/CALLS.md).
+    # (~180 registers: 1 per SM); run 16 timed each (notes/kernels-notes.md).
     for bm, bh, reload, poly, warps, stages in (
         (64, 32, 1, 1, 4, 3),
         (64, 64, 0, 0, 4, 3),
