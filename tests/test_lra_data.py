@@ -102,6 +102,20 @@ def test_pathfinder_skips_empty_image_and_splits(tmp_path) -> None:
     assert not torch.equal(other.datasets["val"].tokens, dm.datasets["val"].tokens)
 
 
+def test_pathfinder_binarize_thresholds_the_grey_levels(tmp_path) -> None:
+    root = str(write_pathfinder(tmp_path / "pathfinder32", n=21))
+    grey = PathfinderDataModule(root, seed=0)
+    grey.setup()
+    two = PathfinderDataModule(root, seed=0, binarize=0.3)
+    two.setup()
+    g, b = grey.datasets["train"].tokens, two.datasets["train"].tokens
+    assert set(b.unique().tolist()) <= {1, 256}
+    # Same images in the same order: ink exactly where the grey image is above 0.3 x 255.
+    assert torch.equal(b == 256, (g - 1) > 0.3 * 255)
+    with pytest.raises(ValueError, match="binarize"):
+        PathfinderDataModule(root, binarize=1.5)
+
+
 def test_arxiv_raw_no_ref_and_subset(tmp_path) -> None:
     root = write_arxiv_raw(tmp_path / "arxiv")
     dm = ArxivDataModule(str(root), max_length=256, classes="all11", no_ref=True, batch_size=6)

@@ -406,14 +406,26 @@ class PathfinderDataModule(LRADataModule):
     Args:
         difficulty: ``curv_contour_length_14`` (hard, the LRA setting), ``curv_contour_length_9`` or
             ``curv_baseline``.
+        binarize: None (the recipe: every grey level is its own token) or a fraction of 255: pixels above it
+            become 255, the others 0 (a diagnostic of how the grey levels affect learning; never a table row).
     """
 
     num_classes = 2
     vocab_size = 257
 
-    def __init__(self, root: str, max_length: int = 1024, difficulty: str = "curv_contour_length_14", **kwargs) -> None:
+    def __init__(
+        self,
+        root: str,
+        max_length: int = 1024,
+        difficulty: str = "curv_contour_length_14",
+        binarize: float | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(root, max_length, **kwargs)
+        if binarize is not None and not 0.0 <= binarize < 1.0:
+            raise ValueError(f"binarize must be None or a fraction in [0, 1), got {binarize!r}")
         self.difficulty = difficulty
+        self.binarize = binarize
         self.skipped: list[str] = []
 
     def load(self) -> dict[str, TokenDataset]:
@@ -440,7 +452,10 @@ class PathfinderDataModule(LRADataModule):
             labels.append(label)
         if not pixels:
             raise FileNotFoundError(f"no readable Pathfinder images listed under {folder / 'metadata'}")
-        tok = torch.from_numpy(np.stack(pixels).astype(np.int16) + 1)
+        pixels = np.stack(pixels)
+        if self.binarize is not None:
+            pixels = np.where(pixels > self.binarize * 255, 255, 0).astype(np.uint8)
+        tok = torch.from_numpy(pixels.astype(np.int16) + 1)
         y = np.asarray(labels)
         parts = seeded_split(len(y), [0.8, 0.1, 0.1], self.seed)
         return {name: TokenDataset(tok[idx], y[idx]) for name, idx in zip(("train", "val", "test"), parts)}
