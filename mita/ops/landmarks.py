@@ -6,7 +6,7 @@ it is deterministic, and AdaptiveAvgPool1d's CUDA backward fails with a shared-m
 sequences. Bins follow adaptive average pooling exactly: bin i of p over length L covers
 ``[floor(i L / p), ceil((i + 1) L / p))``. Sums are float32 (or float64) whatever the input dtype; bfloat16
 results are rounded once, and on CUDA bfloat16 inputs are not copied to float32 (see ``_PoolBF16``; one Triton
-launch per direction there, ``mita/ops/mita/triton_pool.py``). On CUDA, outside torch.compile, 1D means of fp16 /
+launch per direction there, ``mita/ops/mita/triton/pool.py``). On CUDA, outside torch.compile, 1D means of fp16 /
 bf16 inputs without padding (N divisible by m) are one Triton launch (``_Pool1D``: float32 sums rounded once).
 """
 
@@ -189,7 +189,7 @@ def _pool_tables(
     return _PoolTables(member.to(torch.bfloat16), counts, weights_t)
 
 
-# CUDA bfloat16 pooling in Triton (mita/ops/mita/triton_pool.py) when Triton imports; tests switch it off to
+# CUDA bfloat16 pooling in Triton (mita/ops/mita/triton/pool.py) when Triton imports; tests switch it off to
 # compare with the PyTorch formulation.
 TRITON_POOL = True
 
@@ -197,10 +197,10 @@ TRITON_POOL = True
 @functools.lru_cache(maxsize=1)
 def _triton_pool_module():
     try:
-        from mita.ops.mita import triton_pool
+        from mita.ops.mita.triton import pool
     except ImportError:
         return None
-    return triton_pool
+    return pool
 
 
 def _triton_pool():
