@@ -10,6 +10,7 @@ from mita.layers.base import AttentionBase
 from mita.layers.full import nonempty_key_padding_mask
 from mita.registry import register_attention
 
+
 # Entries of one chunk's [B, H, c, M] score / mask tensors (2^28: 0.5 GiB of bf16 scores); sets the automatic
 # query chunk, so a training step at Long Range Arena or DeiT sizes is one chunk.
 CHUNK_ELEMENTS = 1 << 28
