@@ -31,8 +31,13 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from common import correlated_tokens, environment, time_ms, wall_time  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
-from mita.ops.mita import triton_mita, triton_pool, triton_routing  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
+from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
+from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
+from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
+from mita.ops.mita.triton import pool as tp  # noqa: E402
+from mita.ops.mita.triton import routing as trt  # noqa: E402
+from mita.ops.mita.triton import topk as ttk  # noqa: E402
 
 
 def parse_sweep(text: str) -> tuple[dict, str, list]:
@@ -40,25 +45,25 @@ def parse_sweep(text: str) -> tuple[dict, str, list]:
     ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG, ``route.<key>`` for one of the routing kernel's
     ROUTE_CONFIG, ``lv.<key>`` for one of the landmark-value kernels' LV_CONFIG, ``bwd.<key>`` for one of the
     backward kernels' BWD_CONFIG or ``pool.<key>`` for one of the 1D landmark pooling kernel's settings
-    (triton_pool.CONFIG["fwd1d"]; timed by bench_op.py, whose MiTA calls pool the landmarks)."""
+    (pool.CONFIG["fwd1d"]; timed by bench_op.py, whose MiTA calls pool the landmarks)."""
     key, _, vals = text.partition("=")
-    cfg = triton_routing.SCAN_CONFIG
+    cfg = ttk.SCAN_CONFIG
     if key.startswith("fwd."):
-        cfg, key = triton_mita.FWD_CONFIG, key[4:]
+        cfg, key = afwd.FWD_CONFIG, key[4:]
     elif key.startswith("route."):
-        cfg, key = triton_routing.ROUTE_CONFIG, key[6:]
+        cfg, key = trt.ROUTE_CONFIG, key[6:]
     elif key.startswith("lv."):
-        cfg, key = triton_routing.LV_CONFIG, key[3:]
+        cfg, key = tlv.LV_CONFIG, key[3:]
     elif key.startswith("bwd."):
-        cfg, key = triton_mita.BWD_CONFIG, key[4:]
+        cfg, key = abwd.BWD_CONFIG, key[4:]
     elif key.startswith("pool."):
-        cfg, key = triton_pool.CONFIG["fwd1d"], key[5:]
+        cfg, key = tp.CONFIG["fwd1d"], key[5:]
     if key not in cfg or not vals:
         raise SystemExit(
-            f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)}, fwd.<key> with one of "
-            f"{sorted(triton_mita.FWD_CONFIG)}, route.<key> with one of {sorted(triton_routing.ROUTE_CONFIG)}, "
-            f"lv.<key> with one of {sorted(triton_routing.LV_CONFIG)}, bwd.<key> with one of "
-            f"{sorted(triton_mita.BWD_CONFIG)} or pool.<key> with one of {sorted(triton_pool.CONFIG['fwd1d'])}: "
+            f"--sweep needs key=v1,v2 with key one of {sorted(ttk.SCAN_CONFIG)}, fwd.<key> with one of "
+            f"{sorted(afwd.FWD_CONFIG)}, route.<key> with one of {sorted(trt.ROUTE_CONFIG)}, "
+            f"lv.<key> with one of {sorted(tlv.LV_CONFIG)}, bwd.<key> with one of "
+            f"{sorted(abwd.BWD_CONFIG)} or pool.<key> with one of {sorted(tp.CONFIG['fwd1d'])}: "
             f"{text!r}"
         )
 
@@ -152,7 +157,7 @@ def main() -> None:
             rf, kf = r.reshape(B * 2, m, 64), k.reshape(B * 2, n, 64)
 
             def topk(rf=rf, kf=kf, m=m):
-                return triton_routing.exact_topk(rf, kf, None, m)
+                return ttk.exact_topk(rf, kf, None, m)
 
             def fwd(q=q, k=k, v=v, r=r, m=m):
                 return mita_attention(q, k, v, r, m, backend="triton")
@@ -181,7 +186,7 @@ def run_sweep(cfg, key, values, label, args, timings, n, B, m, rho, rf, kf, topk
             for val in values:
                 cfg[key] = val
                 st: dict = {}
-                idx = triton_routing.exact_topk(rf, kf, None, m, stats=st)
+                idx = ttk.exact_topk(rf, kf, None, m, stats=st)
                 first = idx.clone() if first is None else first
                 out = fwd().float()
                 first_out = out if first_out is None else first_out

@@ -27,7 +27,7 @@ from ab_scan import Variants  # noqa: E402
 from common import correlated_tokens, environment  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
-from mita.ops.mita import triton_routing as tr  # noqa: E402
+from mita.ops.mita.triton import topk as ttk  # noqa: E402
 
 
 def time_passes(r, k, ksel, cap, reps: int) -> tuple[dict, torch.Tensor, int]:
@@ -43,12 +43,12 @@ def time_passes(r, k, ksel, cap, reps: int) -> tuple[dict, torch.Tensor, int]:
         return out
 
     st: dict = {}
-    idx = tr.exact_topk(r, k, None, ksel, cap=cap, stats=st)
+    idx = ttk.exact_topk(r, k, None, ksel, cap=cap, stats=st)
     for _ in range(3):
-        tr.exact_topk(r, k, None, ksel, cap=cap)
+        ttk.exact_topk(r, k, None, ksel, cap=cap)
     for _ in range(reps):
         events: list = []
-        tr.exact_topk(r, k, None, ksel, cap=cap, timer=timer)
+        ttk.exact_topk(r, k, None, ksel, cap=cap, timer=timer)
         torch.cuda.synchronize()
         for name, a, b in events:
             times.setdefault(name, []).append(a.elapsed_time(b))

@@ -29,9 +29,14 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from kernel_profile import POINTS  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
-from mita.ops.mita import triton_mita as tm  # noqa: E402
-from mita.ops.mita import triton_routing as tr  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
+from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
+from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
+from mita.ops.mita.triton import op as tmop  # noqa: E402
+from mita.ops.mita.triton import plan as tplan  # noqa: E402
+from mita.ops.mita.triton import routing as trt  # noqa: E402
+from mita.ops.mita.triton import short as ts  # noqa: E402
+from mita.ops.mita.triton import topk as ttk  # noqa: E402
 
 
 @triton.jit
@@ -94,21 +99,21 @@ def point(name: str) -> None:
     stages = {
         "landmark pooling": pool,
         "mita_attention (dispatch + op)": lambda: mita_attention(q, kk, v, r, k, backend="triton"),
-        "triton_mita (op)": lambda: tm.triton_mita(q, kk, v, r, k),
+        "triton_mita (op)": lambda: tmop.triton_mita(q, kk, v, r, k),
         "pooling + mita_attention": lambda: mita_attention(q, kk, v, pool(), k, backend="triton"),
     }
-    if not (tm.SHORT_PATH and tm.small_supported(N, m, d)):
-        idx = tr.exact_topk(rf, kf, None, k)
-        route = tr.route_topk(qf, rf, 1)
-        plan = tm.build_plan(idx, route, m)
-        vt, _ = tr.landmark_values_fwd(rf, kf, vf, None, d**-0.5)
+    if not (tmop.SHORT_PATH and ts.small_supported(N, m, d)):
+        idx = ttk.exact_topk(rf, kf, None, k)
+        route = trt.route_topk(qf, rf, 1)
+        plan = tplan.build_plan(idx, route, m)
+        vt, _ = tlv.landmark_values_fwd(rf, kf, vf, None, d**-0.5)
         stages.update(
             {
-                "exact_topk": lambda: tr.exact_topk(rf, kf, None, k),
-                "route_topk": lambda: tr.route_topk(qf, rf, 1),
-                "build_plan": lambda: tm.build_plan(idx, route, m),
-                "landmark_values_fwd": lambda: tr.landmark_values_fwd(rf, kf, vf, None, d**-0.5),
-                "mita_fwd (fused attention)": lambda: tm.mita_fwd(qf, kf, vf, rf, vt, plan, 1, True, d**-0.5, 1 / d),
+                "exact_topk": lambda: ttk.exact_topk(rf, kf, None, k),
+                "route_topk": lambda: trt.route_topk(qf, rf, 1),
+                "build_plan": lambda: tplan.build_plan(idx, route, m),
+                "landmark_values_fwd": lambda: tlv.landmark_values_fwd(rf, kf, vf, None, d**-0.5),
+                "mita_fwd (fused attention)": lambda: afwd.mita_fwd(qf, kf, vf, rf, vt, plan, 1, True, d**-0.5, 1 / d),
             }
         )
     with torch.no_grad():

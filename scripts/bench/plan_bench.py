@@ -1,7 +1,7 @@
 """GPU time of build_plan (the routing plan: rows sorted by expert, expert first rows, tile table) at the long-path
 sizes, on random routes, optionally beside another version of the plan code.
 
-    python scripts/bench/plan_bench.py [--points 4:1048576:512,...] [--baseline path/to/old_triton_mita.py]
+    python scripts/bench/plan_bench.py [--points 4:1048576:512,...] [--baseline path/to/old/plan.py]
     python scripts/bench/plan_bench.py --device cpu      # smoke run under TRITON_INTERPRET=1, tiny sizes
 
 A point is BH:nrows:m (nrows = N * S routed rows per (batch, head)); --set NAME=INT changes a constant of the plan
@@ -30,7 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", default=None, help=f"BH:nrows:m list (default {DEFAULT_POINTS}; cpu: {SMOKE_POINTS})")
     ap.add_argument("--dists", default=",".join(DISTRIBUTIONS), help="route distributions: uniform, zipf, one")
-    ap.add_argument("--baseline", default=None, help="a triton_mita.py whose build_plan is timed and compared too")
+    ap.add_argument("--baseline", default=None, help="another version of mita/ops/mita/triton/plan.py whose build_plan is timed and compared too")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-graph", action="store_true", help="eager timing only")
     ap.add_argument("--kernels", action="store_true", help="per-kernel times from the PyTorch profiler (cuda)")
@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_baseline(path: str):
-    """The module of another triton_mita.py, imported under its own name (its kernels are separate objects)."""
+    """The module of another plan.py, imported under its own name (its kernels are separate objects)."""
     spec = importlib.util.spec_from_file_location("plan_bench_baseline", os.path.abspath(path))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -107,13 +107,13 @@ def main(argv=None) -> None:
     import torch
     from common import cuda_time, environment, time_ms, wall_time
 
-    from mita.ops.mita import triton_mita as tm
+    from mita.ops.mita.triton import plan as tplan
 
     for item in args.set:
         name, value = item.split("=")
-        if not hasattr(tm, name):
-            raise SystemExit(f"triton_mita has no {name}")
-        setattr(tm, name, int(value))
+        if not hasattr(tplan, name):
+            raise SystemExit(f"mita.ops.mita.triton.plan has no {name}")
+        setattr(tplan, name, int(value))
     base = load_baseline(args.baseline) if args.baseline else None
     print(environment(), flush=True)
     points = args.points or (SMOKE_POINTS if dev == "cpu" else DEFAULT_POINTS)
@@ -124,7 +124,7 @@ def main(argv=None) -> None:
         for dist in args.dists.split(","):
             route = make_route(torch, BH, nrows, m, dist, dev)
             idx = torch.zeros(BH, m, 1, dtype=torch.int32, device=dev)
-            impls = {"new": tm} if base is None else {"new": tm, "baseline": base}
+            impls = {"new": tplan} if base is None else {"new": tplan, "baseline": base}
             plans, cells = {}, []
             for name, mod in impls.items():
 

@@ -1,4 +1,4 @@
-"""GPU time of the 1D landmark pooling kernel (triton_pool.pool1d_fwd) for each of several settings of its
+"""GPU time of the 1D landmark pooling kernel (mita/ops/mita/triton/pool.py: pool1d_fwd) for each of several settings of its
 CONFIG["fwd1d"], side by side in one process, against the PyTorch form of pool_landmarks(layout="1d").
 
     python scripts/bench/pool_bench.py [--points 65536:128,262144:256] [--variants "|BL=128|BL=256;num_warps=8"]
@@ -42,7 +42,7 @@ def main(argv=None) -> None:
     import torch
     from common import environment, time_ms, wall_time
 
-    from mita.ops.mita import triton_pool as tp
+    from mita.ops.mita.triton import pool as tp
 
     if args.device == "cuda":
         print(environment(), flush=True)

@@ -1,6 +1,6 @@
 """How often the long-row exact top-k leaves its fast path: a PyTorch model of its start threshold, on the CPU.
 
-The Triton top-k (mita/ops/mita/triton_routing.py, rows longer than 512 keys) takes, per landmark row, the
+The Triton top-k (mita/ops/mita/triton/topk.py, rows longer than 512 keys) takes, per landmark row, the
 kk-th largest maximum of 64-key blocks (of groups of f blocks when a row has more than 8192 blocks), rounded down
 as its early-stopped bisection leaves it (``--start-steps``), as a start threshold, and emits every key at or
 above it into a candidate list of ``cap = next_pow2(max(2 k, 64))`` slots.
@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from mita.ops.mita.triton_mita import order_key
+from mita.ops.mita.triton.plan import order_key
 
 
 def start_key(entries: torch.Tensor, kk: int, steps: int = 32, narrow: bool = True) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""Sweep the launch settings of the short-sequence Triton kernels (mita/ops/mita/triton_small.py) at one shape.
+"""Sweep the launch settings of the short-sequence Triton kernels (mita/ops/mita/triton/short.py, short_bwd.py) at one shape.
 
     python scripts/bench/tune_small.py [--shape 256,6,197,25,25] [--flat]
 
-Each kernel's settings are varied one at a time from triton_small.CONFIG; the forward (route + attention) and the
+Each kernel's settings are varied one at a time from short.CONFIG; the forward (route + attention) and the
 backward (the fused kernel, or the split variant's query + key kernels) are timed with CUDA events (median), and
 every setting's output is checked against the default setting's (bitwise for the routing, closely for the rest)
 before its time is printed. First, the two backward variants at their defaults, side by side.
@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 from common import cuda_time  # noqa: E402
 
-from mita.ops.mita import triton_small as ts  # noqa: E402
+from mita.ops.mita.triton import short as ts  # noqa: E402
+from mita.ops.mita.triton import short_bwd as tsb  # noqa: E402
 
 # (BM, BN, num_warps, num_stages) tried for each block kernel.
 _BLOCK_SETTINGS = (
@@ -57,7 +58,7 @@ VARIANTS = {
         )
     ],
 }
-# bwd_q and bwd_k are the split backward's kernels, bwd the fused one's (triton_small.BWD).
+# bwd_q and bwd_k are the split backward's kernels, bwd the fused one's (short_bwd.BWD).
 _BWD_MODE = {"bwd_q": "split", "bwd_k": "split", "bwd": "fused"}
 
 
@@ -88,22 +89,22 @@ def main() -> None:
     o, lse, memb, route, vt, lvlse = ref
 
     def bwd():
-        return ts.small_bwd(do, q, kk, v, r, None, o, lse, memb, route, vt, lvlse, 1, True, sc, sc * sc)
+        return tsb.small_bwd(do, q, kk, v, r, None, o, lse, memb, route, vt, lvlse, 1, True, sc, sc * sc)
 
-    mode = ts.BWD
+    mode = tsb.BWD
     ref_b = bwd()
     # The two backward variants at their default settings, side by side (interleaved rounds).
     times = {"fused": [], "split": []}
     for _ in range(3):
         for b in times:
-            ts.BWD = b
+            tsb.BWD = b
             times[b].append(cuda_time(bwd, warmup=3, reps=30, max_s=3.0)[0])
     print("backward at defaults, 3 rounds: " + ", ".join(f"{b} {sorted(t)[1]:.4f} ms" for b, t in times.items()))
     for name, variants in VARIANTS.items():
         for var in variants:
             ts.CONFIG = copy.deepcopy(default)
             ts.CONFIG[name] = var
-            ts.BWD = _BWD_MODE.get(name, mode)
+            tsb.BWD = _BWD_MODE.get(name, mode)
             fn = fwd if name in ("route", "attn") else bwd
             try:
                 out = fn()
@@ -123,7 +124,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 (a setting that does not compile or fit is reported, not fatal)
                 print(f"{name:6s} {str(var):62s} FAILED {str(e).splitlines()[0][:100]}", flush=True)
     ts.CONFIG = default
-    ts.BWD = mode
+    tsb.BWD = mode
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from mita.ops.mita.triton.short import _pads, small_fwd, small_supported
 from mita.ops.mita.triton.short_bwd import small_bwd
 from mita.ops.mita.triton.topk import exact_topk
 
-# Calls that fit the short-sequence kernels (N <= 256, see triton_small.small_supported) take them; tests set this
+# Calls that fit the short-sequence kernels (N <= 256, see short.small_supported) take them; tests set this
 # to False to run the general path at the same shapes.
 SHORT_PATH = True
 
@@ -204,17 +204,18 @@ def triton_mita(
     # Whether a backward may follow (else the plan may take larger query tiles: FWD_CONFIG bm_infer).
     train = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rf))
     if torch.compiler.is_compiling():
-        # Inside torch.compile: the same kernels behind two opaque custom ops (triton_op.py), no graph break.
+        # Inside torch.compile: the same kernels behind two opaque custom ops (triton_fwd / triton_bwd below), no graph
+        # break.
         return torch.ops.mita.triton_fwd(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, short, train)[0]
     if short:
-        # Image sizes: routing, landmark values and attention in one launch per (batch, head), see triton_small.py.
+        # Image sizes: routing, landmark values and attention in one launch per (batch, head), see short.py.
         return SmallMiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
     # Exact top-k per landmark, top-S routing per query, landmark values and the fused attention (_MiTAFn.fwd).
     return _MiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, train)
 
 
 def pooled_short_supported(q: torch.Tensor, m: int) -> bool:
-    """Whether :func:`triton_mita_pooled` takes a call the Triton backend supports (``triton_backend.supports``):
+    """Whether :func:`triton_mita_pooled` takes a call the Triton backend supports (``backend.supports``):
     bf16 q on the short path (N <= 256, see ``small_supported``), eager (not under torch.compile)."""
     return (
         SHORT_PATH
