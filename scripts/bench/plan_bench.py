@@ -30,7 +30,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", default=None, help=f"BH:nrows:m list (default {DEFAULT_POINTS}; cpu: {SMOKE_POINTS})")
     ap.add_argument("--dists", default=",".join(DISTRIBUTIONS), help="route distributions: uniform, zipf, one")
-    ap.add_argument("--baseline", default=None, help="another version of mita/ops/mita/triton/plan.py whose build_plan is timed and compared too")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="another version of mita/ops/mita/triton/plan.py, whose build_plan is timed and compared too",
+    )
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-graph", action="store_true", help="eager timing only")
     ap.add_argument("--kernels", action="store_true", help="per-kernel times from the PyTorch profiler (cuda)")

@@ -1,5 +1,5 @@
-"""GPU time of the 1D landmark pooling kernel (mita/ops/mita/triton/pool.py: pool1d_fwd) for each of several settings of its
-CONFIG["fwd1d"], side by side in one process, against the PyTorch form of pool_landmarks(layout="1d").
+"""GPU time of the 1D landmark pooling kernel (mita/ops/mita/triton/pool.py: pool1d_fwd) for each of several
+settings of its CONFIG["fwd1d"], side by side in one process, against the PyTorch form of pool_landmarks(layout="1d").
 
     python scripts/bench/pool_bench.py [--points 65536:128,262144:256] [--variants "|BL=128|BL=256;num_warps=8"]
     python scripts/bench/pool_bench.py --device cpu      # smoke run under TRITON_INTERPRET=1, tiny sizes

@@ -1,4 +1,5 @@
-"""Sweep the launch settings of the short-sequence Triton kernels (mita/ops/mita/triton/short.py, short_bwd.py) at one shape.
+"""Sweep the launch settings of the short-sequence Triton kernels (mita/ops/mita/triton/short.py, short_bwd.py) at
+one shape.
 
     python scripts/bench/tune_small.py [--shape 256,6,197,25,25] [--flat]
 
