@@ -74,11 +74,11 @@ def triton_launches(monkeypatch):
     """The names of the Triton kernels launched while the test runs, in order (a list the test may clear).
     Counted at Triton's own launch path, which the project's direct launches of cached binaries (on a GPU) bypass,
     so those are switched off here."""
-    from mita.ops.mita import launch, triton_routing
+    from mita.ops.mita.triton import launch, topk_scan
 
     monkeypatch.setattr(launch, "ENABLED", False)
     launches = _Launches()
-    jit_type = type(triton_routing._topk_scan_kernel)
+    jit_type = type(topk_scan._topk_scan_kernel)
     real_getitem = jit_type.__getitem__
 
     def counting_getitem(self, grid):

@@ -1,4 +1,4 @@
-"""Direct launches of cached Triton binaries (mita/ops/mita/launch.py): keys, caching rules, fallback, and on the
+"""Direct launches of cached Triton binaries (mita/ops/mita/triton/launch.py): keys, caching rules, fallback, and on the
 GPU bitwise agreement with Triton's own launch path."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from mita.ops.mita import launch
+from mita.ops.mita.triton import launch
 
 
 class _Param:
@@ -49,7 +49,7 @@ class _FakeJit:
 
 @pytest.fixture
 def on_gpu_path(monkeypatch):
-    monkeypatch.setattr(launch, "_interpreting", lambda: False)
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
     monkeypatch.setattr(launch, "ENABLED", True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
@@ -115,7 +115,7 @@ def test_unhashable_argument_takes_triton_path(on_gpu_path):
 
 def test_disabled_or_interpreting_always_takes_triton_path(monkeypatch):
     monkeypatch.setattr(launch, "ENABLED", True)
-    monkeypatch.setattr(launch, "_interpreting", lambda: True)
+    monkeypatch.setattr(launch, "interpreting", lambda: True)
     fn = _FakeJit()
     k = launch.FastKernel(fn)
     for _ in range(3):
@@ -135,9 +135,9 @@ def test_registry_returns_one_wrapper_per_function():
 def test_direct_launches_match_triton_launches_on_gpu(monkeypatch, short):
     """Forward and backward bitwise equal with direct launches on and off, over shapes whose specialisations differ
     (N 197 / 256 / 1000 / 4097, d 64 / 32, bf16 / fp16, with and without padding), and the direct path was used."""
-    from mita.ops.mita import triton_mita as tm
+    from mita.ops.mita.triton import op as tmop
 
-    monkeypatch.setattr(tm, "SHORT_PATH", short)
+    monkeypatch.setattr(tmop, "SHORT_PATH", short)
     cases = [(2, 3, 197, 64, 25, torch.bfloat16, False), (1, 2, 256, 32, 16, torch.float16, True)]
     if not short:
         cases += [(1, 2, 1000, 64, 24, torch.bfloat16, True), (1, 1, 4097, 64, 40, torch.bfloat16, False)]
@@ -151,7 +151,7 @@ def test_direct_launches_match_triton_launches_on_gpu(monkeypatch, short):
             mask = torch.zeros(B, N, dtype=torch.bool, device="cuda")
             mask[:, N - N // 5 :] = True
         ins = [t.requires_grad_() for t in (q, k, v, r)]
-        o = tm.triton_mita(*ins, m, key_padding_mask=mask)
+        o = tmop.triton_mita(*ins, m, key_padding_mask=mask)
         grads = torch.autograd.grad(o, ins, torch.randn(o.shape, device="cuda", dtype=dtype, generator=g))
         return [o.detach(), *grads]
 

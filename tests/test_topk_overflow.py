@@ -16,7 +16,7 @@ triton = pytest.importorskip("triton")
 
 from script_loader import fresh_bench_script  # noqa: E402
 
-from mita.ops.mita import triton_routing as tr  # noqa: E402
+from mita.ops.mita.triton import topk as ttk  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 
@@ -31,10 +31,10 @@ def ovf(monkeypatch):
     [(0.0, 1, None), (0.95, 1, None), (0.0, 2, None), (0.95, 3, None), (0.95, 1, (32, 0)), (0.0, 2, (20, 0))],
 )
 def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
-    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", block_top)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", block_top)
     if start is not None:
-        monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", start[0])
-        monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", start[1])
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "start_steps", start[0])
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "start_narrow", start[1])
     n, d, mk = 2048, 32, 16
     gen = torch.Generator().manual_seed(1)
     x = ovf.ar1_tokens(n, d, rho, gen)
@@ -42,11 +42,16 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
     q, k = x @ w_q, x @ w_k
     r = q.view(mk, n // mk, d).mean(1)
     model = ovf.start_overflow(
-        r, k, mk, block_top=block_top, steps=tr.SCAN_CONFIG["start_steps"], narrow=bool(tr.SCAN_CONFIG["start_narrow"])
+        r,
+        k,
+        mk,
+        block_top=block_top,
+        steps=ttk.SCAN_CONFIG["start_steps"],
+        narrow=bool(ttk.SCAN_CONFIG["start_narrow"]),
     )
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     stats = {}
-    idx = tr.exact_topk(r[None].to(dev), k[None].to(dev), None, mk, stats=stats)
+    idx = ttk.exact_topk(r[None].to(dev), k[None].to(dev), None, mk, stats=stats)
     assert stats["cap"] == model["cap"]
     assert torch.equal(stats["counts"].cpu().long(), model["counts"].long())
     assert int(stats["overflow_rows"]) == round(model["overflow"] * mk)
@@ -130,18 +135,16 @@ def test_ab_sweep_keys_parse():
     spec = importlib.util.spec_from_file_location("sweep_script", BENCH / "sweep.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
-    from mita.ops.mita import triton_mita, triton_routing
+    from mita.ops.mita.triton import attention_bwd, landmark_values, pool, topk
 
-    assert ab.parse_sweep("bwd.final_maxnreg=None,128") == (triton_mita.BWD_CONFIG, "final_maxnreg", [None, 128])
-    assert ab.parse_sweep("lv.maxnreg=80")[:2] == (triton_routing.LV_CONFIG, "maxnreg")
+    assert ab.parse_sweep("bwd.final_maxnreg=None,128") == (attention_bwd.BWD_CONFIG, "final_maxnreg", [None, 128])
+    assert ab.parse_sweep("lv.maxnreg=80")[:2] == (landmark_values.LV_CONFIG, "maxnreg")
     assert ab.parse_sweep("fwd.maxnreg=0,96")[1:] == ("maxnreg", [0, 96])
-    assert ab.parse_sweep("final_maxnreg=96")[0] is triton_routing.SCAN_CONFIG
-    from mita.ops.mita import triton_pool
+    assert ab.parse_sweep("final_maxnreg=96")[0] is topk.SCAN_CONFIG
+    assert ab.parse_sweep("pool.BL=128") == (pool.CONFIG["fwd1d"], "BL", [128])
+    from mita.ops.mita.triton import short
 
-    assert ab.parse_sweep("pool.BL=128") == (triton_pool.CONFIG["fwd1d"], "BL", [128])
-    from mita.ops.mita import triton_small
-
-    assert ab.parse_sweep("small.attn.BM=32,64") == (triton_small.CONFIG["attn"], "BM", [32, 64])
+    assert ab.parse_sweep("small.attn.BM=32,64") == (short.CONFIG["attn"], "BM", [32, 64])
     with pytest.raises(SystemExit, match="small.<kernel>.<key>"):
         ab.parse_sweep("small.nope.BM=1")
     with pytest.raises(SystemExit, match="bwd.<key>"):
@@ -156,9 +159,9 @@ def test_ab_variants_apply_and_restore():
     spec = importlib.util.spec_from_file_location("sweep_script", BENCH / "sweep.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
-    from mita.ops.mita import triton_mita, triton_routing
+    from mita.ops.mita.triton import attention_fwd, topk
 
-    scan, fwd = triton_routing.SCAN_CONFIG, triton_mita.FWD_CONFIG
+    scan, fwd = topk.SCAN_CONFIG, attention_fwd.FWD_CONFIG
     before = (scan["bs"], scan["num_warps"], fwd["lazy"])
     v = ab.Variants()
     v["variant"] = "bs=128;num_warps=8"
@@ -173,9 +176,9 @@ def test_ab_variants_apply_and_restore():
 
 @pytest.mark.parametrize("n,m", [(1024, 8), (600, 3)])
 def test_pool1d_settings_give_the_same_output(monkeypatch, n, m):
-    """The 1D landmark pooling kernel at several of its settings (triton_pool.CONFIG["fwd1d"], which sweep.py's
+    """The 1D landmark pooling kernel at several of its settings (pool.CONFIG["fwd1d"], which sweep.py's
     pool.<key> sets): every setting's output bitwise the defaults' and within bf16 rounding of the float32 means."""
-    from mita.ops.mita import triton_pool as tp
+    from mita.ops.mita.triton import pool as tp
 
     g = torch.Generator().manual_seed(n)
     x = torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16)

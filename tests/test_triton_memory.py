@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import mita.ops.mita.launch as launch
-from mita.ops.mita import triton_routing as tr
-from mita.ops.mita.triton_mita import triton_mita
+from mita.ops.mita.triton import common as tc
+from mita.ops.mita.triton import launch
+from mita.ops.mita.triton.op import triton_mita
 
 
 def _peak_bytes(fn) -> int:
@@ -70,15 +70,15 @@ def test_peak_memory_bounds(monkeypatch, N, m, S):
 
 def test_grad_layouts_reads_do_in_place():
     B, H, N, d = 2, 3, 10, 16
-    o = tr.out_layout(torch.empty(B, H, N, d))
-    for do in (torch.randn(B, H, N, d), tr.out_layout(o).normal_(), torch.randn(B, N, H, d).transpose(1, 2)):
-        o2, do2, lay = tr.grad_layouts(o, do)
+    o = tc.out_layout(torch.empty(B, H, N, d))
+    for do in (torch.randn(B, H, N, d), tc.out_layout(o).normal_(), torch.randn(B, N, H, d).transpose(1, 2)):
+        o2, do2, lay = tc.grad_layouts(o, do)
         assert o2 is o and do2 is do
         assert lay == (do.stride(0), do.stride(1), do.stride(2))
     # An expanded gradient (out.sum().backward()) has a zero feature stride: copied once.
     ex = torch.ones(()).expand(B, H, N, d)
-    _, do2, lay = tr.grad_layouts(o, ex)
+    _, do2, lay = tc.grad_layouts(o, ex)
     assert do2.is_contiguous() and lay == (H * N * d, N * d, d)
     # o in another layout than the forward wrote: copied into it.
-    o3, _, _ = tr.grad_layouts(o.contiguous(), ex)
-    assert o3.stride() == tr.out_strides(o3)
+    o3, _, _ = tc.grad_layouts(o.contiguous(), ex)
+    assert o3.stride() == tc.out_strides(o3)

@@ -20,17 +20,27 @@ if not _CUDA:
 
 triton = pytest.importorskip("triton")
 
-from mita.ops.mita import triton_backend  # noqa: E402
-from mita.ops.mita import triton_mita as tm  # noqa: E402
-from mita.ops.mita import triton_routing as tr  # noqa: E402
-from mita.ops.mita import triton_small as ts  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
 from mita.ops.mita.naive import naive_mita  # noqa: E402
+from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
+from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
+from mita.ops.mita.triton import backend  # noqa: E402
+from mita.ops.mita.triton import common as tc  # noqa: E402
+from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
+from mita.ops.mita.triton import op as tmop  # noqa: E402
+from mita.ops.mita.triton import plan as tplan  # noqa: E402
+from mita.ops.mita.triton import pool as tp  # noqa: E402
+from mita.ops.mita.triton import routing as trt  # noqa: E402
+from mita.ops.mita.triton import short as ts  # noqa: E402
+from mita.ops.mita.triton import short_bwd as tsb  # noqa: E402
+from mita.ops.mita.triton import topk as ttk  # noqa: E402
+from mita.ops.mita.triton import topk_scan as tks  # noqa: E402
+from mita.ops.mita.triton import topk_select as tksel  # noqa: E402
 
-if not _CUDA and type(tm._mita_fwd_kernel).__name__ != "InterpretedFunction":
-    importlib.reload(tr)
-    importlib.reload(ts)
-    importlib.reload(tm)
+if not _CUDA and type(afwd._mita_fwd_kernel).__name__ != "InterpretedFunction":
+    # Imported earlier without the interpreter: reload the kernel modules, each after the ones it imports from.
+    for _mod in (tc, tks, tlv, tksel, ttk, trt, afwd, tplan, abwd, ts, tsb, tp, tmop):
+        importlib.reload(_mod)
 
 DEV = "cuda" if _CUDA else "cpu"
 # Relative L2 error bounds against the float32 reference (bf16/fp16 operands round P and the output).
@@ -77,7 +87,7 @@ def _check(
     valid = torch.ones(B, N, dtype=torch.bool, device=DEV) if mask is None else ~mask
     # Callers ignore padded query rows, so their output gradient is zero.
     do = do * valid[:, None, :, None]
-    out = tm.triton_mita(q, k, v, r, topk, **kw)
+    out = tmop.triton_mita(q, k, v, r, topk, **kw)
     grads = torch.autograd.grad(out, (q, k, v, r), do, allow_unused=True)
     ref = naive_mita(q, k, v, r, topk, **kw)
     ref_grads = torch.autograd.grad(ref, (q, k, v, r), do, allow_unused=True)
@@ -110,8 +120,8 @@ CPU_CASES = [
 
 @pytest.fixture(params=["short", "general"])
 def path(request, monkeypatch):
-    """Run a test on the short-sequence kernels (triton_small.py) and on the general sparse path."""
-    monkeypatch.setattr(tm, "SHORT_PATH", request.param == "short")
+    """Run a test on the short-sequence kernels (triton/short.py) and on the general sparse path."""
+    monkeypatch.setattr(tmop, "SHORT_PATH", request.param == "short")
     return request.param
 
 
@@ -135,8 +145,8 @@ def test_general_forward_shared_in_route_matches_naive(
 ):
     """FWD_CONFIG shared_in_route: the route kernel also writes each query's attention over the shared entries and
     the fused attention continues from it (S = 1; S = 2 keeps the shared loop), forward and backward."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "shared_in_route", True)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "shared_in_route", True)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
 
 
@@ -164,12 +174,12 @@ def test_general_lazy_softmax_matches_naive(
     """FWD_CONFIG lazy (the fused forward's online softmax rescales only when a maximum grows by more than 2^8) with
     SCAN_CONFIG even and lv_lazy (the block-top pass unmasked, its landmark values rescaled lazily), forward and
     backward; key norms growing 12x along N make later blocks raise the maxima, so the rescaling branch runs."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 1)
-    monkeypatch.setitem(tm.FWD_CONFIG, "unmasked", 1)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 4)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 1)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "unmasked", 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 4)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from, key_growth=growth)
     fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
     assert len(fwd) == 1 and fwd[0]["LAZY"]
@@ -192,25 +202,25 @@ def test_fma_softmax_matches_naive(
 ):
     """FWD_CONFIG lazy 2 (the fused forward's scale in the exponent's FMA, every block rescaled), forward and
     backward, with key norms growing along N (later blocks raise the maxima)."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 2)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 2)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from, key_growth=12.0)
     fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
     assert len(fwd) == 1 and fwd[0]["LAZY"] == 2
 
 
 def test_lazy_mode_rejects_unknown(monkeypatch):
-    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 3)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 3)
     with pytest.raises(ValueError, match="lazy"):
-        tm._lazy_mode()
+        afwd._lazy_mode()
 
 
 @pytest.mark.parametrize("growth", [1.0, 12.0])
 def test_general_unmasked_without_lazy_matches_naive(poison, monkeypatch, triton_launches, growth):
     """FWD_CONFIG unmasked alone: the fused forward's mask-free blocks with the per-block softmax."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "unmasked", 1)
-    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", 0)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "unmasked", 1)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 0)
     _check(1, 2, 200, 32, 16, 32, torch.bfloat16, key_growth=growth)
     fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
     assert len(fwd) == 1 and fwd[0]["FULL"] and not fwd[0]["LAZY"]
@@ -220,26 +230,26 @@ def test_general_unmasked_without_lazy_matches_naive(poison, monkeypatch, triton
 def test_backward_register_caps_run(poison, monkeypatch, path_kind):
     """BWD_CONFIG register caps reach every backward launch (the interpreter ignores the cap itself; on the GPU it
     is a compile option): forward and backward still match the reference, on both dk / dv paths."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    for key in tm.BWD_CONFIG:
-        monkeypatch.setitem(tm.BWD_CONFIG, key, 96)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    for key in abwd.BWD_CONFIG:
+        monkeypatch.setitem(abwd.BWD_CONFIG, key, 96)
     if path_kind == "csr":
-        monkeypatch.setattr(tm, "_MATCH_MAX", 0)
+        monkeypatch.setattr(abwd, "_MATCH_MAX", 0)
     _check(1, 2, 130, 64, 6, 20, torch.float32, 2, True, None)
 
 
 def test_forward_launch_settings(monkeypatch):
     """The fused forward's launch options: 2 stages and a 96-register cap for 64-row tiles of 64-key blocks at d 64
     (measured on the H200), the compiler's choice elsewhere; FWD_CONFIG overrides both, 0 meaning none."""
-    assert tm._fwd_launch(64, 64, 64) == dict(num_warps=4, maxnreg=96, num_stages=2)
-    assert tm._fwd_launch(64, 32, 128) == dict(num_warps=8)
-    assert tm._fwd_launch(32, 64, 64) == dict(num_warps=4)
-    monkeypatch.setitem(tm.FWD_CONFIG, "maxnreg", 0)
-    monkeypatch.setitem(tm.FWD_CONFIG, "num_stages", 3)
-    assert tm._fwd_launch(64, 64, 64) == dict(num_warps=4, num_stages=3)
-    monkeypatch.setitem(tm.FWD_CONFIG, "maxnreg", 128)
-    monkeypatch.setitem(tm.FWD_CONFIG, "num_stages", 0)
-    assert tm._fwd_launch(16, 16, 32) == dict(num_warps=4, maxnreg=128)
+    assert afwd._fwd_launch(64, 64, 64) == dict(num_warps=4, maxnreg=96, num_stages=2)
+    assert afwd._fwd_launch(64, 32, 128) == dict(num_warps=8)
+    assert afwd._fwd_launch(32, 64, 64) == dict(num_warps=4)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "maxnreg", 0)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "num_stages", 3)
+    assert afwd._fwd_launch(64, 64, 64) == dict(num_warps=4, num_stages=3)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "maxnreg", 128)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "num_stages", 0)
+    assert afwd._fwd_launch(16, 16, 32) == dict(num_warps=4, maxnreg=128)
 
 
 @pytest.mark.parametrize("dtype,S,pad_from", [(torch.float32, 1, None), (torch.bfloat16, 2, (300, 120))])
@@ -247,26 +257,26 @@ def test_inference_plan_tile(poison, monkeypatch, dtype, S, pad_from):
     """FWD_CONFIG bm_infer: a forward no backward follows (grad mode off, or no input needing a gradient) builds its
     plan with bm_infer-row tiles; a forward that may be differentiated keeps bm_max's, and both match the
     reference."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "bm_max", 16)
-    monkeypatch.setitem(tm.FWD_CONFIG, "bm_infer", 64)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "bm_max", 16)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "bm_infer", 64)
     tiles = []
-    real_fwd = tm.mita_fwd
+    real_fwd = tmop.mita_fwd
 
     def spy(*a, **kw):
         tiles.append(a[5].bm)
         return real_fwd(*a, **kw)
 
-    monkeypatch.setattr(tm, "mita_fwd", spy)
+    monkeypatch.setattr(tmop, "mita_fwd", spy)
     (q, k, v, r), mask = _inputs(2, 1, 300, 32, 2, dtype, pad_from, seed=4)
     kw = dict(experts_per_query=S, key_padding_mask=mask)
     ref = naive_mita(q, k, v, r, 40, **kw)
     with torch.no_grad():
-        out = tm.triton_mita(q, k, v, r, 40, **kw)
+        out = tmop.triton_mita(q, k, v, r, 40, **kw)
     assert tiles == [64]
     assert _rel(out, ref) < TOL[dtype]
     detached = [t.detach() for t in (q, k, v, r)]
-    out = tm.triton_mita(*detached, 40, **kw)
+    out = tmop.triton_mita(*detached, 40, **kw)
     assert tiles == [64, 64]
     assert _rel(out, ref) < TOL[dtype]
     _check(2, 1, 300, 32, 2, 40, dtype, S, True, pad_from, seed=4)
@@ -287,7 +297,7 @@ def test_short_path_matches_naive(poison, monkeypatch, bwd, B, H, N, d, m, topk,
     """The short-sequence kernels at DeiT-S's shape, with S = 2 and padding, an all-padding row, and m > N; both
     backward variants."""
     assert ts.small_supported(N, m, d)
-    monkeypatch.setattr(ts, "BWD", bwd)
+    monkeypatch.setattr(tsb, "BWD", bwd)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
 
 
@@ -304,8 +314,8 @@ def test_short_path_fused_backward_matches_split(poison, monkeypatch, S, shared,
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
     grads = {}
     for bwd in ("fused", "split"):
-        monkeypatch.setattr(ts, "BWD", bwd)
-        out = tm.triton_mita(q, k, v, r, 20, **kw)
+        monkeypatch.setattr(tsb, "BWD", bwd)
+        out = tmop.triton_mita(q, k, v, r, 20, **kw)
         grads[bwd] = torch.autograd.grad(out, (q, k, v, r), do, allow_unused=True)
     for name, a, b in zip("q k v landmarks".split(), grads["fused"], grads["split"]):
         if b is None:
@@ -317,8 +327,8 @@ def test_short_path_fused_backward_matches_split(poison, monkeypatch, S, shared,
 
 def test_short_path_bad_backward_mode(monkeypatch):
     (q, k, v, r), _ = _inputs(1, 1, 40, 32, 4, torch.float32, seed=3)
-    monkeypatch.setattr(ts, "BWD", "fast")
-    out = tm.triton_mita(q, k, v, r, 8)
+    monkeypatch.setattr(tsb, "BWD", "fast")
+    out = tmop.triton_mita(q, k, v, r, 8)
     with pytest.raises(ValueError, match="'fused' or 'split'"):
         out.sum().backward()
 
@@ -343,16 +353,16 @@ def test_padding_appended_does_not_change_valid_outputs():
     q2, k2, v2 = (torch.cat([t.detach(), e], dim=2) for t, e in zip((q, k, v), extra))
     mask2 = torch.zeros(1, 65, dtype=torch.bool, device=DEV)
     mask2[:, 48:] = True
-    o1 = tm.triton_mita(q, k, v, r, 60)
-    o2 = tm.triton_mita(q2, k2, v2, r.detach(), 60, key_padding_mask=mask2)
+    o1 = tmop.triton_mita(q, k, v, r, 60)
+    o2 = tmop.triton_mita(q2, k2, v2, r.detach(), 60, key_padding_mask=mask2)
     assert _rel(o2[:, :, :48], o1) < 1e-5
 
 
 def test_ties_go_to_lower_index():
     scores = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0, -0.0, 0.0, float("-inf")]])
-    assert sorted(tm.topk_lowest_index(scores, 2).tolist()[0]) == [1, 2]
-    assert sorted(tm.topk_lowest_index(scores, 4).tolist()[0]) == [1, 2, 3, 4]
-    assert sorted(tm.topk_lowest_index(scores, 6).tolist()[0]) == [0, 1, 2, 3, 4, 5]
+    assert sorted(tplan.topk_lowest_index(scores, 2).tolist()[0]) == [1, 2]
+    assert sorted(tplan.topk_lowest_index(scores, 4).tolist()[0]) == [1, 2, 3, 4]
+    assert sorted(tplan.topk_lowest_index(scores, 6).tolist()[0]) == [0, 1, 2, 3, 4, 5]
     ref = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :6]
     assert sorted(ref.tolist()[0]) == [0, 1, 2, 3, 4, 5]
 
@@ -362,27 +372,27 @@ def test_duplicate_keys_tie_break_matches_naive(poison, path):
     with torch.no_grad():
         # Every key appears twice: top-k must take the lower copy of each tied pair, as naive_mita does.
         k[:, :, 32:] = k[:, :, :32]
-    out = tm.triton_mita(q, k, v, r, 5)
+    out = tmop.triton_mita(q, k, v, r, 5)
     assert _rel(out, naive_mita(q, k, v, r, 5)) < 1e-4
 
 
 def test_backward_is_deterministic(path):
     (q, k, v, r), _ = _inputs(1, 2, 80, 32, 4, torch.float32, seed=7)
     do = torch.randn_like(q)
-    g1 = torch.autograd.grad(tm.triton_mita(q, k, v, r, 30, experts_per_query=2), (q, k, v, r), do)
-    g2 = torch.autograd.grad(tm.triton_mita(q, k, v, r, 30, experts_per_query=2), (q, k, v, r), do)
+    g1 = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 30, experts_per_query=2), (q, k, v, r), do)
+    g2 = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 30, experts_per_query=2), (q, k, v, r), do)
     for a, b in zip(g1, g2):
         assert torch.equal(a, b)
 
 
 def test_supports_and_dispatch():
     x = torch.randn(1, 1, 8, 100)
-    assert "head dim 100" in triton_backend.supports(x, x, x, x[:, :, :2], 4)
+    assert "head dim 100" in backend.supports(x, x, x, x[:, :, :2], 4)
     y = torch.randn(1, 1, 8, 32, dtype=torch.float64)
-    assert "dtype" in triton_backend.supports(y, y, y, y[:, :, :2], 4)
-    from mita.ops.mita.api import register_triton_backend
+    assert "dtype" in backend.supports(y, y, y, y[:, :, :2], 4)
+    from mita.ops.mita.api import register_triton
 
-    register_triton_backend(triton_backend)
+    register_triton(backend)
     (q, k, v, r), _ = _inputs(1, 1, 32, 32, 4, torch.float32, seed=9)
     with torch.no_grad():
         out = mita_attention(q, k, v, r, 8, backend="triton")
@@ -409,8 +419,9 @@ def test_strided_qkv_match_naive(poison, monkeypatch, N, S, pad_from, dtype):
 
         monkeypatch.setattr(module, name, fn)
 
-    for module, name, pos in ((tm, "mita_fwd", 0), (tm, "mita_bwd", 1), (ts, "small_fwd", 0), (ts, "small_bwd", 1)):
-        spy(module, name, pos)
+    # op calls them (the autograd functions live there).
+    for name, pos in (("mita_fwd", 0), ("mita_bwd", 1), ("small_fwd", 0), ("small_bwd", 1)):
+        spy(tmop, name, pos)
     B, H, d = 2, 3, 32
     out, _ = _check(B, H, N, d, 6, 20, dtype, S, True, pad_from, strided=True)
     qkv = (N * 3 * H * d, d, 3 * H * d, 1)
@@ -421,12 +432,12 @@ def test_strided_qkv_match_naive(poison, monkeypatch, N, S, pad_from, dtype):
 def test_kernel_layout_copies_only_mixed_layouts():
     x = torch.randn(2, 50, 3, 4, 16)
     q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
-    assert all(a is b for a, b in zip(tm.kernel_layout(q, k, v), (q, k, v)))
-    assert tr.heads_layout(q, k) == (4, 50 * 3 * 4 * 16, 16, 3 * 4 * 16)
-    assert tr.heads_layout(q.reshape(8, 50, 16)) == (1, 50 * 16, 0, 16)
+    assert all(a is b for a, b in zip(tmop.kernel_layout(q, k, v), (q, k, v)))
+    assert tc.heads_layout(q, k) == (4, 50 * 3 * 4 * 16, 16, 3 * 4 * 16)
+    assert tc.heads_layout(q.reshape(8, 50, 16)) == (1, 50 * 16, 0, 16)
     with pytest.raises(ValueError, match="share shape and strides"):
-        tr.heads_layout(q.contiguous(), k)
-    mixed = tm.kernel_layout(q.contiguous(), k, v)
+        tc.heads_layout(q.contiguous(), k)
+    mixed = tmop.kernel_layout(q.contiguous(), k, v)
     assert all(t.is_contiguous() for t in mixed) and all(torch.equal(a, b) for a, b in zip(mixed, (q, k, v)))
 
 
@@ -449,7 +460,7 @@ def test_gpu_strided_matches_naive(poison, N, m, topk, S, pad):
     "N,m,topk,short", [(*s, short) for s in GPU_SHAPES for short in (True, False)[: 1 + (s[0] <= 256)]]
 )
 def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
-    monkeypatch.setattr(tm, "SHORT_PATH", short)
+    monkeypatch.setattr(tmop, "SHORT_PATH", short)
     H = 2 if N <= 4097 else 1
     _check(1, H, N, d, m, topk, torch.bfloat16)
 
@@ -457,17 +468,17 @@ def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
 @pytest.mark.parametrize("mode", [1, 2, 3])
 def test_route_stream_setting_on_cpu(monkeypatch, mode):
     """FWD_CONFIG route_stream needs CUDA streams; off CUDA the routing runs in order as before (same result)."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", mode)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "route_stream", mode)
     _check(1, 2, 200, 32, 16, 32, torch.float32)
 
 
 def test_route_stream_rejects_unknown_mode(monkeypatch):
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", 4)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "route_stream", 4)
     (q, k, v, r), _ = _inputs(1, 1, 200, 32, 16, torch.float32)
     with pytest.raises(ValueError, match="route_stream"):
-        tm.triton_mita(q, k, v, r, 16)
+        tmop.triton_mita(q, k, v, r, 16)
 
 
 @pytest.mark.gpu
@@ -477,24 +488,24 @@ def test_route_stream_rejects_unknown_mode(monkeypatch):
 def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
     """FWD_CONFIG route_stream (routing on a second stream): bitwise the output of the in-order forward, eagerly,
     with a backward, and replayed from a CUDA graph (the fork and join captured)."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
     (q, k, v, r), _ = _inputs(1, 2, N, 64, m, torch.bfloat16)
     kw = dict(experts_per_query=S)
     do = torch.randn_like(q)
-    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", 0)
-    ref = tm.triton_mita(q, k, v, r, topk, **kw)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "route_stream", 0)
+    ref = tmop.triton_mita(q, k, v, r, topk, **kw)
     ref_g = torch.autograd.grad(ref, (q, k, v, r), do)
-    monkeypatch.setitem(tm.FWD_CONFIG, "route_stream", mode)
-    out = tm.triton_mita(q, k, v, r, topk, **kw)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "route_stream", mode)
+    out = tmop.triton_mita(q, k, v, r, topk, **kw)
     assert torch.equal(out, ref)
     for a, b in zip(torch.autograd.grad(out, (q, k, v, r), do), ref_g):
         assert torch.equal(a, b)
     qd, kd, vd, rd = (t.detach() for t in (q, k, v, r))
     with torch.no_grad():
-        tm.triton_mita(qd, kd, vd, rd, topk, **kw)  # warm-up (compiles) outside the capture
+        tmop.triton_mita(qd, kd, vd, rd, topk, **kw)  # warm-up (compiles) outside the capture
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            got = tm.triton_mita(qd, kd, vd, rd, topk, **kw)
+            got = tmop.triton_mita(qd, kd, vd, rd, topk, **kw)
         got.zero_()
         g.replay()
     torch.cuda.synchronize()
@@ -510,11 +521,11 @@ def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
 @pytest.mark.parametrize("lazy", [1, 2])
 def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_from, growth, lazy):
     """FWD_CONFIG lazy 1 / 2 with SCAN_CONFIG even and lv_lazy on the GPU (unmasked and masked forms)."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "lazy", lazy)
-    monkeypatch.setitem(tm.FWD_CONFIG, "unmasked", 1)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", 1)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", lazy)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "unmasked", 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", 1)
     _check(1 if pad_from is None else 2, 2, N, 64, m, topk, torch.bfloat16, pad_from=pad_from, key_growth=growth)
 
 
@@ -543,8 +554,8 @@ def test_gpu_variants(poison, N, m, topk, dtype, S, shared, pad_from, imbalanced
 )
 def test_gpu_shared_in_route_matches_naive(poison, monkeypatch, B, N, m, topk, pad_from):
     """FWD_CONFIG shared_in_route on the GPU: the route kernel's shared-entry attention, the fused attention after."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
-    monkeypatch.setitem(tm.FWD_CONFIG, "shared_in_route", True)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "shared_in_route", True)
     _check(B, 2, N, 64, m, topk, torch.bfloat16, 1, True, pad_from)
 
 
@@ -554,8 +565,8 @@ def test_gpu_shared_in_route_matches_naive(poison, monkeypatch, B, N, m, topk, p
 @pytest.mark.parametrize("S,pad", [(1, False), (2, True)])
 def test_gpu_short_backward_modes(poison, monkeypatch, bwd, S, pad):
     """Both short-path backward kernels at DeiT-S's shape (bf16) against naive_mita, and bitwise repeatable."""
-    monkeypatch.setattr(tm, "SHORT_PATH", True)
-    monkeypatch.setattr(ts, "BWD", bwd)
+    monkeypatch.setattr(tmop, "SHORT_PATH", True)
+    monkeypatch.setattr(tsb, "BWD", bwd)
     _, grads = _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
     _, again = _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
     for a, b in zip(grads, again):
@@ -567,8 +578,8 @@ def test_gpu_short_backward_modes(poison, monkeypatch, bwd, S, pad):
 def test_gpu_backward_is_deterministic():
     (q, k, v, r), _ = _inputs(2, 2, 8192, 64, 32, torch.bfloat16, seed=11)
     do = torch.randn_like(q)
-    g1 = torch.autograd.grad(tm.triton_mita(q, k, v, r, 256), (q, k, v, r), do)
-    g2 = torch.autograd.grad(tm.triton_mita(q, k, v, r, 256), (q, k, v, r), do)
+    g1 = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 256), (q, k, v, r), do)
+    g2 = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 256), (q, k, v, r), do)
     for a, b in zip(g1, g2):
         assert torch.equal(a, b)
     assert math.isfinite(sum(float(a.float().norm()) for a in g1))
@@ -628,8 +639,8 @@ def test_plan_matches_reference(monkeypatch, N, m, S, dist, chunked):
     route = route.to(DEV)
     idx = torch.zeros(BH, m, 4, dtype=torch.int32, device=DEV)
     for name, value in _PLAN_SETTINGS[chunked].items():
-        monkeypatch.setattr(tm, f"_PLAN_{name}", value)
-    plan = tm.build_plan(idx, route, m)
+        monkeypatch.setattr(tplan, f"_PLAN_{name}", value)
+    plan = tplan.build_plan(idx, route, m)
     T = plan.tile_e.shape[1]
     rows, starts, tile_e, tile_rs, tile_re = _reference_plan(route, m, plan.bm, T)
     assert torch.equal(plan.rows.cpu(), rows)
@@ -652,7 +663,7 @@ def test_plan_rows_and_starts_are_a_stable_sort_of_the_routes(BH, nrows, m, dist
     else:
         route = torch.full((BH, nrows), m // 2)
     route = route.to(dtype=torch.int32)
-    plan = tm.build_plan(torch.zeros(BH, m, 1, dtype=torch.int32), route, m)
+    plan = tplan.build_plan(torch.zeros(BH, m, 1, dtype=torch.int32), route, m)
     rows = torch.sort(route.long(), dim=-1, stable=True).indices.int()
     cnt = torch.zeros(BH, m, dtype=torch.long)
     cnt.scatter_add_(1, route.long(), torch.ones_like(route, dtype=torch.long))
@@ -663,14 +674,14 @@ def test_plan_rows_and_starts_are_a_stable_sort_of_the_routes(BH, nrows, m, dist
 
 @pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])
 def test_backward_match_and_csr_reductions_agree(monkeypatch, S, shared, pad):
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
     (q, k, v, r), mask = _inputs(2, 1, 90, 32, 6, torch.float32, pad_from=(90, 50) if pad else None, seed=13)
     do = torch.randn_like(q)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
-    g_match = torch.autograd.grad(tm.triton_mita(q, k, v, r, 20, **kw), (q, k, v, r), do)
-    monkeypatch.setattr(tm, "_MATCH_MAX", 0)
-    monkeypatch.setattr(tm, "_PLAN_FUSED_MAX", 0)
-    g_csr = torch.autograd.grad(tm.triton_mita(q, k, v, r, 20, **kw), (q, k, v, r), do)
+    g_match = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 20, **kw), (q, k, v, r), do)
+    monkeypatch.setattr(abwd, "_MATCH_MAX", 0)
+    monkeypatch.setattr(tplan, "_PLAN_FUSED_MAX", 0)
+    g_csr = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 20, **kw), (q, k, v, r), do)
     # Both sum a key's routed rows in ascending expert order, so the results are bitwise equal.
     for a, b in zip(g_match, g_csr):
         assert torch.equal(a, b)
@@ -680,34 +691,33 @@ def test_launch_count_small_shape(monkeypatch, triton_launches):
     """General path at small N (no padding, S = 1): five Triton launches (top-k, routing, plan, landmark values,
     attention) and no PyTorch kernels beyond reshapes; the backward five. The short path: two and one (two with
     the split backward)."""
-    monkeypatch.setattr(tm, "SHORT_PATH", False)
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
     launches = triton_launches
     (q, k, v, r), _ = _inputs(2, 2, 197, 32, 25, torch.float32, seed=17)
-    out = tm.triton_mita(q, k, v, r, 25)
+    out = tmop.triton_mita(q, k, v, r, 25)
     n_fwd = len(launches)
     assert n_fwd == 5, launches
     torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
     assert len(launches) - n_fwd == 5, launches[n_fwd:]
-    monkeypatch.setattr(tm, "SHORT_PATH", True)
+    monkeypatch.setattr(tmop, "SHORT_PATH", True)
     launches.clear()
-    out = tm.triton_mita(q, k, v, r, 25)
+    out = tmop.triton_mita(q, k, v, r, 25)
     assert launches == ["_small_route_kernel", "_small_attn_kernel"], launches
     torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
     assert launches[2:] == ["_small_bwd_kernel"], launches
-    monkeypatch.setattr(ts, "BWD", "split")
+    monkeypatch.setattr(tsb, "BWD", "split")
     launches.clear()
-    out = tm.triton_mita(q, k, v, r, 25)
+    out = tmop.triton_mita(q, k, v, r, 25)
     torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
     assert launches[2:] == ["_small_bwd_q_kernel", "_small_bwd_k_kernel"], launches
 
 
 @pytest.mark.parametrize("heads,N,start,grid,bins", [(3, 197, 0, (14, 14), (5, 5)), (0, 50, 1, (7, 7), (2, 3))])
 def test_triton_pooling_matches_pytorch(heads, N, start, grid, bins):
-    """The Triton landmark pooling (triton_pool.py: bf16 forward with float32 sums, float32 backward) against the
+    """The Triton landmark pooling (triton/pool.py: bf16 forward with float32 sums, float32 backward) against the
     PyTorch formulation's float32 arithmetic: forward within one bf16 ulp (both round a float32 sum once, summed in
     different orders), backward to float32 rounding; written in the landmarks' layout."""
     from mita.ops import landmarks as lm
-    from mita.ops.mita import triton_pool as tp
 
     g = torch.Generator().manual_seed(N)
     G, d = 2, 32
@@ -749,7 +759,6 @@ def test_triton_pooling_1d_matches_pytorch(dtype, B, H, N, d, m):
     one ulp of x's dtype, from a strided view (the head split of a fused qkv projection); _Pool1D's backward equals
     the PyTorch formulation's gradient bit for bit."""
     from mita.ops import landmarks as lm
-    from mita.ops.mita import triton_pool as tp
 
     g = torch.Generator().manual_seed(N)
     qkv = torch.randn(B, N, 3, H, d, generator=g).to(DEV, dtype)
@@ -818,16 +827,16 @@ def test_folded_pooling_matches_two_step(monkeypatch, S, shared, layout):
     if layout == "official":
         # The CLS-shifted grid takes the first 64 tokens; cells still hold 16 tokens each.
         assert pool.counts.flatten().tolist() == [16.0] * 4
-    assert tm.pooled_short_supported(torch.empty(B, H, N, d, dtype=torch.bfloat16), 4)
+    assert tmop.pooled_short_supported(torch.empty(B, H, N, d, dtype=torch.bfloat16), 4)
     do = torch.randn(B, H, N, d, generator=torch.Generator().manual_seed(5)).to(DEV, torch.bfloat16)
     for bwd in ("fused", "split"):
-        monkeypatch.setattr(ts, "BWD", bwd)
+        monkeypatch.setattr(tsb, "BWD", bwd)
         q, k, v = _quantized_qkv(B, H, N, d, seed=9)
-        out = tm.triton_mita_pooled(q, k, v, pool, 10, **kw)
+        out = tmop.triton_mita_pooled(q, k, v, pool, 10, **kw)
         grads = torch.autograd.grad(out, (q, k, v), do)
         q2, k2, v2 = _quantized_qkv(B, H, N, d, seed=9)
         r = pool_landmarks(q2, 4, layout=layout, num_prefix_tokens=1)
-        ref = tm.triton_mita(q2, k2, v2, r, 10, **kw)
+        ref = tmop.triton_mita(q2, k2, v2, r, 10, **kw)
         ref_grads = torch.autograd.grad(ref, (q2, k2, v2), do)
         assert torch.equal(out, ref), bwd
         for name, a, b in zip("qkv", grads, ref_grads):
@@ -839,11 +848,13 @@ def test_folded_pooling_matches_two_step(monkeypatch, S, shared, layout):
 def test_layer_takes_folded_pooling(monkeypatch):
     """MiTAAttention with 2D landmarks on the Triton backend takes triton_mita_pooled (bf16, short sequence); not
     with padding-free 1D landmarks, a selection record, float32 or FOLD_POOLING off."""
+    import mita.ops.mita.triton as mita_triton
     from mita.layers import mita as layer_mod
 
     calls = []
-    real = tm.triton_mita_pooled
-    monkeypatch.setattr(tm, "triton_mita_pooled", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = mita_triton.triton_mita_pooled
+    # The layer calls the package's public name.
+    monkeypatch.setattr(mita_triton, "triton_mita_pooled", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     layer = layer_mod.MiTAAttention(dim=64, num_heads=2, m=4, k=10, backend="triton").to(DEV, torch.bfloat16)
     x = torch.randn(2, 65, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
     y = layer(x)

@@ -13,8 +13,8 @@ if not _CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from mita.ops.mita import triton_mita as tm  # noqa: E402
-from mita.ops.mita import triton_op  # noqa: E402
+from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
+from mita.ops.mita.triton import op as tmop  # noqa: E402
 
 DEV = "cuda" if _CUDA else "cpu"
 CASES = [  # (N, m, k, S, shared, pad)
@@ -42,14 +42,14 @@ def _inputs(N, m, d=32, B=2, H=1, pad=False, dtype=torch.float32, seed=0):
 def test_compiled_op_matches_eager_without_graph_break(monkeypatch, short, case, fold):
     """The compiled custom op against the eager autograd path, bitwise (fold: FWD_CONFIG shared_in_route)."""
     N, m, k, S, shared, pad = case
-    monkeypatch.setattr(tm, "SHORT_PATH", short)
-    monkeypatch.setitem(tm.FWD_CONFIG, "shared_in_route", fold)
+    monkeypatch.setattr(tmop, "SHORT_PATH", short)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "shared_in_route", fold)
     torch._dynamo.reset()
     (q, kk, v, r), mask = _inputs(N, m, pad=pad, seed=N)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
 
     def f(q, kk, v, r):
-        return tm.triton_mita(q, kk, v, r, k, **kw)
+        return tmop.triton_mita(q, kk, v, r, k, **kw)
 
     g = torch.compile(f, fullgraph=True, backend="aot_eager")
     ins = [t.clone().requires_grad_() for t in (q, kk, v, r)]
@@ -74,7 +74,7 @@ def test_custom_op_opcheck(short, case):
     rf = r.reshape(B * H, m, d).requires_grad_()
     kv = None if mask is None else (~mask)[:, None, :].expand(B, H, N).reshape(B * H, N)
     args = (qf, kf, vf, rf, kv, k, S, shared, d**-0.5, 1.0 / d, short, True)
-    torch.library.opcheck(triton_op.triton_fwd, args)
+    torch.library.opcheck(tmop.triton_fwd, args)
 
 
 @pytest.mark.parametrize("heads", ["flat", "strided"])
@@ -84,8 +84,8 @@ def test_fake_shapes_match_real_outputs(heads, monkeypatch):
     order); with and without a backward to follow (the plan's tile table then differs: bm_infer)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    monkeypatch.setitem(tm.FWD_CONFIG, "bm_max", 16)
-    monkeypatch.setitem(tm.FWD_CONFIG, "bm_infer", 32)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "bm_max", 16)
+    monkeypatch.setitem(afwd.FWD_CONFIG, "bm_infer", 32)
 
     for short in (True, False):
         for N, m, k, S, shared, pad in CASES:
@@ -99,11 +99,11 @@ def test_fake_shapes_match_real_outputs(heads, monkeypatch):
             args = [*qkv, r.reshape(B * H, m, d)]
             kv = None if mask is None else (~mask)[:, None, :].expand(B, H, N).reshape(B * H, N)
             for train in (True, False):
-                real = triton_op.triton_fwd(*args, kv, k, S, shared, d**-0.5, 1.0 / d, short, train)
+                real = tmop.triton_fwd(*args, kv, k, S, shared, d**-0.5, 1.0 / d, short, train)
                 with FakeTensorMode() as mode:
                     fk = [mode.from_tensor(t) for t in args]
                     fkv = None if kv is None else mode.from_tensor(kv)
-                    fake = triton_op.triton_fwd(*fk, fkv, k, S, shared, d**-0.5, 1.0 / d, short, train)
+                    fake = tmop.triton_fwd(*fk, fkv, k, S, shared, d**-0.5, 1.0 / d, short, train)
 
                 def meta(ts):
                     return [(t.shape, t.dtype, t.stride() if t.numel() else None) for t in ts]

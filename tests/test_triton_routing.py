@@ -1,4 +1,5 @@
-"""Routing and landmark-value kernels (triton_routing.py): exact top-k, top-S routing, split-key landmark values.
+"""Top-k, routing and landmark-value kernels (mita/ops/mita/triton: topk*.py, routing.py, landmark_values.py): exact
+top-k, top-S routing, split-key landmark values.
 
 Integer-valued inputs make every score exact in float32 whatever the summation order, so index sets are compared
 exactly, ties included. Without a GPU the kernels run under TRITON_INTERPRET=1 at small shapes.
@@ -18,11 +19,25 @@ if not _CUDA:
 
 triton = pytest.importorskip("triton")
 
-from mita.ops.mita import triton_routing as tr  # noqa: E402
 from mita.ops.mita.naive import stable_topk_indices  # noqa: E402
+from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
+from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
+from mita.ops.mita.triton import common as tc  # noqa: E402
+from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
+from mita.ops.mita.triton import op as tmop  # noqa: E402
+from mita.ops.mita.triton import plan as tplan  # noqa: E402
+from mita.ops.mita.triton import pool as tp  # noqa: E402
+from mita.ops.mita.triton import routing as trt  # noqa: E402
+from mita.ops.mita.triton import short as ts  # noqa: E402
+from mita.ops.mita.triton import short_bwd as tsb  # noqa: E402
+from mita.ops.mita.triton import topk as ttk  # noqa: E402
+from mita.ops.mita.triton import topk_scan as tks  # noqa: E402
+from mita.ops.mita.triton import topk_select as tksel  # noqa: E402
 
-if not _CUDA and type(tr._route_kernel).__name__ != "InterpretedFunction":
-    importlib.reload(tr)
+if not _CUDA and type(trt._route_kernel).__name__ != "InterpretedFunction":
+    # Imported earlier without the interpreter: reload the kernel modules, each after the ones it imports from.
+    for _mod in (tc, tks, tlv, tksel, ttk, trt, afwd, tplan, abwd, ts, tsb, tp, tmop):
+        importlib.reload(_mod)
 
 DEV = "cuda" if _CUDA else "cpu"
 
@@ -46,14 +61,14 @@ def _ref_topk(r, k, valid, ksel):
 @pytest.fixture(params=[1, 3], ids=["block_top1", "block_top3"])
 def block_top(request, monkeypatch):
     """The long-row top-k's start from each key block's maximum (1) and from its 3 largest scores."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", request.param)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", request.param)
     return request.param
 
 
 @pytest.fixture(params=[1, 0], ids=["persistent_fallback", "fallback_launches"])
 def fallback(request, monkeypatch):
     """The fallback rows' passes in one persistent launch (1, the default) and as ten launches (0)."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", request.param)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "fallback", request.param)
     return request.param
 
 
@@ -62,8 +77,8 @@ _TOPK_PATHS = dict(select_persistent=(1, 1), select_fallback_launches=(1, 0), th
 
 def _use_topk_path(monkeypatch, path: tuple[int, int]) -> tuple[int, int]:
     fused, fb = path
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", fb)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "fused_select", fused)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "fallback", fb)
     return path
 
 
@@ -87,7 +102,7 @@ def topk_path_all(request, monkeypatch):
 def _fb_final(fused: int, fallback: int) -> bool:
     """Whether the persistent fallback kernel selects the fallback rows' top-k itself (SCAN_CONFIG fb_final, with
     the select kernel), so that no final kernel follows."""
-    return bool(fused and fallback and tr.SCAN_CONFIG["fb_final"])
+    return bool(fused and fallback and ttk.SCAN_CONFIG["fb_final"])
 
 
 def _topk_launches(fused: int, fallback: int) -> list[str]:
@@ -118,8 +133,8 @@ def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
         valid = torch.ones(BH, N, dtype=torch.bool, device=DEV)
         valid[0, N // 3 :] = False
         valid[1, :5] = False
-    kw = dict(small_max_n=0, cap=max(64, tr._next_pow2(ksel))) if path == "long" else {}
-    got = tr.exact_topk(r, k, valid, ksel, **kw)
+    kw = dict(small_max_n=0, cap=max(64, tc._next_pow2(ksel))) if path == "long" else {}
+    got = ttk.exact_topk(r, k, valid, ksel, **kw)
     assert got.shape == (BH, M, ksel) and got.dtype == torch.int32
     assert _same_sets(got, _ref_topk(r, k, valid, ksel))
     # Ascending valid indices first, then -1.
@@ -134,9 +149,9 @@ def test_exact_topk_long_rows_massive_ties_and_refinement(block_top, topk_path):
     r = _ints((BH, M, d), 0, 2, 3)
     k = _ints((BH, N, d), 0, 2, 4)
     k[:, 50:180] = k[:, 10:11]
-    got = tr.exact_topk(r, k, None, ksel, small_max_n=0, cap=64)
+    got = ttk.exact_topk(r, k, None, ksel, small_max_n=0, cap=64)
     assert _same_sets(got, _ref_topk(r, k, None, ksel))
-    assert _same_sets(tr.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
+    assert _same_sets(ttk.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
 
 
 def test_exact_topk_long_rows_start_from_block_maxima(block_top):
@@ -145,7 +160,7 @@ def test_exact_topk_long_rows_start_from_block_maxima(block_top):
     k = _ints((1, 1300, 32), -2, 3, 10, torch.bfloat16)
     valid = torch.ones(1, 1300, dtype=torch.bool, device=DEV)
     valid[0, 1000:1100] = False
-    got = tr.exact_topk(r, k, valid, 8)
+    got = ttk.exact_topk(r, k, valid, 8)
     assert _same_sets(got, _ref_topk(r, k, valid, 8))
 
 
@@ -164,7 +179,7 @@ def test_exact_topk_long_rows_count_first_then_refine_some_rows(block_top, topk_
     k[0, 300, 0] = 3.0
     k[0, 900, 0] = 3.0
     r, k = r.to(DEV), k.to(DEV)
-    got = tr.exact_topk(r, k, None, ksel, small_max_n=0, cap=64)
+    got = ttk.exact_topk(r, k, None, ksel, small_max_n=0, cap=64)
     assert _same_sets(got, _ref_topk(r, k, None, ksel))
 
 
@@ -201,7 +216,7 @@ def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad, block_to
     N, d, ksel = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = _mixed_rows_padding(N) if pad else None
-    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
+    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
     ref = _ref_topk(r, k, valid, ksel)
     assert _same_sets(got, ref)
     key = torch.where(got < 0, 1 << 30, got.long())
@@ -214,7 +229,7 @@ def test_exact_topk_long_rows_fewer_valid_keys_than_k(block_top):
     k = _ints((2, 70, 32), -1, 2, 12)
     valid = torch.ones(2, 70, dtype=torch.bool, device=DEV)
     valid[1, 25:] = False
-    got = tr.exact_topk(r, k, valid, 40, small_max_n=0)
+    got = ttk.exact_topk(r, k, valid, 40, small_max_n=0)
     assert _same_sets(got, _ref_topk(r, k, valid, 40))
     assert torch.equal(got[1, :, :25].long().cpu(), torch.arange(25).expand(3, 25))
     assert torch.all(got[1, :, 25:] == -1)
@@ -227,7 +242,7 @@ def test_exact_topk_long_rows_launches(triton_launches, topk_path_all):
     launches = triton_launches
     r = _ints((1, 3, 32), -1, 2, 15)
     k = _ints((1, 70, 32), -1, 2, 16)
-    got = tr.exact_topk(r, k, None, 5, small_max_n=0)
+    got = ttk.exact_topk(r, k, None, 5, small_max_n=0)
     assert launches == _topk_launches(*topk_path_all)
     fb_final = _fb_final(*topk_path_all)
     finals = [kw["FB_ONLY"] for name, kw in triton_launches.kwargs if name == "_topk_final_kernel"]
@@ -248,10 +263,10 @@ def test_exact_topk_fallback_rows_top_k_in_fallback_or_final_kernel(monkeypatch,
     ref = _ref_topk(r, k, valid, ksel)
     got = {}
     for fb_final in (1, 0):
-        monkeypatch.setitem(tr.SCAN_CONFIG, "fb_final", fb_final)
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "fb_final", fb_final)
         triton_launches.clear()
         st: dict = {}
-        got[fb_final] = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
+        got[fb_final] = ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
         assert int(st["overflow_rows"]) > 0
         assert _same_sets(got[fb_final], ref)
         names = [n for n in triton_launches if n.startswith("_topk")]
@@ -291,16 +306,16 @@ def test_exact_topk_select_kernel_matches_three_kernels(monkeypatch, N, M, ksel,
     if pad:
         valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
         valid[1, N // 2 :] = False
-    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_top", emit_top)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "select_eb", eb)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "emit_top", emit_top)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "select_eb", eb)
     if cap is not None:
-        monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", 12)
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "start_steps", 12)
     out = {}
     for fused in (1, 0):
-        monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "fused_select", fused)
         st: dict = {}
         out[fused] = (
-            tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=cap, stats=st),
+            ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=cap, stats=st),
             st["counts"].cpu(),
             int(st["overflow_rows"]),
         )
@@ -314,9 +329,9 @@ def test_exact_topk_select_kernel_matches_three_kernels(monkeypatch, N, M, ksel,
 
 def test_exact_topk_select_eb_out_of_range(monkeypatch):
     r, k = _float_inputs(1, 4, 600, 32, 3)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "select_eb", 24)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "select_eb", 24)
     with pytest.raises(ValueError, match="select_eb"):
-        tr.exact_topk(r, k, None, 8, small_max_n=0)
+        ttk.exact_topk(r, k, None, 8, small_max_n=0)
 
 
 @pytest.mark.parametrize(
@@ -337,10 +352,10 @@ def test_exact_topk_select_eb_out_of_range(monkeypatch):
     ],  # fmt: skip
 )
 def test_exact_topk_scan_config_out_of_range(monkeypatch, key, bad):
-    monkeypatch.setitem(tr.SCAN_CONFIG, key, bad)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, key, bad)
     r, k = _ints((1, 3, 32), -2, 3, 1), _ints((1, 700, 32), -2, 3, 2)
     with pytest.raises(ValueError, match=key):
-        tr.exact_topk(r, k, None, 8, small_max_n=0)
+        ttk.exact_topk(r, k, None, 8, small_max_n=0)
 
 
 @pytest.mark.parametrize("narrow", [0, 1, 2])
@@ -359,22 +374,22 @@ def test_exact_topk_start_steps_lower_bound(monkeypatch, pad, narrow):
         valid[1, 1500:] = False
     ref = _ref_topk(r, k, valid, ksel)
     counts = {}
-    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", min(narrow, 1))
-    monkeypatch.setitem(tr.SCAN_CONFIG, "final_narrow", narrow)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "start_narrow", min(narrow, 1))
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "final_narrow", narrow)
     for steps in (32, 24, 12):
-        monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", steps)
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "start_steps", steps)
         st = {}
-        got = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
+        got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
         assert _same_sets(got, ref), steps
         counts[steps] = st["counts"].cpu()
     assert (counts[32] >= ksel).all()
     assert (counts[24] >= counts[32]).all() and (counts[12] >= counts[24]).all()
     assert (counts[12] > counts[32]).any(), counts
     # 32 steps: the exact kk-th largest block top, whichever range the bisection starts from.
-    monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", 32)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", 1 - min(narrow, 1))
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "start_steps", 32)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "start_narrow", 1 - min(narrow, 1))
     st = {}
-    tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
+    ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
     assert torch.equal(st["counts"].cpu(), counts[32])
 
 
@@ -383,8 +398,8 @@ def test_exact_topk_final_narrow_edge_rows(monkeypatch, narrow):
     """The final kernel's bisection over the list's own key range (final_narrow 1), over the whole 32-bit range (0)
     and its threshold from a sort of the list (2): the same selection for rows with one valid key, fewer valid keys
     than k, none, and massive ties; negative and positive scores in one row."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "final_narrow", narrow)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "start_narrow", min(narrow, 1))
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "final_narrow", narrow)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "start_narrow", min(narrow, 1))
     N, M, ksel = 700, 4, 6
     r = _ints((3, M, 32), -3, 4, 41)
     k = _ints((3, N, 32), -3, 4, 42)
@@ -392,13 +407,13 @@ def test_exact_topk_final_narrow_edge_rows(monkeypatch, narrow):
     valid = torch.ones(3, N, dtype=torch.bool, device=DEV)
     valid[0, 1:] = False  # one valid key
     valid[1, 4:] = False  # fewer than k
-    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0)
+    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0)
     assert _same_sets(got, _ref_topk(r, k, valid, ksel))
     assert (got[0, :, 1:] == -1).all() and (got[1, :, 4:] == -1).all()
     key = torch.where(got < 0, 1 << 30, got.long())
     assert torch.equal(key, key.sort(-1).values)  # ascending valid indices, then -1
     valid[1] = False  # none
-    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0)
+    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0)
     assert (got[1] == -1).all()
     assert _same_sets(got, _ref_topk(r, k, valid, ksel))
 
@@ -406,7 +421,7 @@ def test_exact_topk_final_narrow_edge_rows(monkeypatch, narrow):
 def test_exact_topk_whole_tiles_of_tied_candidates():
     """Every block holds many keys at or above the start (massive ties): all of them are scored again."""
     r, k = _ints((2, 5, 32), -1, 2, 3), _ints((2, 900, 32), -1, 2, 4)
-    got = tr.exact_topk(r, k, None, 40, small_max_n=0, cap=512)
+    got = ttk.exact_topk(r, k, None, 40, small_max_n=0, cap=512)
     assert torch.equal(got.cpu().long(), _ref_topk(r, k, None, 40).sort(-1).values.cpu())
 
 
@@ -426,14 +441,14 @@ def test_exact_topk_sparse_emit_single_and_rescanned_blocks(monkeypatch, block_t
 def test_exact_topk_sparse_emit_long_chunks(monkeypatch, block_top, emit_bb):
     """The same planted keys with few programs, so each key chunk holds 24 blocks: the count + emit pass reads 32
     blocks' tops per step (the default, one masked step) or 2 (SCAN_CONFIG emit_bb: 12 steps)."""
-    monkeypatch.setattr(tr, "_SCAN_PROGRAMS", 4)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_bb", emit_bb)
+    monkeypatch.setattr(ttk, "_SCAN_PROGRAMS", 4)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "emit_bb", emit_bb)
     _sparse_emit_case(monkeypatch, True, 3)
 
 
 def _sparse_emit_case(monkeypatch, pad, emit_top, fused=1):
-    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_top", emit_top)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "emit_top", emit_top)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "fused_select", fused)
     BH, M, N, d = 2, 6, 3000, 32
     r = _ints((BH, M, d), -1, 2, 5)
     k = _ints((BH, N, d), -1, 2, 6) * 0.25  # background scores well below the planted keys
@@ -449,7 +464,7 @@ def _sparse_emit_case(monkeypatch, pad, emit_top, fused=1):
             k[h, 64 * (1 + 7 * i) + 40] = r[h, 1] * (2 if i == 0 else 1.5)
         k[h, 64 * 30 : 64 * 31] = r[h, 2] * 2
     st: dict = {}
-    got = tr.exact_topk(r, k, valid, 12, small_max_n=0, stats=st)
+    got = ttk.exact_topk(r, k, valid, 12, small_max_n=0, stats=st)
     assert _same_sets(got, _ref_topk(r, k, valid, 12))
     # Row 0 of each head: its start is the 12th planted key, reached by exactly those 12 (one per block).
     counts = st["counts"].view(BH, M).cpu()
@@ -462,7 +477,7 @@ def test_exact_topk_fully_padded_row(block_top):
     valid = torch.ones(2, 90, dtype=torch.bool, device=DEV)
     valid[1] = False
     for kw in ({}, dict(small_max_n=0)):
-        got = tr.exact_topk(r, k, valid, 8, **kw)
+        got = ttk.exact_topk(r, k, valid, 8, **kw)
         assert torch.all(got[1] == -1)
         assert _same_sets(got[0:1], _ref_topk(r[0:1], k[0:1], valid[0:1], 8))
 
@@ -477,28 +492,28 @@ def test_exact_topk_block_top_start(monkeypatch, bt, pad):
     """Start from the bt largest scores of each key block: exact on the mixed rows (list fits, all ties, refinement,
     ties below the top keys), on integer scores with many ties across blocks, and on correlated tokens, with and
     without padding; on the correlated tokens it leaves fewer rows for the refinement passes than block maxima."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", bt)
     N, d, ksel = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = _mixed_rows_padding(N) if pad else None
-    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
+    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
     assert _same_sets(got, _ref_topk(r, k, valid, ksel))
     key = torch.where(got < 0, 1 << 30, got.long())
     assert torch.equal(key, key.sort(-1).values)
     r2 = _ints((2, 6, 32), -2, 3, 17, torch.bfloat16)
     k2 = _ints((2, 1300, 32), -2, 3, 18, torch.bfloat16)
     v2 = None if not pad else torch.rand(2, 1300, generator=torch.Generator().manual_seed(3)).to(DEV) > 0.2
-    assert _same_sets(tr.exact_topk(r2, k2, v2, 16, small_max_n=0), _ref_topk(r2, k2, v2, 16))
+    assert _same_sets(ttk.exact_topk(r2, k2, v2, 16, small_max_n=0), _ref_topk(r2, k2, v2, 16))
     # Correlated tokens (a smoothed random walk): every row overflows the block-maximum start.
     g = torch.Generator().manual_seed(4)
     x = torch.cumsum(torch.randn(1, 2048, 32, generator=g), dim=1) * 0.05 + torch.randn(1, 2048, 32, generator=g)
     kx = x.to(DEV)
     rx = x[:, :: 2048 // 16][:, :16].contiguous().to(DEV)
     st, st1 = {}, {}
-    got = tr.exact_topk(rx, kx, None, 16, stats=st)
+    got = ttk.exact_topk(rx, kx, None, 16, stats=st)
     assert _same_sets(got, _ref_topk(rx, kx, None, 16))
-    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", 1)
-    tr.exact_topk(rx, kx, None, 16, stats=st1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", 1)
+    ttk.exact_topk(rx, kx, None, 16, stats=st1)
     assert int(st1["overflow_rows"]) > 8
     assert int(st["overflow_rows"]) < int(st1["overflow_rows"])
 
@@ -512,16 +527,16 @@ def test_exact_topk_block_top_default(monkeypatch):
     rx = x[:, :: 2048 // 16][:, :16].contiguous().to(DEV)
     counts = {}
     for bt in (1, 2, None):
-        monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", bt)
         st: dict = {}
-        tr.exact_topk(rx, kx, None, 16, stats=st)
+        ttk.exact_topk(rx, kx, None, 16, stats=st)
         counts[bt] = st["counts"].cpu()
     assert not torch.equal(counts[1], counts[2])
     assert torch.equal(counts[None], counts[2])
     # 2048 keys = 32 blocks of 64: with room for fewer than 64 entries the default falls back to block maxima.
-    monkeypatch.setattr(tr, "_START_ENTRIES", 63)
+    monkeypatch.setattr(ttk, "_START_ENTRIES", 63)
     st = {}
-    tr.exact_topk(rx, kx, None, 16, stats=st)
+    ttk.exact_topk(rx, kx, None, 16, stats=st)
     assert torch.equal(st["counts"].cpu(), counts[1])
 
 
@@ -529,7 +544,7 @@ def test_exact_topk_block_top_default(monkeypatch):
 def test_route_topk_matches_stable_sort(S):
     q = _ints((2, 77, 32), -2, 3, 7, torch.bfloat16)
     r = _ints((2, 19, 32), -2, 3, 8, torch.bfloat16)
-    got = tr.route_topk(q, r, S)
+    got = trt.route_topk(q, r, S)
     ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), S)
     assert torch.equal(got.view(2, 77, S).long().cpu(), ref.cpu())
 
@@ -545,18 +560,18 @@ def test_route_shared_out_matches_softmax(M, layout):
     r = torch.randn(B * H, M, d, generator=g).to(DEV)
     vt = torch.randn(B * H, M, d, generator=g).to(DEV)
     q = q4 if layout == "heads" else q4.reshape(B * H, N, d)
-    o = tr.out_layout(q)
+    o = tc.out_layout(q)
     lse = torch.empty(B * H, N, device=DEV)
     sscale = 0.3
-    got = tr.route_topk(q, r, 1, shared_out=(vt, o, lse, sscale))
-    assert torch.equal(got, tr.route_topk(q, r, 1))
+    got = trt.route_topk(q, r, 1, shared_out=(vt, o, lse, sscale))
+    assert torch.equal(got, trt.route_topk(q, r, 1))
     logits = q4.reshape(B * H, N, d).double() @ r.double().transpose(1, 2) * sscale
     ref_o = torch.softmax(logits, -1) @ vt.double()
     ref_lse = torch.logsumexp(logits, -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
     assert torch.allclose(o.reshape(B * H, N, d).double(), ref_o, rtol=1e-4, atol=1e-5)
     assert torch.allclose(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="S = 1"):
-        tr.route_topk(q, r, 2, shared_out=(vt, o, lse, sscale))
+        trt.route_topk(q, r, 2, shared_out=(vt, o, lse, sscale))
 
 
 def test_route_top1_multiple_landmark_tiles_and_ties():
@@ -566,7 +581,7 @@ def test_route_top1_multiple_landmark_tiles_and_ties():
     r = _ints((2, 150, 32), -1, 2, 14)
     q[:, :40] = 0.0
     r[:, 140] = r[:, 3]
-    got = tr.route_topk(q, r, 1)
+    got = trt.route_topk(q, r, 1)
     ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), 1)
     assert torch.equal(got.view(2, 300, 1).long().cpu(), ref.cpu())
     assert torch.all(got[:, :40] == 0)
@@ -577,7 +592,7 @@ def _route_top1_launch(triton_launches, N: int, M: int, seed: int) -> dict:
     kernel's launch arguments."""
     q = _ints((2, N, 32), -1, 2, seed)
     r = _ints((2, M, 32), -1, 2, seed + 1)
-    got = tr.route_topk(q, r, 1)
+    got = trt.route_topk(q, r, 1)
     ref = stable_topk_indices(q.double() @ r.double().transpose(1, 2), 1)
     assert torch.equal(got.view(2, N, 1).long().cpu(), ref.cpu())
     (kw,) = [kw for name, kw in triton_launches.kwargs if name == "_route_kernel"]
@@ -588,7 +603,7 @@ def _route_top1_launch(triton_launches, N: int, M: int, seed: int) -> dict:
 def test_route_top1_unmasked_tiles(monkeypatch, triton_launches, N, M, unmasked):
     """ROUTE_CONFIG unmasked: whole query and landmark tiles load without masks (N = 256, m = 64: 2 x 128-query
     tiles, one 64-landmark tile), the same routes as the stable sort; other shapes keep the masks."""
-    monkeypatch.setitem(tr.ROUTE_CONFIG, "unmasked", unmasked)
+    monkeypatch.setitem(trt.ROUTE_CONFIG, "unmasked", unmasked)
     assert _route_top1_launch(triton_launches, N, M, 21)["EVEN"] == bool(unmasked and N == 256)
 
 
@@ -597,12 +612,12 @@ def test_route_top1_persistent(monkeypatch, triton_launches, N, M, persistent):
     """ROUTE_CONFIG persistent: S = 1 over one whole landmark tile (m = 64) in programs that loop over the query
     tiles (4 x 128 queries for N = 512), the same routes as the stable sort; shapes that need masks (N = 300, m = 40)
     keep the per-tile grid."""
-    monkeypatch.setitem(tr.ROUTE_CONFIG, "persistent", persistent)
+    monkeypatch.setitem(trt.ROUTE_CONFIG, "persistent", persistent)
     kw = _route_top1_launch(triton_launches, N, M, 23)
     assert kw["PERSIST"] == bool(persistent and N == 512 and M == 64)
-    monkeypatch.setitem(tr.ROUTE_CONFIG, "persistent", -1)
+    monkeypatch.setitem(trt.ROUTE_CONFIG, "persistent", -1)
     with pytest.raises(ValueError, match="persistent"):
-        tr.route_topk(_ints((2, N, 32), -1, 2, 23), _ints((2, M, 32), -1, 2, 24), 1)
+        trt.route_topk(_ints((2, N, 32), -1, 2, 23), _ints((2, M, 32), -1, 2, 24), 1)
 
 
 def _lv_logits(r, k, valid, scale):
@@ -634,7 +649,7 @@ def test_landmark_values_forward_backward(N, M, d, dtype, pad):
         valid[0, N // 2 :] = False
         valid[1] = False
     scale = d**-0.5
-    out = tr.LandmarkValuesFn.apply(r, k, v, valid, scale)
+    out = tlv.LandmarkValuesFn.apply(r, k, v, valid, scale)
     ref = _lv_ref(r, k, v, valid, scale)
     dvt = torch.randn(BH, M, d, generator=g).to(DEV, dtype)
     grads = torch.autograd.grad(out, (r, k, v), dvt)
@@ -657,7 +672,7 @@ def test_exact_topk_final_orders(monkeypatch, final_sort, N, M, d, ksel, span, p
     """The final kernel's two ways to order the chosen indices (ranks from pairwise comparisons; one tl.sort of the
     list): the same rows, ascending, then -1 where a row has fewer valid keys than k (rows with all, some and no
     valid keys; integer scores with many ties)."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "final_sort", final_sort)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "final_sort", final_sort)
     r = _ints((3, M, d), -span, span + 1, N)
     k = _ints((3, N, d), -span, span + 1, N + 1)
     valid = None
@@ -665,7 +680,7 @@ def test_exact_topk_final_orders(monkeypatch, final_sort, N, M, d, ksel, span, p
         valid = torch.ones(3, N, dtype=torch.bool, device=DEV)
         valid[1, 20:] = False  # 20 valid keys < k
         valid[2] = False
-    got = tr.exact_topk(r, k, valid, ksel, small_max_n=0)
+    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0)
     ref = _ref_topk(r, k, valid, ksel)
     want = torch.where(ref < 0, 1 << 30, ref.long()).sort(-1).values
     assert torch.equal(torch.where(got < 0, 1 << 30, got.long()).cpu(), want.cpu())
@@ -690,9 +705,9 @@ def test_exact_topk_with_landmark_values(poison, monkeypatch, fused, N, M, d, ks
     """exact_topk(lv=...): the same selection as without it, and the landmark values and their LSE, from the
     block-top pass's scores (fused; merged by the final top-k kernel) or from the separate split-key pass. Fully
     padded rows give zeros, -inf."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", fused)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_fused", fused)
     # Several key chunks, so the merge combines partials (lv_div 1: up to N / m chunks).
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 1)
     BH = 3
     g = torch.Generator().manual_seed(N + d)
     r, k, v = (torch.randn(BH, n, d, generator=g).to(DEV, dtype) for n in (M, N, N))
@@ -701,8 +716,8 @@ def test_exact_topk_with_landmark_values(poison, monkeypatch, fused, N, M, d, ks
         valid = torch.rand(BH, N, generator=g).to(DEV) > 0.3
         valid[1] = False
     scale = d**-0.5
-    idx, vt, lse = tr.exact_topk(r, k, valid, ksel, lv=(v, scale), small_max_n=small)
-    assert torch.equal(idx, tr.exact_topk(r, k, valid, ksel, small_max_n=small))
+    idx, vt, lse = ttk.exact_topk(r, k, valid, ksel, lv=(v, scale), small_max_n=small)
+    assert torch.equal(idx, ttk.exact_topk(r, k, valid, ksel, small_max_n=small))
     assert _same_sets(idx, _ref_topk(r, k, valid, ksel))
     ref = _lv_ref(r, k, v, valid, scale)
     assert vt.dtype == dtype and vt.shape == (BH, M, d) and torch.isfinite(vt).all()
@@ -721,19 +736,19 @@ def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launch
     """SCAN_CONFIG even (the block-top pass without masks) and lv_lazy (its landmark-value softmax rescaled only when
     a maximum grows by more than 2^8): the same selection as the masked pass, landmark values and LSE against
     float64. Key norms grow 12x along N, so later blocks of a chunk raise the maxima."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 4)  # 4 chunks of 4 key blocks
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 4)  # 4 chunks of 4 key blocks
     BH, N, M, d = 1, 1024, 64, 32
     g = torch.Generator().manual_seed(5)
     r, v = torch.randn(BH, M, d, generator=g), torch.randn(BH, N, d, generator=g)
     k = torch.randn(BH, N, d, generator=g) * torch.linspace(1.0, 12.0, N)[:, None]
     r, k, v = (t.to(DEV, dtype) for t in (r, k, v))
     scale = d**-0.5
-    monkeypatch.setitem(tr.SCAN_CONFIG, "even", 0)
-    base = tr.exact_topk(r, k, None, 16, small_max_n=0)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "even", 1)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", lazy)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", 0)
+    base = ttk.exact_topk(r, k, None, 16, small_max_n=0)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", lazy)
     triton_launches.kwargs.clear()
-    idx, vt, lse = tr.exact_topk(r, k, None, 16, small_max_n=0, lv=(v, scale))
+    idx, vt, lse = ttk.exact_topk(r, k, None, 16, small_max_n=0, lv=(v, scale))
     mode0 = [kw for name, kw in triton_launches.kwargs if name == "_topk_scan_kernel" and kw["MODE"] == 0]
     assert len(mode0) == 1 and mode0[0]["EVEN"] and mode0[0]["LAZY"] == lazy and mode0[0]["LVF"]
     assert torch.equal(idx, base)
@@ -749,9 +764,9 @@ def test_exact_topk_tops_eq_same_as_indexed_maximum(poison, monkeypatch, triton_
     landmark values reuse those maxima) gives bitwise what the maximum-with-index reduction gives: the selection,
     the counts and the landmark values. Keys on a coarse grid make many scores tie (also inside a block), and some
     blocks hold several of a row's top keys."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 2)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "even", even)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "emit_top", emit_top)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 2)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", even)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "emit_top", emit_top)
     BH, N, M, d = (1, 512, 64, 32) if even else (2, 512, 32, 32)
     g = torch.Generator().manual_seed(11)
     r = torch.randn(BH, M, d, generator=g).round()
@@ -765,10 +780,10 @@ def test_exact_topk_tops_eq_same_as_indexed_maximum(poison, monkeypatch, triton_
     r, k, v = (t.to(DEV, torch.bfloat16) for t in (r, k, v))
     out = {}
     for eq in (0, 1):
-        monkeypatch.setitem(tr.SCAN_CONFIG, "tops_eq", eq)
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "tops_eq", eq)
         triton_launches.kwargs.clear()
         st: dict = {}
-        out[eq] = (*tr.exact_topk(r, k, kv, 8, small_max_n=0, stats=st, lv=(v, d**-0.5)), st["counts"])
+        out[eq] = (*ttk.exact_topk(r, k, kv, 8, small_max_n=0, stats=st, lv=(v, d**-0.5)), st["counts"])
         mode0 = [kw for name, kw in triton_launches.kwargs if name == "_topk_scan_kernel" and kw["MODE"] == 0]
         assert len(mode0) == 1 and mode0[0]["EQ"] == eq and mode0[0]["EVEN"] == bool(even)
     for a, b in zip(out[0], out[1]):
@@ -781,12 +796,12 @@ def test_exact_topk_tops_eq_same_as_indexed_maximum(poison, monkeypatch, triton_
 def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches, topk_path_all, merge):
     """With lv fused: the top-k's launches, the merge inside the select kernel or the final top-k kernel (or one
     merge launch after it); no separate landmark-value pass."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", 1)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "merge_in_final", merge)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_fused", 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "merge_in_final", merge)
     launches = triton_launches
     r = _ints((1, 3, 32), -1, 2, 15)
     k, v = _ints((1, 70, 32), -1, 2, 16), _ints((1, 70, 32), -2, 3, 17)
-    idx, vt, lse = tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
+    idx, vt, lse = ttk.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
     assert _same_sets(idx, _ref_topk(r, k, None, 5))
     want = _topk_launches(*topk_path_all)
     assert launches == want + ([] if merge else ["_lv_merge_kernel"]), launches
@@ -799,8 +814,8 @@ def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches,
     assert ((vt.double() - ref).norm() / ref.norm()).item() < 1e-5
     assert torch.allclose(lse.double(), _lse_ref(r, k, None, 0.5), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="lv_div"):
-        monkeypatch.setitem(tr.SCAN_CONFIG, "lv_div", 0)
-        tr.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 0)
+        ttk.exact_topk(r, k, None, 5, small_max_n=0, lv=(v, 0.5))
 
 
 @pytest.mark.gpu
@@ -811,9 +826,9 @@ def test_gpu_exact_topk_and_route(N, M, ksel):
     k = _ints((2, N, 64), -3, 4, N + 1, torch.bfloat16)
     valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
     valid[1, N // 2 :] = False
-    assert _same_sets(tr.exact_topk(r, k, valid, ksel), _ref_topk(r, k, valid, ksel))
-    assert _same_sets(tr.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
-    got = tr.route_topk(k, r, 2)
+    assert _same_sets(ttk.exact_topk(r, k, valid, ksel), _ref_topk(r, k, valid, ksel))
+    assert _same_sets(ttk.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
+    got = trt.route_topk(k, r, 2)
     ref = stable_topk_indices(k.double() @ r.double().transpose(1, 2), 2)
     assert torch.equal(got.view(2, N, 2).long(), ref)
 
@@ -831,9 +846,9 @@ def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, bt):
     valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
     valid[0, : N // 4] = False
     kw = dict(cap=M) if cap == "k" else {}
-    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", bt)
     for kv in (None, valid):
-        got = tr.exact_topk(r, k, kv, M, **kw)
+        got = ttk.exact_topk(r, k, kv, M, **kw)
         assert _same_sets(got, _ref_topk(r, k, kv, M))
         key = torch.where(got < 0, 1 << 30, got.long())
         assert torch.equal(key, key.sort(-1).values)
@@ -848,30 +863,30 @@ def test_gpu_persistent_fallback_graph_replays(monkeypatch, N, M, pad, fb_final)
     overflow (cap = k, integer scores with ties): bitwise the ten-launch fallback's result and a stable sort's
     selection, eagerly and in a CUDA graph replayed three times over a poisoned output (the barrier counter starts
     again at every replay); and with the default list. fb_final: the fallback rows' top-k in the fallback kernel."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fb_final", fb_final)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "fb_final", fb_final)
     r = _ints((2, M, 64), -8, 9, N + 7, torch.bfloat16)
     k = _ints((2, N, 64), -8, 9, N + 8, torch.bfloat16)
     valid = None
     if pad:
         valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
         valid[1, N // 3 :] = False
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", 0)
-    base = tr.exact_topk(r, k, valid, M, cap=M)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "fallback", 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "fallback", 0)
+    base = ttk.exact_topk(r, k, valid, M, cap=M)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "fallback", 1)
     st = {}
-    got = tr.exact_topk(r, k, valid, M, cap=M, stats=st)
+    got = ttk.exact_topk(r, k, valid, M, cap=M, stats=st)
     assert int(st["overflow_rows"]) > 0
     assert torch.equal(got, base)
     assert _same_sets(base, _ref_topk(r, k, valid, M))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = tr.exact_topk(r, k, valid, M, cap=M)
+        out = ttk.exact_topk(r, k, valid, M, cap=M)
     for _ in range(3):
         out.fill_(-7)
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, base)
-    assert _same_sets(tr.exact_topk(r, k, valid, M), _ref_topk(r, k, valid, M))
+    assert _same_sets(ttk.exact_topk(r, k, valid, M), _ref_topk(r, k, valid, M))
 
 
 @pytest.mark.gpu
@@ -887,17 +902,17 @@ def test_gpu_exact_topk_start_steps(monkeypatch, N, M, steps):
     v = torch.randn(2, N, 64, generator=torch.Generator().manual_seed(N)).to(DEV, torch.bfloat16)
     valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
     valid[0, : N // 4] = False
-    monkeypatch.setitem(tr.SCAN_CONFIG, "start_steps", steps)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "start_steps", steps)
     for kv in (None, valid):
         ref = _ref_topk(r, k, kv, M)
         for kw in ({}, dict(cap=M)):
             st = {}
-            got = tr.exact_topk(r, k, kv, M, stats=st, **kw)
+            got = ttk.exact_topk(r, k, kv, M, stats=st, **kw)
             assert _same_sets(got, ref), kw
             assert (st["counts"] >= M).all()
             if kw:
                 assert int(st["overflow_rows"]) > 0
-        idx, vt, lse = tr.exact_topk(r, k, kv, M, lv=(v, 0.125))
+        idx, vt, lse = ttk.exact_topk(r, k, kv, M, lv=(v, 0.125))
         assert _same_sets(idx, ref)
         assert torch.isfinite(vt).all() and torch.isfinite(lse).all()
 
@@ -910,13 +925,13 @@ def test_gpu_exact_topk_correlated_tokens(monkeypatch, bt):
     with two scores per key block, which admits fewer keys (CPU model: median 715 against 1439; the list holds
     256, so the rows still overflow). Integer tokens (a moving average of noise, rounded to [-8, 8]) keep the
     scores exact in float32, with ties."""
-    monkeypatch.setitem(tr.SCAN_CONFIG, "block_top", bt)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", bt)
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(2, 65536 + 63, 64, generator=g).unfold(1, 64, 1).mean(-1) * 32).round().clamp(-8, 8)
     k = x.to(DEV, torch.bfloat16)
     r = x[:, ::512].contiguous().to(DEV, torch.bfloat16)
     st = {}
-    got = tr.exact_topk(r, k, None, 128, stats=st)
+    got = ttk.exact_topk(r, k, None, 128, stats=st)
     assert _same_sets(got, _ref_topk(r, k, None, 128))
     assert int(st["overflow_rows"]) > 200
     median = st["counts"].float().median().item()
@@ -946,9 +961,9 @@ def test_gpu_select_kernel_matches_three_kernels(monkeypatch, N, M, rho, lv):
     r = k.view(2, M, N // M, 64).float().mean(2).to(torch.bfloat16)
     out = {}
     for fused in (1, 0):
-        monkeypatch.setitem(tr.SCAN_CONFIG, "fused_select", fused)
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "fused_select", fused)
         st: dict = {}
-        res = tr.exact_topk(r, k, None, M, stats=st, lv=(v, 0.125) if lv else None)
+        res = ttk.exact_topk(r, k, None, M, stats=st, lv=(v, 0.125) if lv else None)
         out[fused] = (res if lv else (res,)), st["counts"], int(st["overflow_rows"])
     assert torch.equal(out[1][0][0], out[0][0][0])
     if lv:
@@ -980,9 +995,9 @@ def test_gpu_tops_eq_same_as_indexed_maximum(monkeypatch, N, M, pad):
         kv[1, N - 5000 :] = False
     out = {}
     for eq in (0, 1):
-        monkeypatch.setitem(tr.SCAN_CONFIG, "tops_eq", eq)
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "tops_eq", eq)
         st: dict = {}
-        out[eq] = (*tr.exact_topk(r, k, kv, M, stats=st, lv=(v, 0.125)), st["counts"])
+        out[eq] = (*ttk.exact_topk(r, k, kv, M, stats=st, lv=(v, 0.125)), st["counts"])
     for a, b in zip(out[0], out[1]):
         assert torch.equal(a, b)
 
@@ -993,7 +1008,7 @@ def test_gpu_tops_eq_same_as_indexed_maximum(monkeypatch, N, M, pad):
 def test_gpu_landmark_values(N, M):
     g = torch.Generator().manual_seed(N)
     r, k, v = (torch.randn(1, n, 64, generator=g).to(DEV, torch.bfloat16).requires_grad_() for n in (M, N, N))
-    out = tr.LandmarkValuesFn.apply(r, k, v, None, 0.125)
+    out = tlv.LandmarkValuesFn.apply(r, k, v, None, 0.125)
     dvt = torch.randn(1, M, 64, generator=g).to(DEV, torch.bfloat16)
     grads = torch.autograd.grad(out, (r, k, v), dvt)
     rf, kf, vf = (t.detach().float().requires_grad_() for t in (r, k, v))
@@ -1009,16 +1024,16 @@ def test_gpu_landmark_values(N, M):
 @pytest.mark.parametrize("fused,even_lazy", [(0, 0), (1, 0), (1, 1)])
 @pytest.mark.parametrize("N,M", [(65536, 128), (1 << 20, 512)])
 def test_gpu_exact_topk_with_landmark_values(poison, monkeypatch, fused, even_lazy, N, M):
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_fused", fused)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "even", even_lazy)
-    monkeypatch.setitem(tr.SCAN_CONFIG, "lv_lazy", even_lazy)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_fused", fused)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", even_lazy)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", even_lazy)
     # Integer landmarks and keys: float32 scores are exact, so the selection can be compared with float64's.
     r = _ints((2, M, 64), -2, 3, N, torch.bfloat16)
     k = _ints((2, N, 64), -2, 3, N + 1, torch.bfloat16)
     v = torch.randn(2, N, 64, generator=torch.Generator().manual_seed(N)).to(DEV, torch.bfloat16)
     valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
     valid[1, N // 3 :] = False
-    idx, vt, lse = tr.exact_topk(r, k, valid, M, lv=(v, 0.125))
+    idx, vt, lse = ttk.exact_topk(r, k, valid, M, lv=(v, 0.125))
     assert _same_sets(idx, _ref_topk(r, k, valid, M))
     s = (r.float() @ k.float().transpose(1, 2)) * 0.125
     s = s.masked_fill(~valid[:, None, :], float("-inf"))
@@ -1043,15 +1058,15 @@ def test_fallback_programs_resident_per_sm(monkeypatch):
     def kern(smem):
         return types.SimpleNamespace(n_regs=64, metadata=types.SimpleNamespace(shared=smem))
 
-    assert tr._resident_per_sm(kern(65536), 4, dev) == 2  # 2 x 4 warps x 8K registers
-    assert tr._resident_per_sm(kern(0), 8, dev) == 1  # 64K registers for one, whatever this binary takes
-    assert tr._resident_per_sm(kern(120000), 4, dev) == 1  # shared memory for one
-    monkeypatch.setattr(tr, "_FB_RESIDENT_MAX", 8)
-    assert tr._resident_per_sm(kern(0), 1, dev) == 8
+    assert ttk._resident_per_sm(kern(65536), 4, dev) == 2  # 2 x 4 warps x 8K registers
+    assert ttk._resident_per_sm(kern(0), 8, dev) == 1  # 64K registers for one, whatever this binary takes
+    assert ttk._resident_per_sm(kern(120000), 4, dev) == 1  # shared memory for one
+    monkeypatch.setattr(ttk, "_FB_RESIDENT_MAX", 8)
+    assert ttk._resident_per_sm(kern(0), 1, dev) == 8
     prop.regs_per_multiprocessor = 1 << 20
-    assert tr._resident_per_sm(kern(0), 16, dev) == 4  # 2048 threads
+    assert ttk._resident_per_sm(kern(0), 16, dev) == 4  # 2048 threads
     prop.shared_memory_per_multiprocessor = 102400
-    assert tr._resident_per_sm(kern(65536), 4, dev) == 1
-    assert tr._resident_per_sm(types.SimpleNamespace(), 4, dev) == 1
+    assert ttk._resident_per_sm(kern(65536), 4, dev) == 1
+    assert ttk._resident_per_sm(types.SimpleNamespace(), 4, dev) == 1
     del prop.regs_per_multiprocessor
-    assert tr._resident_per_sm(kern(0), 4, dev) == 1
+    assert ttk._resident_per_sm(kern(0), 4, dev) == 1

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from mita.layers.base import AttentionBase
 from mita.ops.landmarks import LAYOUTS, landmark_grid, pool_landmarks, pool_operator_2d
-from mita.ops.mita import mita_attention, triton_backend
-from mita.ops.mita.naive import stable_topk_indices
+from mita.ops.mita import mita_attention, stable_topk_indices
+from mita.ops.mita.triton import supports as triton_supports
 from mita.registry import register_attention
 
 # 2D landmarks of bf16 image-size calls on the Triton backend: pooling and attention in one autograd node
@@ -21,12 +21,14 @@ FOLD_POOLING = True
 
 
 @functools.lru_cache(maxsize=1)
-def _triton_mita_module():
+def _triton_kernels():
+    # The Triton package once its kernels import (they load on first use), else None.
     try:
-        from mita.ops.mita import triton_mita
+        from mita.ops.mita import triton
+        from mita.ops.mita.triton import triton_mita_pooled  # noqa: F401
     except ImportError:
         return None
-    return triton_mita
+    return triton
 
 
 def _resolve_shared_scale(shared_scale: float | str | None, scale: float) -> float | None:
@@ -153,16 +155,17 @@ class MiTAAttention(AttentionBase):
         return F.pad(out, (0, 0, p, 0))
 
     def _folded_pooling(self, q: torch.Tensor, key_padding_mask: torch.Tensor | None):
-        """The triton_mita module when this call takes ``triton_mita_pooled`` (2D landmarks, no padding, no
-        selection record, the Triton backend chosen or left to the default on CUDA, a short bf16 call); else None."""
+        """The ``mita.ops.mita.triton`` package when this call takes its ``triton_mita_pooled`` (2D landmarks, no
+        padding, no selection record, the Triton backend chosen or left to the default on CUDA, a short bf16 call);
+        else None."""
         if not FOLD_POOLING or self.landmark_layout == "1d" or key_padding_mask is not None or self.record_selection:
             return None
         # As mita_attention picks the backend: Triton by default on CUDA only, when its supports() takes q.
         if self.backend not in (None, "triton") or (self.backend is None and not q.is_cuda):
             return None
-        if triton_backend.supports(q) is not None:
+        if triton_supports(q) is not None:
             return None
-        tm = _triton_mita_module()
+        tm = _triton_kernels()
         n_landmarks = self.m[0] * self.m[1] if isinstance(self.m, tuple) else self.m
         if tm is None or not tm.pooled_short_supported(q, n_landmarks):
             return None

@@ -6,7 +6,7 @@ it is deterministic, and AdaptiveAvgPool1d's CUDA backward fails with a shared-m
 sequences. Bins follow adaptive average pooling exactly: bin i of p over length L covers
 ``[floor(i L / p), ceil((i + 1) L / p))``. Sums are float32 (or float64) whatever the input dtype; bfloat16
 results are rounded once, and on CUDA bfloat16 inputs are not copied to float32 (see ``_PoolBF16``; one Triton
-launch per direction there, ``mita/ops/mita/triton_pool.py``). On CUDA, outside torch.compile, 1D means of fp16 /
+launch per direction there, ``mita/ops/mita/triton/pool.py``). On CUDA, outside torch.compile, 1D means of fp16 /
 bf16 inputs without padding (N divisible by m) are one Triton launch (``_Pool1D``: float32 sums rounded once).
 """
 
@@ -189,22 +189,22 @@ def _pool_tables(
     return _PoolTables(member.to(torch.bfloat16), counts, weights_t)
 
 
-# CUDA bfloat16 pooling in Triton (mita/ops/mita/triton_pool.py) when Triton imports; tests switch it off to
+# CUDA bfloat16 pooling in Triton (mita/ops/mita/triton/pool.py) when Triton imports; tests switch it off to
 # compare with the PyTorch formulation.
 TRITON_POOL = True
 
 
 @functools.lru_cache(maxsize=1)
-def _triton_pool_module():
+def _pool_kernels_module():
     try:
-        from mita.ops.mita import triton_pool
+        from mita.ops.mita.triton import pool
     except ImportError:
         return None
-    return triton_pool
+    return pool
 
 
-def _triton_pool():
-    return _triton_pool_module() if TRITON_POOL else None
+def _pool_kernels():
+    return _pool_kernels_module() if TRITON_POOL else None
 
 
 class _PoolBF16(torch.autograd.Function):
@@ -220,7 +220,7 @@ class _PoolBF16(torch.autograd.Function):
     def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
         G, N, D = x3.shape
         m = member.shape[0]
-        tp = _triton_pool() if x3.is_cuda and not torch.compiler.is_compiling() else None
+        tp = _pool_kernels() if x3.is_cuda and not torch.compiler.is_compiling() else None
         ctx.triton = tp is not None
         ctx.save_for_backward(weights_t)
         ctx.heads = heads
@@ -242,7 +242,7 @@ class _PoolBF16(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         (weights_t,) = ctx.saved_tensors
         if ctx.triton:
-            return _triton_pool().pool_bwd(g, weights_t, ctx.heads, g.dtype), None, None, None, None
+            return _pool_kernels().pool_bwd(g, weights_t, ctx.heads, g.dtype), None, None, None, None
         N, m = weights_t.shape
         G = g.shape[0]
         # [G, m, D] (or [B, m, H, d] from [B, H, m, d], matching x3 = [B, N, H*d]).
@@ -258,7 +258,7 @@ class _Pool1D(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, m: int):
         ctx.shape = x.shape
-        return _triton_pool().pool1d_fwd(x, m)
+        return _pool_kernels().pool1d_fwd(x, m)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
@@ -315,7 +315,7 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
             # (over twice its input; mem_profile.py), the two stages' partials take a sixteenth of the input. Under
             # torch.compile the generated reduction needs no such buffer and the single sum stays.
             L = N // m
-            tp = _triton_pool() if x.is_cuda and not torch.compiler.is_compiling() else None
+            tp = _pool_kernels() if x.is_cuda and not torch.compiler.is_compiling() else None
             if tp is not None and tp.pool1d_supported(x, m):
                 # CUDA fp16 / bf16: one Triton launch (float32 sums, rounded once) instead of three or four.
                 return _Pool1D.apply(x, m)

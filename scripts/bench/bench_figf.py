@@ -62,7 +62,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 from common import capture_failure, environment, mita_correct, time_ms, write_csv  # noqa: E402
 
-from mita.ops.mita.launch import _interpreting  # noqa: E402
+from mita.ops.mita.triton.launch import interpreting  # noqa: E402
 from mita.registry import create_attention  # noqa: E402
 
 try:
@@ -100,7 +100,7 @@ def why_not_fused(x: torch.Tensor, a: torch.Tensor, norm: nn.Module, fc1: nn.Mod
     """None when the Triton kernel can run these inputs and modules, else the reason it cannot."""
     if triton is None:
         return "triton is not installed"
-    if x.device.type != "cuda" and not (x.device.type == "cpu" and _interpreting()):
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
         return f"device {x.device.type} is not CUDA (and TRITON_INTERPRET is not set)"
     if x.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {x.dtype} (the kernel takes float16 / bfloat16)"
@@ -174,7 +174,7 @@ def residual_mlp_op(
         M, eps,
         C=C, HID=hidden, BM=bm, BH=bh,
         HAS_LNW=ln_w is not None, HAS_LNB=ln_b is not None, HAS_B1=b1 is not None, HAS_B2=b2 is not None,
-        TANH=tanh, ERF_POLY=bool(cfg["erf_poly"]), RELOAD=bool(cfg["reload"]), UP=_interpreting(),
+        TANH=tanh, ERF_POLY=bool(cfg["erf_poly"]), RELOAD=bool(cfg["reload"]), UP=interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] else {}),
     )  # fmt: skip

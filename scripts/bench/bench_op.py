@@ -223,9 +223,9 @@ def main() -> None:
     if settings:
         print("settings: " + ", ".join(settings), flush=True)
     if args.block_top is not None:
-        from mita.ops.mita import triton_routing
+        from mita.ops.mita.triton import topk as ttk
 
-        triton_routing.SCAN_CONFIG["block_top"] = args.block_top
+        ttk.SCAN_CONFIG["block_top"] = args.block_top
         print(f"top-k start: {args.block_top} scores per key block", flush=True)
     if args.queued and not args.graph:
         raise SystemExit("--queued times CUDA-graph replays: give --graph too")

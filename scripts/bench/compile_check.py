@@ -30,10 +30,16 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from mita.ops.mita import triton_mita as tm  # noqa: E402
-from mita.ops.mita import triton_pool as tp  # noqa: E402
-from mita.ops.mita import triton_routing as tr  # noqa: E402
-from mita.ops.mita import triton_small as ts  # noqa: E402
+from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
+from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
+from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
+from mita.ops.mita.triton import plan as tplan  # noqa: E402
+from mita.ops.mita.triton import pool as tp  # noqa: E402
+from mita.ops.mita.triton import routing as trt  # noqa: E402
+from mita.ops.mita.triton import short as ts  # noqa: E402
+from mita.ops.mita.triton import short_bwd as tsb  # noqa: E402
+from mita.ops.mita.triton import topk as ttk  # noqa: E402
+from mita.ops.mita.triton import topk_scan as tks  # noqa: E402
 
 # Pointer arguments by name (everything else in upper case is a float32 pointer; lower/mixed case is a scalar).
 _BF16 = {"Q", "K", "V", "R", "VT", "O", "DO", "DVT", "DK", "DV"}
@@ -101,7 +107,7 @@ def resources(c, warps: int) -> str:
     if m is None:
         return "registers ?"
     reg, stack = int(m.group(1)), int(m.group(2))
-    per_sm = tr.programs_per_sm(reg, c.metadata.shared, warps)
+    per_sm = ttk.programs_per_sm(reg, c.metadata.shared, warps)
     return f"{reg} regs{f' (stack {stack} B)' if stack else ''}, {per_sm} programs/SM"
 
 
@@ -115,107 +121,113 @@ def main() -> None:
     cases = [
         (
             "mita_fwd",
-            tm._mita_fwd_kernel,
+            afwd._mita_fwd_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, INIT=False, LAZY=False, FULL=False, **common),
             4,
             None,
         ),
         (
             "mita_fwd 64",
-            tm._mita_fwd_kernel,
+            afwd._mita_fwd_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=False, FULL=False, **common),
-            tm._fwd_launch(64, 64, 64),
+            afwd._fwd_launch(64, 64, 64),
             {"O": "*bf16"},
         ),
         (
             "mita_fwd 64 lazy",
-            tm._mita_fwd_kernel,
+            afwd._mita_fwd_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=True, FULL=False, **common),
-            tm._fwd_launch(64, 64, 64),
+            afwd._fwd_launch(64, 64, 64),
             {"O": "*bf16"},
         ),
         (
             "mita_fwd 64 full",
-            tm._mita_fwd_kernel,
+            afwd._mita_fwd_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=False, FULL=True, **common),
-            tm._fwd_launch(64, 64, 64),
+            afwd._fwd_launch(64, 64, 64),
             {"O": "*bf16"},
         ),
         (
             "mita_fwd 64 lazy full",
-            tm._mita_fwd_kernel,
+            afwd._mita_fwd_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=True, FULL=True, **common),
-            tm._fwd_launch(64, 64, 64),
+            afwd._fwd_launch(64, 64, 64),
             {"O": "*bf16"},
         ),
         (
             "mita_fwd 64 fma full",
-            tm._mita_fwd_kernel,
+            afwd._mita_fwd_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=2, FULL=True, **common),
-            tm._fwd_launch(64, 64, 64),
+            afwd._fwd_launch(64, 64, 64),
             {"O": "*bf16"},
         ),
         (
             "mita_fwd init",
-            tm._mita_fwd_kernel,
+            afwd._mita_fwd_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=True, LAZY=False, FULL=False, **common),
             4,
             {"O": "*bf16"},
         ),
         (
             "mita_bwd_dq",
-            tm._mita_bwd_dq_kernel,
+            abwd._mita_bwd_dq_kernel,
             dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, **common),
             4,
             None,
         ),
         (
             "mita_bwd_dq S=2",
-            tm._mita_bwd_dq_kernel,
+            abwd._mita_bwd_dq_kernel,
             dict(S=2, SHARED=True, DIRECT=False, BM=64, BN=64, BS=64, **common),
             8,
             {"DQ": "*fp32"},
         ),
         (
             "dkdv_final match",
-            tm._dkdv_final_kernel,
+            abwd._dkdv_final_kernel,
             dict(CSR=False, LV=True, HAS_KV=True, BK=32, KP=32, BS=32, **common),
             4,
             None,
         ),
         (
             "dkdv_final csr",
-            tm._dkdv_final_kernel,
+            abwd._dkdv_final_kernel,
             dict(CSR=True, LV=True, HAS_KV=False, BK=16, KP=512, BS=64, **common),
             4,
             None,
         ),
-        ("plan", tm._plan_kernel, dict(MP=32, BR=256, BT=256), 8, None),
-        ("plan_count", tm._plan_count_kernel, dict(MP=512, BR=1024), 4, {"CNTS": "*i32", "CR": "i32"}),
-        ("plan_count MP=32", tm._plan_count_kernel, dict(MP=32, BR=64), 4, {"CNTS": "*i32", "CR": "i32"}),
-        ("plan_offsets", tm._plan_offsets_kernel, dict(MP=512, BE=32, BC=128), 4, {"CNTS": "*i32"}),
+        ("plan", tplan._plan_kernel, dict(MP=32, BR=256, BT=256), 8, None),
+        ("plan_count", tplan._plan_count_kernel, dict(MP=512, BR=1024), 4, {"CNTS": "*i32", "CR": "i32"}),
+        ("plan_count MP=32", tplan._plan_count_kernel, dict(MP=32, BR=64), 4, {"CNTS": "*i32", "CR": "i32"}),
+        ("plan_offsets", tplan._plan_offsets_kernel, dict(MP=512, BE=32, BC=128), 4, {"CNTS": "*i32"}),
         (
             "plan_scatter",
-            tm._plan_scatter_kernel,
+            tplan._plan_scatter_kernel,
             dict(MP=512, BR=64, BT=2),
             1,
             {"CNTS": "*i32", "CR": "i32", "TT": "i32"},
         ),
         (
             "plan_scatter MP=32",
-            tm._plan_scatter_kernel,
+            tplan._plan_scatter_kernel,
             dict(MP=32, BR=64, BT=32),
             1,
             {"CNTS": "*i32", "CR": "i32", "TT": "i32"},
         ),
-        ("topk_small", tr._topk_small_kernel, dict(HAS_KV=False, BS=16, NP=256, KP=32, EXACT=False, **common), 4, None),
+        (
+            "topk_small",
+            tks._topk_small_kernel,
+            dict(HAS_KV=False, BS=16, NP=256, KP=32, EXACT=False, **common),
+            4,
+            None,
+        ),
     ]
-    cases.append(("lv_bwd_dkdv", tr._lv_bwd_dkdv_kernel, dict(HAS_KV=True, BS=32, BN=64, **common), 4, None))
+    cases.append(("lv_bwd_dkdv", tlv._lv_bwd_dkdv_kernel, dict(HAS_KV=True, BS=32, BN=64, **common), 4, None))
     for mode in range(5):
         cases.append(
             (
                 f"topk_scan mode {mode}",
-                tr._topk_scan_kernel,
+                tks._topk_scan_kernel,
                 dict(
                     MODE=mode,
                     P=16,
@@ -244,10 +256,12 @@ def main() -> None:
             (f"small_route MP={mp}", ts._small_route_kernel, dict(BS=16, EXACT=False, HAS_KV=kv, **sc), 4, small)
         )
         cases.append((f"small_attn S={S}", ts._small_attn_kernel, dict(S=S, BM=64, BN=64, EXACT=False, **sc), 4, small))
-        cases.append((f"small_bwd_q S={S}", ts._small_bwd_q_kernel, dict(S=S, BM=64, BN=64, **sc), 4, small))
-        cases.append((f"small_bwd_k S={S}", ts._small_bwd_k_kernel, dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small))
+        cases.append((f"small_bwd_q S={S}", tsb._small_bwd_q_kernel, dict(S=S, BM=64, BN=64, **sc), 4, small))
         cases.append(
-            (f"small_bwd S={S}", ts._small_bwd_kernel, dict(S=S, BM=64, BN=64, HAS_KV=kv, POOL=not kv, **sc), 4, small)
+            (f"small_bwd_k S={S}", tsb._small_bwd_k_kernel, dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small)
+        )
+        cases.append(
+            (f"small_bwd S={S}", tsb._small_bwd_kernel, dict(S=S, BM=64, BN=64, HAS_KV=kv, POOL=not kv, **sc), 4, small)
         )
     ints = {name: "i32" for name in ("C", "DH", "SXG", "SXN", "SGG", "SGH", "SGM")}
     pool_fwd = {"MEMB": "*bf16", "X": "*bf16", "OUT": "*bf16", **ints}
@@ -273,9 +287,9 @@ def main() -> None:
         consts = dict(C=128, HID=512, BM=bm, BH=bh, ERF_POLY=bool(poly), RELOAD=bool(reload), **flags)
         name = f"residual_mlp {bm}x{bh} reload {reload} poly {poly} w{warps} s{stages}"
         cases.append((name, fm._residual_mlp_kernel, consts, dict(num_warps=warps, num_stages=stages), mlp))
-    extra = getattr(tr, "_compile_cases", None)
-    if extra is not None:
-        cases += extra()
+    # The top-k, routing and landmark-value modules list their own cases.
+    for mod in (ttk, trt, tlv):
+        cases += mod._compile_cases()
     failed = 0
     only = [x for x in args.only.split(",") if x]
     for name, fn, consts, warps, over in cases:

@@ -76,8 +76,13 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from common import cuda_time  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
-from mita.ops.mita import triton_mita as tm  # noqa: E402
-from mita.ops.mita import triton_routing as tr  # noqa: E402
+from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
+from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
+from mita.ops.mita.triton import op as tmop  # noqa: E402
+from mita.ops.mita.triton import plan as tplan  # noqa: E402
+from mita.ops.mita.triton import routing as trt  # noqa: E402
+from mita.ops.mita.triton import short as ts  # noqa: E402
+from mita.ops.mita.triton import topk as ttk  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -188,10 +193,10 @@ def profile_point(name: str, B: int, H: int, N: int, m: int, k: int) -> None:
     BH, d = B * H, 64
     q, kk, v = (torch.randn(BH, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     r = torch.randn(BH, m, d, device="cuda", dtype=torch.bfloat16)
-    idx = tr.exact_topk(r, kk, None, k)
-    route = tr.route_topk(q, r, 1)
-    plan = tm.build_plan(idx, route, m)
-    vt, _ = tr.landmark_values_fwd(r, kk, v, None, d**-0.5)
+    idx = ttk.exact_topk(r, kk, None, k)
+    route = trt.route_topk(q, r, 1)
+    plan = tplan.build_plan(idx, route, m)
+    vt, _ = tlv.landmark_values_fwd(r, kk, v, None, d**-0.5)
     q4, k4, v4, r4 = q.view(B, H, N, d), kk.view(B, H, N, d), v.view(B, H, N, d), r.view(B, H, m, d)
     ins = [t.requires_grad_() for t in (q4, k4, v4, r4)]
     do = torch.randn_like(q4)
@@ -199,16 +204,16 @@ def profile_point(name: str, B: int, H: int, N: int, m: int, k: int) -> None:
     def fwd_bwd():
         for t in ins:
             t.grad = None
-        tm.triton_mita(q4, k4, v4, r4, k).backward(do)
+        tmop.triton_mita(q4, k4, v4, r4, k).backward(do)
 
     stages = {
-        "exact top-k (Triton)": lambda: tr.exact_topk(r, kk, None, k),
-        "exact top-k, fallback forced (cap = k)": lambda: tr.exact_topk(r, kk, None, k, cap=k),
-        "top-S routing (Triton)": lambda: tr.route_topk(q, r, 1),
-        "build_plan (sort + tiles)": lambda: tm.build_plan(idx, route, m),
-        "landmark values fwd (split-key)": lambda: tr.landmark_values_fwd(r, kk, v, None, d**-0.5),
-        "fused attention kernel": lambda: tm.mita_fwd(q, kk, v, r, vt, plan, 1, True, d**-0.5, 1.0 / d),
-        "whole triton_mita forward": lambda: tm.triton_mita(q4, k4, v4, r4, k),
+        "exact top-k (Triton)": lambda: ttk.exact_topk(r, kk, None, k),
+        "exact top-k, fallback forced (cap = k)": lambda: ttk.exact_topk(r, kk, None, k, cap=k),
+        "top-S routing (Triton)": lambda: trt.route_topk(q, r, 1),
+        "build_plan (sort + tiles)": lambda: tplan.build_plan(idx, route, m),
+        "landmark values fwd (split-key)": lambda: tlv.landmark_values_fwd(r, kk, v, None, d**-0.5),
+        "fused attention kernel": lambda: afwd.mita_fwd(q, kk, v, r, vt, plan, 1, True, d**-0.5, 1.0 / d),
+        "whole triton_mita forward": lambda: tmop.triton_mita(q4, k4, v4, r4, k),
     }
     for sname, fn in stages.items():
         with torch.no_grad():
@@ -216,7 +221,7 @@ def profile_point(name: str, B: int, H: int, N: int, m: int, k: int) -> None:
         print(f"{name:9s} {sname:40s} {ms:9.3f} ms (spread {spread:.3f})", flush=True)
     ms, spread = cuda_time(fwd_bwd, warmup=2, reps=10, max_s=5.0)
     print(f"{name:9s} {'whole forward + backward':40s} {ms:9.3f} ms (spread {spread:.3f})", flush=True)
-    if N > tr.SMALL_N:
+    if N > ttk.SMALL_N:
         profile_topk_passes(name, r, kk, k)
         profile_topk_passes(name + "/fb", r, kk, k, cap=k)
 
@@ -234,9 +239,9 @@ def profile_topk_passes(name: str, r, kk, k: int, reps: int = 5, cap: int | None
         acc.setdefault(sname, []).append((start, end))
         return out
 
-    ref = tr.exact_topk(r, kk, None, k)
+    ref = ttk.exact_topk(r, kk, None, k)
     for _ in range(reps):
-        got = tr.exact_topk(r, kk, None, k, cap=cap, timer=timer)
+        got = ttk.exact_topk(r, kk, None, k, cap=cap, timer=timer)
     # Same answer whatever the path (each row's k keys, ascending).
     assert torch.equal(got, ref), f"{name}: top-k with cap={cap} differs from the default call"
     torch.cuda.synchronize()
@@ -356,21 +361,21 @@ def host_point(name: str) -> None:
     stages = {
         "landmark pooling": pool,
         "mita_attention (dispatch + op)": lambda: mita_attention(q, kk, v, r, k, backend="triton"),
-        "triton_mita (op)": lambda: tm.triton_mita(q, kk, v, r, k),
+        "triton_mita (op)": lambda: tmop.triton_mita(q, kk, v, r, k),
         "pooling + mita_attention": lambda: mita_attention(q, kk, v, pool(), k, backend="triton"),
     }
-    if not (tm.SHORT_PATH and tm.small_supported(N, m, d)):
-        idx = tr.exact_topk(rf, kf, None, k)
-        route = tr.route_topk(qf, rf, 1)
-        plan = tm.build_plan(idx, route, m)
-        vt, _ = tr.landmark_values_fwd(rf, kf, vf, None, d**-0.5)
+    if not (tmop.SHORT_PATH and ts.small_supported(N, m, d)):
+        idx = ttk.exact_topk(rf, kf, None, k)
+        route = trt.route_topk(qf, rf, 1)
+        plan = tplan.build_plan(idx, route, m)
+        vt, _ = tlv.landmark_values_fwd(rf, kf, vf, None, d**-0.5)
         stages.update(
             {
-                "exact_topk": lambda: tr.exact_topk(rf, kf, None, k),
-                "route_topk": lambda: tr.route_topk(qf, rf, 1),
-                "build_plan": lambda: tm.build_plan(idx, route, m),
-                "landmark_values_fwd": lambda: tr.landmark_values_fwd(rf, kf, vf, None, d**-0.5),
-                "mita_fwd (fused attention)": lambda: tm.mita_fwd(qf, kf, vf, rf, vt, plan, 1, True, d**-0.5, 1 / d),
+                "exact_topk": lambda: ttk.exact_topk(rf, kf, None, k),
+                "route_topk": lambda: trt.route_topk(qf, rf, 1),
+                "build_plan": lambda: tplan.build_plan(idx, route, m),
+                "landmark_values_fwd": lambda: tlv.landmark_values_fwd(rf, kf, vf, None, d**-0.5),
+                "mita_fwd (fused attention)": lambda: afwd.mita_fwd(qf, kf, vf, rf, vt, plan, 1, True, d**-0.5, 1 / d),
             }
         )
     with torch.no_grad():

@@ -18,7 +18,7 @@ Settings: a ``SCAN_CONFIG`` key of the long-row top-k (``--sweep block_top=1,2,4
 tile, forward and forward + backward), ``route.<key>`` of the routing kernel (``route.bm=64,128``), ``lv.<key>`` of
 the landmark-value kernels (``lv.maxnreg=None,80``), ``bwd.<key>`` of the backward kernels (``--backward --sweep
 bwd.final_maxnreg=None,128``), ``pool.<key>`` of the 1D landmark pooling kernel and ``small.<kernel>.<key>`` of
-the short-path kernels (triton_small.CONFIG; e.g. ``--points 197:25 --batch 256 --heads 6 --backward --sweep
+the short-path kernels (ts.CONFIG; e.g. ``--points 197:25 --batch 256 --heads 6 --backward --sweep
 small.attn.BM=32,64``). Several ``--sweep`` options run one after the other on the same inputs of each point
 (each from the defaults and ``--set``); ``--variants`` times whole settings (several keys each) side by side.
 
@@ -49,9 +49,15 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from common import correlated_tokens, environment, time_ms, wall_time  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
-from mita.ops.mita import triton_mita, triton_pool, triton_routing, triton_small  # noqa: E402
+from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
+from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
+from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
+from mita.ops.mita.triton import pool as tp  # noqa: E402
+from mita.ops.mita.triton import routing as trt  # noqa: E402
+from mita.ops.mita.triton import short as ts  # noqa: E402
+from mita.ops.mita.triton import topk as ttk  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
-from mita.ops.mita.triton_mita import order_key  # noqa: E402
+from mita.ops.mita.triton.plan import order_key  # noqa: E402
 
 
 def parse_sweep(text: str) -> tuple[dict, str, list]:
@@ -59,31 +65,31 @@ def parse_sweep(text: str) -> tuple[dict, str, list]:
     ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG, ``route.<key>`` for one of the routing kernel's
     ROUTE_CONFIG, ``lv.<key>`` for one of the landmark-value kernels' LV_CONFIG, ``bwd.<key>`` for one of the
     backward kernels' BWD_CONFIG, ``pool.<key>`` for one of the 1D landmark pooling kernel's settings
-    (triton_pool.CONFIG["fwd1d"]; timed by bench_op.py, whose MiTA calls pool the landmarks) or
-    ``small.<kernel>.<key>`` for one of a short-path kernel's settings (triton_small.CONFIG[kernel])."""
+    (tp.CONFIG["fwd1d"]; timed by bench_op.py, whose MiTA calls pool the landmarks) or
+    ``small.<kernel>.<key>`` for one of a short-path kernel's settings (ts.CONFIG[kernel])."""
     key, _, vals = text.partition("=")
-    cfg = triton_routing.SCAN_CONFIG
+    cfg = ttk.SCAN_CONFIG
     if key.startswith("fwd."):
-        cfg, key = triton_mita.FWD_CONFIG, key[4:]
+        cfg, key = afwd.FWD_CONFIG, key[4:]
     elif key.startswith("route."):
-        cfg, key = triton_routing.ROUTE_CONFIG, key[6:]
+        cfg, key = trt.ROUTE_CONFIG, key[6:]
     elif key.startswith("lv."):
-        cfg, key = triton_routing.LV_CONFIG, key[3:]
+        cfg, key = tlv.LV_CONFIG, key[3:]
     elif key.startswith("bwd."):
-        cfg, key = triton_mita.BWD_CONFIG, key[4:]
+        cfg, key = abwd.BWD_CONFIG, key[4:]
     elif key.startswith("pool."):
-        cfg, key = triton_pool.CONFIG["fwd1d"], key[5:]
+        cfg, key = tp.CONFIG["fwd1d"], key[5:]
     elif key.startswith("small."):
         kernel, _, key = key[6:].partition(".")
-        cfg = triton_small.CONFIG.get(kernel, {})
+        cfg = ts.CONFIG.get(kernel, {})
     if key not in cfg or not vals:
         raise SystemExit(
-            f"--sweep needs key=v1,v2 with key one of {sorted(triton_routing.SCAN_CONFIG)}, fwd.<key> with one of "
-            f"{sorted(triton_mita.FWD_CONFIG)}, route.<key> with one of {sorted(triton_routing.ROUTE_CONFIG)}, "
-            f"lv.<key> with one of {sorted(triton_routing.LV_CONFIG)}, bwd.<key> with one of "
-            f"{sorted(triton_mita.BWD_CONFIG)}, pool.<key> with one of {sorted(triton_pool.CONFIG['fwd1d'])} or "
+            f"--sweep needs key=v1,v2 with key one of {sorted(ttk.SCAN_CONFIG)}, fwd.<key> with one of "
+            f"{sorted(afwd.FWD_CONFIG)}, route.<key> with one of {sorted(trt.ROUTE_CONFIG)}, "
+            f"lv.<key> with one of {sorted(tlv.LV_CONFIG)}, bwd.<key> with one of "
+            f"{sorted(abwd.BWD_CONFIG)}, pool.<key> with one of {sorted(tp.CONFIG['fwd1d'])} or "
             f"small.<kernel>.<key> with kernel.key one of "
-            f"{[f'{n}.{k}' for n, c in triton_small.CONFIG.items() for k in c]}: {text!r}"
+            f"{[f'{n}.{k}' for n, c in ts.CONFIG.items() for k in c]}: {text!r}"
         )
 
     def conv(x: str):
@@ -221,10 +227,10 @@ MODEL_KEYS = ("block_top", "start_steps", "start_narrow")
 def model_overflow(r: torch.Tensor, k: torch.Tensor, kk: int) -> dict:
     """:func:`start_overflow` with SCAN_CONFIG's current start settings (without the per-row counts); block_top
     None is the kernel's choice (2 while two entries per key block fit the start kernel, else 1)."""
-    scan = triton_routing.SCAN_CONFIG
+    scan = ttk.SCAN_CONFIG
     top = scan["block_top"]
     if top is None:
-        top = 2 if math.ceil(k.shape[0] / scan["bn"]) * 2 <= triton_routing._START_ENTRIES else 1
+        top = 2 if math.ceil(k.shape[0] / scan["bn"]) * 2 <= ttk._START_ENTRIES else 1
     res = start_overflow(
         r, k, kk, bn=scan["bn"], block_top=int(top), steps=scan["start_steps"], narrow=bool(scan["start_narrow"])
     )
@@ -235,7 +241,7 @@ def model_overflow(r: torch.Tensor, k: torch.Tensor, kk: int) -> dict:
 def run_model(args, sweeps) -> None:
     """--model: the modelled share of overflowing rows for each value of each sweep (SCAN_CONFIG start keys)."""
     for cfg, key, _values, label in sweeps:
-        if cfg is not triton_routing.SCAN_CONFIG or key not in MODEL_KEYS:
+        if cfg is not ttk.SCAN_CONFIG or key not in MODEL_KEYS:
             raise SystemExit(f"--model sweeps only {', '.join(MODEL_KEYS)} (SCAN_CONFIG), not {label!r}")
     cases = []
     if args.qk:
@@ -323,7 +329,7 @@ def main() -> None:
             rf, kf = r.reshape(B * H, m, 64), k.reshape(B * H, n, 64)
 
             def topk(rf=rf, kf=kf, m=m):
-                return triton_routing.exact_topk(rf, kf, None, m)
+                return ttk.exact_topk(rf, kf, None, m)
 
             def fwd(q=q, k=k, v=v, r=r, m=m):
                 return mita_attention(q, k, v, r, m, backend="triton")
@@ -352,7 +358,7 @@ def run_sweep(cfg, key, values, label, args, timings, n, B, H, m, rho, rf, kf, t
             for val in values:
                 cfg[key] = val
                 st: dict = {}
-                idx = triton_routing.exact_topk(rf, kf, None, m, stats=st)
+                idx = ttk.exact_topk(rf, kf, None, m, stats=st)
                 first = idx.clone() if first is None else first
                 out = fwd().float()
                 first_out = out if first_out is None else first_out

@@ -40,21 +40,22 @@ register_backend("naive", _naive_backend)
 
 
 def _load_optional_backends() -> None:
-    """Import the Triton backend if it is installed and importable (it registers itself as "triton")."""
+    """Register the Triton backend (``mita.ops.mita.triton``) as "triton" if its package imports."""
     global _OPTIONAL_LOADED
     if _OPTIONAL_LOADED:
         return
     _OPTIONAL_LOADED = True
     try:
-        from mita.ops.mita import triton_backend
+        from mita.ops.mita.triton import backend
     except ImportError:
         return
-    register_triton_backend(triton_backend)
+    register_triton(backend)
 
 
-def register_triton_backend(triton_backend) -> None:
-    """Register the Triton backend module's entry and support check under the name "triton"."""
-    register_backend("triton", triton_backend.triton_entry, triton_backend.supports)
+def register_triton(backend) -> None:
+    """Register the Triton backend module's (``mita.ops.mita.triton.backend``) entry and support check under the
+    name "triton"."""
+    register_backend("triton", backend.triton_entry, backend.supports)
 
 
 def list_backends() -> list[str]:

@@ -24,7 +24,7 @@ import torch
 ENABLED = os.environ.get("MITA_FAST_LAUNCH", "1") not in ("0", "")
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -77,7 +77,7 @@ class FastKernel:
 
     def _launch(self, grid, args, kwargs):
         global ENABLED
-        if not ENABLED or _interpreting() or _hooks_installed():
+        if not ENABLED or interpreting() or _hooks_installed():
             return self.fn[grid](*args, **kwargs)
         key = (torch.cuda.current_device(), tuple(map(_arg_key, args)), tuple(sorted(kwargs.items())))
         try:

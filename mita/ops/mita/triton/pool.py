@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mita.ops.mita.launch import fast
-from mita.ops.mita.triton_routing import _cdiv, _dot, _interpreting, _next_pow2
+from mita.ops.mita.triton.common import _cdiv, _dot, _next_pow2
+from mita.ops.mita.triton.launch import fast, interpreting
 
 # Launch settings (tokens x channels per program).
 CONFIG = {
@@ -124,7 +124,7 @@ def pool_fwd(x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, heads
         x3.stride(0),
         x3.stride(1),
         MP=max(16, _next_pow2(M)),
-        UP=_interpreting(),
+        UP=interpreting(),
         **cfg,
     )
     return out

@@ -1,23 +1,12 @@
-"""Short-sequence MiTA (image sizes, N <= 256): the whole operator in two forward and two backward launches.
+"""Backward of the short-sequence path (``short.py``), FlashAttention-2 shaped: ``small_bwd``.
 
-At DeiT shapes (N = 197, m = k = 25) every routed key list covers a large part of the sequence, so the sparse
-path (query tiles per expert, ~8 queries each, keys read through index lists) wastes most of each tile and pays
-for a plan, a sort and five launches. Here the whole key tile of a (batch, head) stays on chip:
-
-- ``_small_route_kernel`` (16 landmarks per program): the exact top-k of each landmark's raw scores ``R k^T`` by
-  bisection on the scores' int32 order keys (ties to the lower key index), written as a [m, N] 0/1 membership
-  tile, and the landmark values ``softmax(R k^T scale) v`` from the same scores;
-- ``_small_attn_kernel`` (a block of queries per program): routing (top-S of ``q R^T``, ties to the lower
-  landmark index), then one dense softmax over [m landmarks ; N keys], where key n counts for query i as many
-  times as it appears in the routed lists of i's experts: ``c_in = onehot(route_i) . membership[:, n]`` (one
-  tensor-core product), logit ``q_i . k_n * scale + log(c_in)``, and ``-inf`` where ``c_in = 0``. With S = 1,
-  ``c`` is 0 or 1; with S = 2 a key in both lists enters twice, exactly as in the concatenated softmax of the
-  contract.
-
-The backward is FlashAttention-2 shaped: a query-block kernel writes dq and its share of the shared expert's dR
-and of the landmark values' upstream gradient; a key-block kernel recomputes the probabilities per query block
-and writes dk, dv of the routed entries plus the landmark-value attention's dk, dv and its share of dR. Shares
-are summed in a fixed order, no atomics: deterministic.
+``BWD = "fused"`` (the default): ``_small_bwd_kernel``, one program per (batch, head): pass 1 over query blocks
+(delta, the shared expert's share of dq, dR and dV~), pass 2 over key blocks (dv, dk and each tile's dq share, then
+the landmark-value attention's dk, dv and dR share), pass 3 writes dq and dR. ``"split"``: a query-block kernel
+(``_small_bwd_q_kernel``) writes dq and its share of the shared expert's dR and of the landmark values' upstream
+gradient; a key-block kernel (``_small_bwd_k_kernel``) recomputes the probabilities per query block and writes dk,
+dv of the routed entries plus the landmark-value attention's dk, dv and its share of dR. Shares are summed in a
+fixed order, no atomics: deterministic.
 """
 
 from __future__ import annotations
@@ -26,235 +15,23 @@ import torch
 import triton
 import triton.language as tl
 
-from mita.ops.mita.launch import fast
-from mita.ops.mita.triton_routing import (
+from mita.ops.mita.triton.common import (
+    LOG2E,
     _cdiv,
     _dot,
-    _head_kk,
     _head_ptr,
-    _interpreting,
-    _next_pow2,
-    _order_key,
     _out_ptr,
     _prec,
-    _score,
-    _softmax_step,
-    _topk_select,
     _upcast,
-    _valid_counts,
     grad_layouts,
     heads_layout,
-    out_layout,
 )
-
-LOG2E = 1.4426950408889634
-
-# Limits of the one-program-per-(batch, head) path: the key tile and the [m, N] score tile live on chip.
-SMALL_MAX_N = 256
-SMALL_MAX_TILE = 8192
-
-
-def small_supported(N: int, m: int, d: int) -> bool:
-    """Whether the short-sequence kernels take a call with N tokens, m landmarks and head dim d."""
-    NP = max(16, _next_pow2(N))
-    MP = max(16, _next_pow2(m))
-    return NP <= SMALL_MAX_N and MP * NP <= SMALL_MAX_TILE and NP * d <= 256 * 64
-
-
-# Launch settings per kernel (block sizes above are capped at NP); scripts/bench/tune_small.py sweeps them.
-CONFIG = {
-    "route": dict(BS=16, num_warps=4, num_stages=1),
-    "attn": dict(BM=64, BN=64, num_warps=4, num_stages=2),
-    "bwd_q": dict(BM=64, BN=64, num_warps=4, num_stages=2),
-    "bwd_k": dict(BM=64, BN=32, num_warps=4, num_stages=2),
-    "bwd": dict(BM=64, BN=64, num_warps=4, num_stages=1),
-}
+from mita.ops.mita.triton.launch import fast
+from mita.ops.mita.triton.short import _cfg, _pads, _routed_p_ds
 
 # Backward kernels: "fused" (``_small_bwd_kernel``, one program per (batch, head), one launch) or "split"
 # (``_small_bwd_q_kernel`` then ``_small_bwd_k_kernel``, programs per query / key block, plus a sum of dR partials).
 BWD = "fused"
-
-
-def _cfg(name: str, NP: int) -> dict:
-    return {k: (min(v, NP) if k in ("BM", "BN") else v) for k, v in CONFIG[name].items()}
-
-
-def _pads(N: int, m: int) -> tuple[int, int]:
-    """Key and landmark counts padded to powers of two (at least 16, the smallest tensor-core tile)."""
-    return max(16, _next_pow2(N)), max(16, _next_pow2(m))
-
-
-@triton.jit
-def _onehot_route(SCORE, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S: tl.constexpr, MP: tl.constexpr):
-    """Top-S landmarks of each query row of SCORE [BM, MP] (ties to the lower index) as a 0/1 matrix; the picks
-    are stored to ROUTE [BH, N, S] when ROUTE is given (forward)."""
-    avail = m_j[None, :] & (SCORE == SCORE)
-    b_oh = tl.zeros(SCORE.shape, tl.float32)
-    for s in tl.static_range(S):
-        b_x = tl.where(avail, SCORE, float("-inf"))
-        t_max = tl.max(b_x, 1)
-        t_arg = tl.min(tl.where(avail & (b_x == t_max[:, None]), o_j[None, :], MP), 1)
-        tl.store(ROUTE + (i_bh * N + o_i) * S + s, t_arg, mask=m_i)
-        hit = o_j[None, :] == t_arg[:, None]
-        b_oh += hit.to(tl.float32)
-        avail = avail & (~hit)
-    return b_oh
-
-
-@triton.jit
-def _routed_logits(b_q, b_k, b_c, scale_log2, PREC: tl.constexpr, UP: tl.constexpr):
-    """[BM, BN] log2-unit logits of the routed keys: ``q . k * scale`` plus log2 of the key's multiplicity c in the
-    query's routed lists; -inf where c = 0 (the key is in none of them, or is padding)."""
-    b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
-    return tl.where(b_c > 0, b_s + tl.log2(tl.maximum(b_c, 1.0)), float("-inf"))
-
-
-@triton.jit
-def _routed_p_ds(b_q, b_k, b_v, b_do, b_c, b_lse, b_delta, scale_log2, PREC: tl.constexpr, UP: tl.constexpr):
-    """Backward of the routed entries of a [BM queries, BN keys] tile: probabilities P (from the rows' LSE) and
-    dS = P (dO v^T - delta)."""
-    b_p = tl.exp2(_routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP) - b_lse[:, None])
-    return b_p, b_p * (_dot(b_do, tl.trans(b_v), PREC, UP) - b_delta[:, None])
-
-
-@triton.jit
-def _small_route_kernel(
-    R,
-    K,
-    V,
-    KV,
-    KK,
-    MEMB,
-    VT,
-    LVLSE,
-    N,
-    M,
-    KSEL,
-    H,
-    SB,
-    SH,
-    SN,
-    scale_log2,
-    SHARED: tl.constexpr,
-    HAS_KV: tl.constexpr,
-    D: tl.constexpr,
-    MP: tl.constexpr,
-    NP: tl.constexpr,
-    BS: tl.constexpr,
-    PREC: tl.constexpr,
-    UP: tl.constexpr,
-    EXACT: tl.constexpr,
-):
-    """BS landmark rows: exact top-k membership [BS, NP] and (SHARED) the landmark values and their LSE."""
-    i_s = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    o_d = tl.arange(0, D)
-    o_j = i_s * BS + tl.arange(0, BS)
-    m_j = o_j < M
-    o_n = tl.arange(0, NP)
-    m_n = o_n < N
-    if HAS_KV:
-        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-    kk = _head_kk(KK, i_bh, KSEL, HAS_KV)
-    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    o_kv = o_n[:, None] * SN + o_d[None, :]
-    b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
-    # [BS, NP] raw scores: the top-k ranks them, the landmark values softmax them.
-    b_sc = _score(b_r, b_k, PREC, UP, EXACT)
-
-    # Exact top-k per landmark row (ties to the lower key index).
-    sel = _topk_select(_order_key(b_sc), m_n[None, :] & m_j[:, None], m_j, kk)
-    tl.store(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :], sel.to(tl.int8))
-
-    if SHARED:
-        # Landmark values softmax(R k^T scale) v over the valid keys; zeros for a row with no valid key.
-        b_v = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
-        b_s = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
-        b_mx = tl.max(b_s, 1)
-        b_mxs = tl.where(b_mx == float("-inf"), 0.0, b_mx)
-        b_p = tl.exp2(b_s - b_mxs[:, None])
-        b_l = tl.sum(b_p, 1)
-        m_nz = b_l > 0
-        b_vt = _dot(b_p.to(b_v.dtype), b_v, PREC, UP) / tl.where(m_nz, b_l, 1.0)[:, None]
-        tl.store(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_vt.to(b_v.dtype), mask=m_j[:, None])
-        b_lse = tl.where(m_nz, b_mxs + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
-        tl.store(LVLSE + i_bh * M + o_j, b_lse, mask=m_j)
-
-
-@triton.jit
-def _small_attn_kernel(
-    Q,
-    K,
-    V,
-    R,
-    VT,
-    MEMB,
-    O,
-    LSE,
-    ROUTE,
-    N,
-    M,
-    H,
-    SB,
-    SH,
-    SN,
-    scale_log2,
-    sscale_log2,
-    S: tl.constexpr,
-    SHARED: tl.constexpr,
-    D: tl.constexpr,
-    MP: tl.constexpr,
-    NP: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    PREC: tl.constexpr,
-    UP: tl.constexpr,
-    EXACT: tl.constexpr,
-):
-    """BM queries: routing, then one online softmax over [m landmarks ; N keys weighted by their routed
-    multiplicity], the keys in blocks of BN."""
-    i_m = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    o_d = tl.arange(0, D)
-    o_j = tl.arange(0, MP)
-    m_j = o_j < M
-    o_i = i_m * BM + tl.arange(0, BM)
-    m_i = o_i < N
-    K_h = _head_ptr(K, i_bh, H, SB, SH)
-    V_h = _head_ptr(V, i_bh, H, SB, SH)
-    b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
-    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    # [BM, MP] raw q . R: routing, and (scaled) the shared logits.
-    b_qr = _score(b_q, b_r, PREC, UP, EXACT)
-    b_qr = tl.where(b_qr == 0.0, 0.0, b_qr)
-    b_oh = _onehot_route(b_qr, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S, MP).to(tl.float16)
-    if SHARED:
-        b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_a = tl.where(m_j[None, :], b_qr * sscale_log2, float("-inf"))
-        b_m = tl.max(b_a, 1)
-        b_pa = tl.exp2(b_a - b_m[:, None])
-        b_l = tl.sum(b_pa, 1)
-        b_acc = _dot(b_pa.to(b_vt.dtype), b_vt, PREC, UP)
-    else:
-        b_m = tl.full([BM], float("-inf"), tl.float32)
-        b_l = tl.zeros([BM], tl.float32)
-        b_acc = tl.zeros([BM, D], tl.float32)
-    for n0 in range(0, N, BN):
-        o_n = n0 + tl.arange(0, BN)
-        m_n = o_n < N
-        b_k = tl.load(K_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_v = tl.load(V_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
-        # [BM, BN] how many of the query's experts hold each key (0 for padding: it is in no list).
-        b_c = tl.dot(b_oh, b_mb)
-        b_s = _routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP)
-        b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
-    m_nz = b_l > 0
-    b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
-    O_h = _out_ptr(O, i_bh, H, N, D)
-    tl.store(O_h + o_i[:, None] * (H * D) + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_i[:, None])
-    b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
-    tl.store(LSE + i_bh * N + o_i, b_lse, mask=m_i)
 
 
 @triton.jit
@@ -626,55 +403,13 @@ def _small_bwd_kernel(
         tl.store(DR + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_dr.to(DR.dtype.element_ty), mask=m_j[:, None])
 
 
-def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float, sscale: float):
-    """Forward. q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``: read in place), r
-    ``[BH, m, d]``, key_valid ``[BH, N]`` bool or None.
-
-    Returns:
-        ``(o, lse, memb, route, vt, lvlse)``: output shaped as q in q's dtype, stored in ``[B, N, H, d]`` order
-        (``out_layout``), float32 LSE (log2 units), the [BH, MP, NP] int8 membership of keys in each landmark's
-        top-k, the [BH, N, S] int32 routes, the landmark values (r's dtype) and their float32 LSE.
-    """
-    lay = heads_layout(q, k, v)
-    BH, M, D = r.shape
-    N = q.shape[-2]
-    dev = q.device
-    NP, MP = _pads(N, M)
-    o = out_layout(q)
-    lse = torch.empty(BH, N, device=dev, dtype=torch.float32)
-    memb = torch.empty(BH, MP, NP, device=dev, dtype=torch.int8)
-    route = torch.empty(BH, N, S, device=dev, dtype=torch.int32)
-    vt = torch.empty_like(r) if shared else r
-    lvlse = torch.empty(BH, M, device=dev, dtype=torch.float32) if shared else lse
-    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
-    kk = _valid_counts(key_valid, ksel) if key_valid is not None else q
-    has_kv = key_valid is not None
-    common = dict(
-        SHARED=shared,
-        D=D,
-        MP=MP,
-        NP=NP,
-        PREC=_prec(q.dtype),
-        UP=_upcast(q.dtype),
-        EXACT=_interpreting(),
-    )
-    cr, ca = _cfg("route", min(NP, MP)), _cfg("attn", NP)
-    fast(_small_route_kernel)[(MP // cr["BS"], BH)](
-        r, k, v, kv, kk, memb, vt, lvlse, N, M, ksel, *lay, scale * LOG2E, HAS_KV=has_kv, **common, **cr
-    )
-    fast(_small_attn_kernel)[(_cdiv(N, ca["BM"]), BH)](
-        q, k, v, r, vt, memb, o, lse, route, N, M, *lay, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca
-    )
-    return o, lse, memb, route, vt, lvlse
-
-
 def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale, pool=None):
     """Backward of :func:`small_fwd` (q, k, v, o as it took and gave them; do any layout of o's shape). Returns
     ``(dq, dk, dv, dr)`` in the inputs' dtypes, dq, dk, dv contiguous, shaped as q. ``pool``: the landmarks are q
     pooled with this bf16 operator (``mita.ops.landmarks.pool_operator_2d``), and dq includes the pooling's
     gradient."""
     if BWD not in ("fused", "split"):
-        raise ValueError(f"triton_small.BWD must be 'fused' or 'split', got {BWD!r}")
+        raise ValueError(f"short_bwd.BWD must be 'fused' or 'split', got {BWD!r}")
     if BWD == "fused":
         return _small_bwd_fused(
             do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale, pool
@@ -825,43 +560,3 @@ def _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, 
         **_cfg("bwd", NP),
     )
     return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr
-
-
-class SmallMiTAFn(torch.autograd.Function):
-    """The short-sequence path as one autograd node (routing carries no gradient).
-
-    ``pool``: r is q pooled with this 2D operator, computed by the caller without autograd
-    (``triton_mita_pooled``); the pooling's gradient then joins dq inside the backward kernel, so a layer has one
-    autograd node and no separate pooling backward, float32 buffer or gradient sum."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, ksel, S, shared, scale, sscale, pool=None):
-        o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
-        ctx.save_for_backward(q, k, v, r, o, lse, memb, route, vt, lvlse)
-        ctx.key_valid, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, S, shared, scale, sscale
-        ctx.pool = pool
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, r, o, lse, memb, route, vt, lvlse = ctx.saved_tensors
-        dq, dk, dv, dr = small_bwd(
-            do,
-            q,
-            k,
-            v,
-            r,
-            ctx.key_valid,
-            o,
-            lse,
-            memb,
-            route,
-            vt,
-            lvlse,
-            ctx.S,
-            ctx.shared,
-            ctx.scale,
-            ctx.sscale,
-            ctx.pool,
-        )
-        return dq, dk, dv, dr, None, None, None, None, None, None, None

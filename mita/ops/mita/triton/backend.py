@@ -1,11 +1,11 @@
-"""The MiTA backend "triton" (the fused kernels of triton_mita.py): what it supports and its entry; registered by
-``mita.ops.mita.api`` when Triton imports."""
+"""The MiTA backend "triton" (the fused kernels, ``op.triton_mita``): what it supports and its entry; registered by
+``mita.ops.mita.api`` when this package imports. Importing this module needs no Triton."""
 
 from __future__ import annotations
 
 import torch
 
-from mita.ops.mita.launch import _interpreting
+from mita.ops.mita.triton.launch import interpreting
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -28,7 +28,7 @@ def supports(q: torch.Tensor, k=None, v=None, landmarks=None, topk=None, **kw) -
         return "triton is not installed"
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         return "q is not a 4-D tensor"
-    if q.device.type != "cuda" and not (q.device.type == "cpu" and _interpreting()):
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreting()):
         return f"device {q.device.type} is not CUDA (and TRITON_INTERPRET is not set)"
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
         return f"head dim {q.shape[-1]} not in {SUPPORTED_HEAD_DIMS}"
@@ -40,6 +40,6 @@ def supports(q: torch.Tensor, k=None, v=None, landmarks=None, topk=None, **kw) -
 def triton_entry(q, k, v, landmarks, topk, **kw):
     """The backend function: ``triton_mita`` (imported on first call, so that importing this module needs no
     Triton)."""
-    from mita.ops.mita.triton_mita import triton_mita
+    from mita.ops.mita.triton.op import triton_mita
 
     return triton_mita(q, k, v, landmarks, topk, **kw)

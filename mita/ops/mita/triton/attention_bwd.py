@@ -1,0 +1,623 @@
+"""Fused MiTA attention backward of the general path, the landmark values' backward included (``mita_bwd``).
+
+Deterministic: dk/dv of each (expert, slot) are written to their own rows (``_mita_bwd_dkdv_routed_kernel``) and
+reduced per key in a fixed order (``_dkdv_final_kernel``: by matching keys against the experts' index lists, or
+through a CSR list), and the shared-expert gradients are reduced over query chunks with a sum
+(``_mita_bwd_shared_kernel``); ``_mita_bwd_dq_kernel`` writes dq. Settings: ``BWD_CONFIG``, ``_MATCH_MAX``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mita.ops.mita.triton.attention_fwd import _blocks, _num_warps
+from mita.ops.mita.triton.common import (
+    LOG2E,
+    _cdiv,
+    _dot,
+    _head_ptr,
+    _next_pow2,
+    _out_ptr,
+    _prec,
+    _upcast,
+    grad_layouts,
+    heads_layout,
+    regs_cap,
+)
+from mita.ops.mita.triton.landmark_values import _lv_bwd_dr_kernel, _lv_dkdv_block, _n_chunks
+from mita.ops.mita.triton.launch import fast
+from mita.ops.mita.triton.plan import RoutingPlan
+
+# Register caps of the backward kernels (None: the compiler's choice), for GPU A/B runs (ab_scan.py --backward
+# --sweep bwd.<key>=...): dq, routed dk / dv, shared-entry dR / dVt, the per-key final sum (dkdv_final at d 64: 160
+# registers, 3 programs per SM on the match path of short rows, 112 and 4 on the CSR path of long ones;
+# compile_check.py), the landmark values' dR. Timed in run 16 (forward + backward, 64K x 16 and 1M): under 1% from
+# the best cap (dkdv 128), caps of 96 slower, so all stay None.
+BWD_CONFIG = dict(dq_maxnreg=None, dkdv_maxnreg=None, shared_maxnreg=None, final_maxnreg=None, lv_dr_maxnreg=None)
+
+
+@triton.jit
+def _mita_bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    R,
+    VT,
+    IDX,
+    ROWS,
+    TILE_E,
+    TILE_RS,
+    TILE_RE,
+    DO,
+    O,
+    LSE,
+    DELTA,
+    DQ,
+    N,
+    M,
+    KSEL,
+    NROWS,
+    T,
+    H,
+    SB,
+    SH,
+    SN,
+    DSB,
+    DSH,
+    DSN,
+    scale,
+    sscale,
+    scale_log2,
+    sscale_log2,
+    S: tl.constexpr,
+    SHARED: tl.constexpr,
+    DIRECT: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BS: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    e = tl.load(TILE_E + i_bh * T + i_t)
+    if e >= 0:
+        rs = tl.load(TILE_RS + i_bh * T + i_t)
+        re = tl.load(TILE_RE + i_bh * T + i_t)
+        o_r = rs + tl.arange(0, BM)
+        m_r = o_r < re
+        rows = tl.load(ROWS + i_bh * NROWS + o_r, mask=m_r, other=0)
+        o_n = (rows // S).to(tl.int64)
+        slot = rows % S
+        o_d = tl.arange(0, D)
+        # [BM, D]
+        # q, k, v in their layout (heads_layout), o in the output's [B, N, H, D] order (_out_ptr), do in its own
+        # layout (grad_layouts).
+        b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
+        K_h = _head_ptr(K, i_bh, H, SB, SH)
+        V_h = _head_ptr(V, i_bh, H, SB, SH)
+        p_out = o_n[:, None] * (H * D) + o_d[None, :]
+        p_do = _head_ptr(DO, i_bh, H, DSB, DSH) + o_n[:, None] * DSN + o_d[None, :]
+        b_do = tl.load(p_do, mask=m_r[:, None], other=0.0)
+        b_lse = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=0.0)
+        b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+        # delta = rowsum(dO * O), computed here and stored for the key-side kernels (a query's S rows write the
+        # same value).
+        b_o = tl.load(_out_ptr(O, i_bh, H, N, D) + p_out, mask=m_r[:, None], other=0.0)
+        b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
+        tl.store(DELTA + i_bh * N + o_n, b_delta, mask=m_r)
+        b_dq = tl.zeros([BM, D], tl.float32)
+        if SHARED:
+            for j0 in range(0, M, BS):
+                o_j = j0 + tl.arange(0, BS)
+                m_j = o_j < M
+                # [BS, D]
+                b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                # [BM, BS]
+                b_s = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
+                b_p = tl.exp2(b_s - b_lse[:, None])
+                b_p = tl.where(m_j[None, :] & (slot == 0)[:, None] & m_r[:, None], b_p, 0.0)
+                b_dp = _dot(b_do, tl.trans(b_vt), PREC, UP)
+                b_ds = b_p * (b_dp - b_delta[:, None])
+                b_dq += _dot(b_ds.to(b_r.dtype), b_r, PREC, UP) * sscale
+        for j0 in range(0, KSEL, BN):
+            o_j = j0 + tl.arange(0, BN)
+            b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
+            m_j = b_idx >= 0
+            o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
+            # [BN, D]
+            b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+            b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+            # [BM, BN]
+            b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
+            b_p = tl.exp2(b_s - b_lse[:, None])
+            b_p = tl.where(m_j[None, :] & m_r[:, None], b_p, 0.0)
+            b_dp = _dot(b_do, tl.trans(b_v), PREC, UP)
+            b_ds = b_p * (b_dp - b_delta[:, None])
+            b_dq += _dot(b_ds.to(b_k.dtype), b_k, PREC, UP) * scale
+        if DIRECT:
+            tl.store(
+                DQ + i_bh * N * D + o_n[:, None] * D + o_d[None, :], b_dq.to(DQ.dtype.element_ty), mask=m_r[:, None]
+            )
+        else:
+            o_w = rows.to(tl.int64)
+            tl.store(DQ + i_bh * NROWS * D + o_w[:, None] * D + o_d[None, :], b_dq, mask=m_r[:, None])
+
+
+@triton.jit
+def _mita_bwd_dkdv_routed_kernel(
+    Q,
+    K,
+    V,
+    IDX,
+    ROWS,
+    STARTS,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    N,
+    M,
+    KSEL,
+    NROWS,
+    H,
+    SB,
+    SH,
+    SN,
+    DSB,
+    DSH,
+    DSN,
+    scale,
+    scale_log2,
+    S: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+):
+    i_j = tl.program_id(0)
+    e = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    o_d = tl.arange(0, D)
+    o_j = i_j * BN + tl.arange(0, BN)
+    m_jin = o_j < KSEL
+    b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=m_jin, other=-1)
+    m_j = b_idx >= 0
+    o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
+    # [BN, D]
+    b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+    b_v = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+    Q_h = _head_ptr(Q, i_bh, H, SB, SH)
+    DO_h = _head_ptr(DO, i_bh, H, DSB, DSH)
+    b_dk = tl.zeros([BN, D], tl.float32)
+    b_dv = tl.zeros([BN, D], tl.float32)
+    rs = tl.load(STARTS + i_bh * (M + 1) + e)
+    re = tl.load(STARTS + i_bh * (M + 1) + e + 1)
+    for r0 in range(rs, re, BM):
+        o_r = r0 + tl.arange(0, BM)
+        m_r = o_r < re
+        rows = tl.load(ROWS + i_bh * NROWS + o_r, mask=m_r, other=0)
+        o_n = (rows // S).to(tl.int64)
+        # [BM, D]
+        b_q = tl.load(Q_h + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_do = tl.load(DO_h + o_n[:, None] * DSN + o_d[None, :], mask=m_r[:, None], other=0.0)
+        b_lse = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=0.0)
+        b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+        b_delta = tl.load(DELTA + i_bh * N + o_n, mask=m_r, other=0.0)
+        # [BN, BM]: keys along rows so dk, dv come out as [BN, D]
+        b_st = _dot(b_k, tl.trans(b_q), PREC, UP) * scale_log2
+        b_pt = tl.exp2(b_st - b_lse[None, :])
+        b_pt = tl.where(m_j[:, None] & m_r[None, :], b_pt, 0.0)
+        b_dv += _dot(b_pt.to(b_do.dtype), b_do, PREC, UP)
+        b_dpt = _dot(b_v, tl.trans(b_do), PREC, UP)
+        b_dst = b_pt * (b_dpt - b_delta[None, :])
+        b_dk += _dot(b_dst.to(b_q.dtype), b_q, PREC, UP)
+    o_w = (i_bh * M + e) * KSEL + o_j
+    tl.store(DK + o_w[:, None] * D + o_d[None, :], b_dk * scale, mask=m_jin[:, None])
+    tl.store(DV + o_w[:, None] * D + o_d[None, :], b_dv, mask=m_jin[:, None])
+
+
+@triton.jit
+def _mita_bwd_shared_kernel(
+    Q,
+    R,
+    VT,
+    DO,
+    LSE,
+    DELTA,
+    DR,
+    DVT,
+    N,
+    M,
+    CHUNK,
+    H,
+    SB,
+    SH,
+    SN,
+    DSB,
+    DSH,
+    DSN,
+    sscale,
+    sscale_log2,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BS: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+):
+    i_s = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    n_c = tl.num_programs(1)
+    o_d = tl.arange(0, D)
+    o_j = i_s * BS + tl.arange(0, BS)
+    m_j = o_j < M
+    # [BS, D]
+    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    b_dr = tl.zeros([BS, D], tl.float32)
+    b_dvt = tl.zeros([BS, D], tl.float32)
+    n0 = i_c * CHUNK
+    n1 = tl.minimum(n0 + CHUNK, N)
+    Q_h = _head_ptr(Q, i_bh, H, SB, SH)
+    DO_h = _head_ptr(DO, i_bh, H, DSB, DSH)
+    for r0 in range(n0, n1, BM):
+        o_n = r0 + tl.arange(0, BM)
+        m_n = o_n < n1
+        o_n64 = o_n.to(tl.int64)
+        # [BM, D]
+        b_q = tl.load(Q_h + o_n64[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_do = tl.load(DO_h + o_n64[:, None] * DSN + o_d[None, :], mask=m_n[:, None], other=0.0)
+        b_lse = tl.load(LSE + i_bh * N + o_n64, mask=m_n, other=0.0)
+        b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
+        b_delta = tl.load(DELTA + i_bh * N + o_n64, mask=m_n, other=0.0)
+        # [BS, BM]
+        b_st = _dot(b_r, tl.trans(b_q), PREC, UP) * sscale_log2
+        b_pt = tl.exp2(b_st - b_lse[None, :])
+        b_pt = tl.where(m_j[:, None] & m_n[None, :], b_pt, 0.0)
+        b_dvt += _dot(b_pt.to(b_do.dtype), b_do, PREC, UP)
+        b_dpt = _dot(b_vt, tl.trans(b_do), PREC, UP)
+        b_dst = b_pt * (b_dpt - b_delta[None, :])
+        b_dr += _dot(b_dst.to(b_q.dtype), b_q, PREC, UP)
+    o_w = ((i_bh * n_c + i_c) * M + o_j).to(tl.int64)
+    tl.store(DR + o_w[:, None] * D + o_d[None, :], b_dr * sscale, mask=m_j[:, None])
+    tl.store(DVT + o_w[:, None] * D + o_d[None, :], b_dvt, mask=m_j[:, None])
+
+
+@triton.jit
+def _dkdv_final_kernel(
+    DKE,
+    DVE,
+    IDX,
+    PERM,
+    PTR,
+    R,
+    K,
+    V,
+    KV,
+    DVT,
+    LV_LSE,
+    LV_DELTA,
+    DK,
+    DV,
+    N,
+    M,
+    KSEL,
+    L,
+    H,
+    SB,
+    SH,
+    SN,
+    scale,
+    scale_log2,
+    CSR: tl.constexpr,
+    LV: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    D: tl.constexpr,
+    BK: tl.constexpr,
+    KP: tl.constexpr,
+    BS: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+):
+    # Final dk, dv of a block of keys, in the keys' dtype: the sum of the key's routed (expert, slot) rows in
+    # ascending expert order, plus (LV) the landmark-value attention's dk, dv. The routed rows are found through a
+    # CSR list (CSR) or by matching the key against each expert's index list (small m * N: no sort needed).
+    i_n = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_n = i_n * BK + tl.arange(0, BK)
+    m_in = o_n < N
+    o_n64 = o_n.to(tl.int64)
+    o_d = tl.arange(0, D)
+    b_dk = tl.zeros([BK, D], tl.float32)
+    b_dv = tl.zeros([BK, D], tl.float32)
+    if CSR:
+        b_start = tl.load(PTR + i_bh * (N + 1) + o_n, mask=m_in, other=0)
+        b_end = tl.load(PTR + i_bh * (N + 1) + o_n + 1, mask=m_in, other=0)
+        n_max = tl.max(b_end - b_start, 0)
+        for i in range(0, n_max):
+            o_p = b_start + i
+            m_p = o_p < b_end
+            b_src = tl.load(PERM + i_bh * L + o_p, mask=m_p, other=0).to(tl.int64)
+            o_w = (i_bh * L + b_src)[:, None] * D + o_d[None, :]
+            b_dk += tl.load(DKE + o_w, mask=m_p[:, None], other=0.0)
+            b_dv += tl.load(DVE + o_w, mask=m_p[:, None], other=0.0)
+    else:
+        o_p = tl.arange(0, KP)
+        for e in range(0, M):
+            # An expert's index list holds each key at most once.
+            b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_p, mask=o_p < KSEL, other=-1)
+            hit = b_idx[None, :] == o_n[:, None]
+            found = tl.sum(hit.to(tl.int32), 1) > 0
+            pos = tl.sum(tl.where(hit, o_p[None, :], 0), 1)
+            o_w = ((i_bh * M + e) * KSEL + pos).to(tl.int64)[:, None] * D + o_d[None, :]
+            b_dk += tl.load(DKE + o_w, mask=(found & m_in)[:, None], other=0.0)
+            b_dv += tl.load(DVE + o_w, mask=(found & m_in)[:, None], other=0.0)
+    if LV:
+        m_n = m_in
+        if HAS_KV:
+            m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_in, other=0) != 0)
+        o_kv = o_n64[:, None] * SN + o_d[None, :]
+        b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
+        b_v = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
+        b_lk, b_lv = _lv_dkdv_block(
+            R, DVT, LV_LSE, LV_DELTA, b_k, b_v, m_n, i_bh, M, scale_log2, D=D, BS=BS, BN=BK, PREC=PREC, UP=UP
+        )
+        b_dv += b_lv
+        b_dk += b_lk * scale
+    o_w = o_n64[:, None] * D + o_d[None, :]
+    tl.store(DK + i_bh * N * D + o_w, b_dk.to(DK.dtype.element_ty), mask=m_in[:, None])
+    tl.store(DV + i_bh * N * D + o_w, b_dv.to(DV.dtype.element_ty), mask=m_in[:, None])
+
+
+# Routed dk, dv rows are matched to their keys by comparing each key block with every expert's index list when
+# BH * N * m * next_pow2(ksel) is at most this; above it a CSR list from a stable sort is cheaper.
+_MATCH_MAX = 1 << 28
+
+
+def mita_bwd(
+    do,
+    q,
+    k,
+    v,
+    r,
+    vt,
+    o,
+    lse,
+    plan: RoutingPlan,
+    S: int,
+    shared: bool,
+    scale: float,
+    sscale: float,
+    key_valid=None,
+    lv_lse=None,
+):
+    """Fused backward, landmark values' backward included.
+
+    Args:
+        do, q, k, v, o: ``[BH, N, d]`` or ``[B, H, N, d]``; q, k, v in one layout (``heads_layout``), o as
+            :func:`mita_fwd` gives it (a copy when not), do any layout of o's shape with a contiguous last dim
+            (read in place with its own strides, ``grad_layouts``; a copy otherwise);
+            r, vt: ``[BH, m, d]``; lse: the forward's ``[BH, N]`` log2 LSE.
+        key_valid: ``[BH, N]`` bool or None; lv_lse: the landmark values' ``[BH, m]`` log2 LSE (with ``shared``).
+
+    Returns:
+        ``(dq, dk, dv, dr)`` in the dtypes of q, k, v, r (one rounding each: everything is summed in float32 first);
+        dq, dk, dv contiguous, shaped as q.
+    """
+    lay = heads_layout(q, k, v)
+    BH, m, D = r.shape
+    N = q.shape[-2]
+    ksel = plan.idx.shape[-1]
+    nrows = N * S
+    T = plan.tile_e.shape[1]
+    bn, bs = _blocks(m, ksel, D)
+    prec, up = _prec(q.dtype), _upcast(q.dtype)
+    dev = q.device
+    o, do, dlay = grad_layouts(o, do)
+    direct = S == 1
+    delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
+    dq = q.new_empty(BH, N, D) if direct else torch.empty(BH, nrows, D, device=dev, dtype=torch.float32)
+    fast(_mita_bwd_dq_kernel)[(T, BH)](
+        q,
+        k,
+        v,
+        r,
+        vt,
+        plan.idx,
+        plan.rows,
+        plan.tile_e,
+        plan.tile_rs,
+        plan.tile_re,
+        do,
+        o,
+        lse,
+        delta,
+        dq,
+        N,
+        m,
+        ksel,
+        nrows,
+        T,
+        *lay,
+        *dlay,
+        scale,
+        sscale,
+        scale * LOG2E,
+        sscale * LOG2E,
+        S=S,
+        SHARED=shared,
+        DIRECT=direct,
+        D=D,
+        BM=plan.bm,
+        BN=bn,
+        BS=bs,
+        PREC=prec,
+        UP=up,
+        num_warps=_num_warps(plan.bm, D),
+        **regs_cap(BWD_CONFIG["dq_maxnreg"]),
+    )
+    if not direct:
+        dq = dq.view(BH, N, S, D).sum(dim=2).to(q.dtype)
+    # Routed keys/values: one row per (expert, slot), then a per-key reduction in a fixed order.
+    bmk = 32 if D <= 64 else 16
+    L = m * ksel
+    dk_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
+    dv_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
+    fast(_mita_bwd_dkdv_routed_kernel)[(_cdiv(ksel, bn), m, BH)](
+        q,
+        k,
+        v,
+        plan.idx,
+        plan.rows,
+        plan.starts,
+        do,
+        lse,
+        delta,
+        dk_e,
+        dv_e,
+        N,
+        m,
+        ksel,
+        nrows,
+        *lay,
+        *dlay,
+        scale,
+        scale * LOG2E,
+        S=S,
+        D=D,
+        BM=bmk,
+        BN=bn,
+        PREC=prec,
+        UP=up,
+        num_warps=4,
+        **regs_cap(BWD_CONFIG["dkdv_maxnreg"]),
+    )
+    kp = max(16, _next_pow2(ksel))
+    csr = BH * N * m * kp > _MATCH_MAX
+    if csr:
+        flat = plan.idx.view(BH, L).long()
+        flat = torch.where(flat < 0, N, flat)
+        sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
+        ar = torch.arange(N + 1, device=dev, dtype=sorted_idx.dtype)
+        ptr = torch.searchsorted(sorted_idx.contiguous(), ar.expand(BH, N + 1).contiguous()).to(torch.int32)
+        perm = perm.to(torch.int32).contiguous()
+    else:
+        ptr = perm = plan.idx
+    if shared:
+        bms = 64 if D <= 64 else 32
+        n_sblk = _cdiv(m, bs)
+        # Enough query chunks to fill the GPU; partial sums are reduced in a fixed order.
+        n_chunk = max(1, min(_cdiv(N, 4 * bms), _cdiv(512, n_sblk * BH)))
+        chunk = _cdiv(_cdiv(N, n_chunk), bms) * bms
+        n_chunk = _cdiv(N, chunk)
+        dr = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
+        dvt = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
+        fast(_mita_bwd_shared_kernel)[(n_sblk, n_chunk, BH)](
+            q,
+            r,
+            vt,
+            do,
+            lse,
+            delta,
+            dr,
+            dvt,
+            N,
+            m,
+            chunk,
+            *lay,
+            *dlay,
+            sscale,
+            sscale * LOG2E,
+            D=D,
+            BM=bms,
+            BS=bs,
+            PREC=prec,
+            UP=up,
+            num_warps=4,
+            **regs_cap(BWD_CONFIG["shared_maxnreg"]),
+        )
+        dr = dr[:, 0] if n_chunk == 1 else dr.sum(1)
+        dvt = (dvt[:, 0] if n_chunk == 1 else dvt.sum(1)).to(r.dtype)
+        lv_delta = (dvt.float() * vt.float()).sum(-1).contiguous()
+    else:
+        dvt = lv_delta = lv_lse = vt
+    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else delta
+    dk = k.new_empty(BH, N, D)
+    dv = v.new_empty(BH, N, D)
+    bk = 32
+    lbs = int(min(64 if D <= 64 else 32, max(16, _next_pow2(m))))
+    fast(_dkdv_final_kernel)[(_cdiv(N, bk), BH)](
+        dk_e,
+        dv_e,
+        plan.idx,
+        perm,
+        ptr,
+        r,
+        k,
+        v,
+        kv,
+        dvt,
+        lv_lse,
+        lv_delta,
+        dk,
+        dv,
+        N,
+        m,
+        ksel,
+        L,
+        *lay,
+        scale,
+        scale * LOG2E,
+        CSR=csr,
+        LV=shared,
+        HAS_KV=key_valid is not None,
+        D=D,
+        BK=bk,
+        KP=kp,
+        BS=lbs,
+        PREC=prec,
+        UP=up,
+        num_warps=4,
+        **regs_cap(BWD_CONFIG["final_maxnreg"]),
+    )
+    # The per-entry rows are summed into dk, dv: free them (and the CSR list) before the dR partials.
+    del dk_e, dv_e, perm, ptr
+    if shared:
+        # dR of the landmark values (dR partials per key chunk, summed in order) joins the shared expert's dR.
+        nc, ch = _n_chunks(N, m, _cdiv(m, lbs), BH, 64)
+        dr_lv = torch.empty(BH, nc, m, D, device=dev, dtype=torch.float32)
+        fast(_lv_bwd_dr_kernel)[(_cdiv(m, lbs), nc, BH)](
+            r,
+            k,
+            v,
+            kv,
+            dvt,
+            lv_lse,
+            lv_delta,
+            dr_lv,
+            N,
+            m,
+            ch,
+            *lay,
+            scale,
+            scale * LOG2E,
+            HAS_KV=key_valid is not None,
+            D=D,
+            BS=lbs,
+            BN=64,
+            PREC=prec,
+            UP=up,
+            num_warps=4,
+            **regs_cap(BWD_CONFIG["lv_dr_maxnreg"]),
+        )
+        dr = (dr + (dr_lv[:, 0] if nc == 1 else dr_lv.sum(1))).to(r.dtype)
+    else:
+        dr = torch.zeros_like(r)
+    return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr

@@ -1,0 +1,333 @@
+"""Fused MiTA attention forward of the general path: one online softmax over [m shared entries ; S * k routed
+entries] per tile of queries routed to one expert (``_mita_fwd_kernel``, launched by ``mita_fwd``).
+
+Derived from the operator contract in README.md (not from the reference code's varlen + merge pipeline) and from
+the usual FlashAttention-2 forward structure. Queries are grouped by expert with a stable sort of their routes
+(``plan.py``), and each program takes a tile of queries routed to one expert; routed keys/values are read through
+the expert's index list (never gathered into a copy), and the shared and routed entries share one softmax, so no
+log-sum-exp merge is needed for S = 1; every shape is static (the tile table has a fixed upper bound), so there is
+no host synchronisation. Settings: ``FWD_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from mita.ops.mita.triton.common import (
+    LOG2E,
+    _dot,
+    _head_ptr,
+    _next_pow2,
+    _out_ptr,
+    _prec,
+    _softmax_fma,
+    _softmax_lazy,
+    _softmax_step,
+    _upcast,
+    heads_layout,
+    out_layout,
+    regs_cap,
+)
+from mita.ops.mita.triton.launch import fast
+
+_BIG_NEG = float("-inf")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mita_fwd_kernel(
+    Q,
+    K,
+    V,
+    R,
+    VT,
+    IDX,
+    ROWS,
+    TILE_E,
+    TILE_RS,
+    TILE_RE,
+    O,
+    LSE,
+    N,
+    M,
+    KSEL,
+    NROWS,
+    T,
+    H,
+    SB,
+    SH,
+    SN,
+    scale_log2,
+    sscale_log2,
+    S: tl.constexpr,
+    SHARED: tl.constexpr,
+    DIRECT: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BS: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+    INIT: tl.constexpr,
+    LAZY: tl.constexpr,
+    FULL: tl.constexpr,
+):
+    # INIT (S = 1, DIRECT, SHARED): the route kernel already wrote each query's attention over the shared entries
+    # into O and LSE; start the online softmax from that state (max = its LSE, sum 1, accumulator = its output)
+    # instead of scoring the shared entries again.
+    # LAZY 1: the online softmax of _softmax_lazy (scale folded into the exponent's FMA, rescaling only when a row's
+    # maximum grows by more than 2^8); 2: _softmax_fma's (the scale in the FMA, rescaling every block). FULL: every
+    # index list holds KSEL >= 0 entries, KSEL % BN == 0, M % BS == 0 and S == 1 (no padding), so the key blocks and
+    # shared blocks load and score without masks.
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    e = tl.load(TILE_E + i_bh * T + i_t)
+    if e >= 0:
+        rs = tl.load(TILE_RS + i_bh * T + i_t)
+        re = tl.load(TILE_RE + i_bh * T + i_t)
+        o_r = rs + tl.arange(0, BM)
+        m_r = o_r < re
+        rows = tl.load(ROWS + i_bh * NROWS + o_r, mask=m_r, other=0)
+        o_n = (rows // S).to(tl.int64)
+        slot = rows % S
+        o_d = tl.arange(0, D)
+        # [BM, D]
+        b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
+        K_h = _head_ptr(K, i_bh, H, SB, SH)
+        V_h = _head_ptr(V, i_bh, H, SB, SH)
+        if INIT:
+            b_m = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=float("-inf"))
+            b_l = tl.where(m_r, 1.0, 0.0)
+            b_acc = tl.load(
+                _out_ptr(O, i_bh, H, N, D) + o_n[:, None] * (H * D) + o_d[None, :], mask=m_r[:, None], other=0.0
+            ).to(tl.float32)
+        else:
+            b_m = tl.full([BM], float("-inf"), tl.float32)
+            b_l = tl.zeros([BM], tl.float32)
+            b_acc = tl.zeros([BM, D], tl.float32)
+        if SHARED and not INIT:
+            for j0 in range(0, M, BS):
+                o_j = j0 + tl.arange(0, BS)
+                m_j = o_j < M
+                # [BS, D]
+                if FULL:
+                    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :])
+                    b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :])
+                else:
+                    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                    b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                # [BM, BS]
+                b_s = _dot(b_q, tl.trans(b_r), PREC, UP)
+                if LAZY == 1 or LAZY == 2:
+                    if not FULL:
+                        b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
+                    if LAZY == 1:
+                        b_m, b_l, b_acc = _softmax_lazy(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
+                    else:
+                        b_m, b_l, b_acc = _softmax_fma(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
+                elif FULL:
+                    b_m, b_l, b_acc = _softmax_step(b_s * sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
+                else:
+                    b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s * sscale_log2, float("-inf"))
+                    b_m, b_l, b_acc = _softmax_step(b_s, b_vt, b_m, b_l, b_acc, PREC, UP)
+        for j0 in range(0, KSEL, BN):
+            o_j = j0 + tl.arange(0, BN)
+            if FULL:
+                o_k = tl.load(IDX + (i_bh * M + e) * KSEL + o_j).to(tl.int64)
+                # [BN, D]
+                b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :])
+                b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :])
+            else:
+                b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
+                m_j = b_idx >= 0
+                o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
+                b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+                b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
+            # [BM, BN]
+            b_s = _dot(b_q, tl.trans(b_k), PREC, UP)
+            if LAZY == 1 or LAZY == 2:
+                if not FULL:
+                    b_s = tl.where(m_j[None, :], b_s, float("-inf"))
+                if LAZY == 1:
+                    b_m, b_l, b_acc = _softmax_lazy(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
+                else:
+                    b_m, b_l, b_acc = _softmax_fma(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
+            elif FULL:
+                b_m, b_l, b_acc = _softmax_step(b_s * scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
+            else:
+                b_s = tl.where(m_j[None, :], b_s * scale_log2, float("-inf"))
+                b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
+        m_nz = b_l > 0
+        b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
+        b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
+        if DIRECT:
+            O_h = _out_ptr(O, i_bh, H, N, D)
+            tl.store(O_h + o_n[:, None] * (H * D) + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_r[:, None])
+            tl.store(LSE + i_bh * N + o_n, b_lse, mask=m_r)
+        else:
+            o_w = rows.to(tl.int64)
+            tl.store(O + i_bh * NROWS * D + o_w[:, None] * D + o_d[None, :], b_o, mask=m_r[:, None])
+            tl.store(LSE + i_bh * NROWS + o_w, b_lse, mask=m_r)
+
+
+# Launch settings of the general path's attention kernels (scripts/bench/tune_long.py sweeps them on the GPU):
+# query rows per tile at most bm_max; keys / landmarks per step at most bn_max (None: 64 for d <= 64, else 32);
+# warps and pipeline stages of the forward (None: by tile size / Triton's default). shared_in_route (S = 1 with the
+# shared expert): the route kernel also computes each query's attention over the shared entries from the scores it
+# computes anyway, and the fused attention reads only the routed entries. Off: no gain on the H200 (run 14, CUDA
+# graph forward: 64K 0.229 -> 0.239 ms, 1M 4.86 -> 4.81, Figure F's 64K x 16 layer 2.01 -> 2.21). maxnreg caps the
+# forward's registers per thread and num_stages sets its pipeline depth: None for the default (_fwd_launch), 0 for
+# the compiler's choice / Triton's default (scripts/bench/compile_check.py prints registers and programs per SM).
+# bm_infer: bm_max of a forward that no backward follows (no input requires a gradient, or grad mode is off), which
+# can take larger query tiles than the backward wants (None: bm_max; 128 was not faster on the H200, run 15: 64K x
+# 16 1.93 against 1.90 ms with 64-row tiles at 128 registers, 1M 4.74 against 4.65). unmasked (default 1): without
+# padding (and S = 1, block sizes dividing m and k) the forward's loads and scores skip their masks; run 18 on the
+# H200 (CUDA-graph forward, one process): 64K 0.176 -> 0.169 ms, 256K 0.777 -> 0.726, 1M 4.335 -> 3.948, 64K x 16
+# 1.721 -> 1.625. lazy: the online softmax folds the scale into the exponent's FMA and rescales only when a row's
+# maximum grows by more than 2^8 (_softmax_lazy) instead of every block (_softmax_step); off: slower with the
+# unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block). lazy 2: the scale in
+# the exponent's FMA, rescaling every block (_softmax_fma: no per-score multiply, no branch). route_stream
+# (CUDA only; CUDA graphs capture the fork and join): 1: the routing kernel runs on a second stream beside the whole
+# top-k (forked before it, joined before the plan; level in ab_scan.py, 5% slower at 64K and 256K in bench_op.py, run
+# 18 call 4); 2: the routing and the plan's kernels run on the second stream beside the top-k's kernels after its
+# block-top pass (which fills every SM); 3: the routing in order, the plan's kernels beside the top-k after its
+# block-top pass; 0: everything in order.
+FWD_CONFIG = dict(
+    bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
+    lazy=2, unmasked=1, route_stream=3,
+)  # fmt: skip
+
+
+def _lazy_mode() -> int:
+    """The fused attention's online softmax, FWD_CONFIG["lazy"]: 0 _softmax_step, 1 _softmax_lazy, 2 _softmax_fma."""
+    mode = int(FWD_CONFIG["lazy"])
+    if mode not in (0, 1, 2):
+        raise ValueError(f"FWD_CONFIG['lazy'] must be 0, 1 or 2, got {FWD_CONFIG['lazy']}")
+    return mode
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# launchers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _blocks(m: int, ksel: int, d: int) -> tuple[int, int]:
+    cap = FWD_CONFIG["bn_max"] or (64 if d <= 64 else 32)
+    bn = int(min(cap, max(16, _next_pow2(ksel))))
+    bs = int(min(cap, max(16, _next_pow2(m))))
+    return bn, bs
+
+
+def _num_warps(bm: int, d: int) -> int:
+    return 4 if bm * d <= 64 * 64 else 8
+
+
+def _fwd_num_warps(bm: int, d: int) -> int:
+    # The forward keeps 4 warps for 128-row tiles at d <= 64 (tune_long.py, run 13: bm 128 with 8 warps 1.3-1.4x
+    # slower than with 4 at 64K x 16 and 1M).
+    return 4 if d <= 64 and bm <= 128 else _num_warps(bm, d)
+
+
+def _fwd_launch(bm: int, bn: int, d: int) -> dict:
+    """Warps, pipeline stages and register cap of the fused forward (FWD_CONFIG overrides). With 64-row tiles of
+    64-key blocks at d 64 the kernel holds 142 registers per thread (triton 3.6/3.8 for sm_90): 3 programs per SM,
+    and its short key loops leave the loads' latency exposed. Capped at 96 with 2 stages (40 B of spill, 5 programs
+    per SM), the forward on the H200 (run 15, CUDA graphs, B 1, H 2) went 1.97 -> 1.84-1.86 ms at 64K x 16, 4.91 ->
+    4.68 at 1M, 0.862 -> 0.828 at 256K, 0.223 -> 0.220 at 64K; a cap of 128 with 3 stages (4 per SM) 1.90 / 4.66 /
+    0.83 / 0.22; 80 (472 B of spill) was 2-3x slower. Other tile shapes keep the compiler's choice."""
+    tuned = bm == 64 and bn == 64 and d == 64
+    stages, cap = FWD_CONFIG["num_stages"], FWD_CONFIG["maxnreg"]
+    if stages is None:
+        stages = 2 if tuned else 0
+    if cap is None:
+        cap = 96 if tuned else 0
+    opts = dict(num_warps=FWD_CONFIG["num_warps"] or _fwd_num_warps(bm, d), **regs_cap(cap))
+    if stages:
+        opts["num_stages"] = int(stages)
+    return opts
+
+
+def mita_fwd(q, k, v, r, vt, plan, S: int, shared: bool, scale: float, sscale: float, init=None, full=False):
+    """Fused forward. q, k, v: ``[BH, N, d]`` or ``[B, H, N, d]``, one layout (:func:`heads_layout`: any batch, head
+    and row strides); r, vt: ``[BH, m, d]``. init: None, or (S = 1 with the shared expert) ``(o, lse)`` holding each
+    query's attention over the shared entries (``route_topk(shared_out=...)``): the kernel continues from it and
+    writes the result into the same buffers. full: every entry of ``plan.idx`` is a key index (no -1: no padding),
+    so the kernel may skip masks where the block sizes divide m and k.
+
+    Returns:
+        ``(o, lse [BH, N] float32 in log2 units)``; o in q's dtype: ``[BH, N, d]`` for flattened heads, else
+        ``[B, H, N, d]`` stored in ``[B, N, H, d]`` order (its ``transpose(1, 2)`` is contiguous, as the output
+        projection wants).
+    """
+    lay = heads_layout(q, k, v)
+    BH, m, D = r.shape
+    N = q.shape[-2]
+    ksel = plan.idx.shape[-1]
+    nrows = N * S
+    T = plan.tile_e.shape[1]
+    bn, bs = _blocks(m, ksel, D)
+    direct = S == 1
+    if init is not None and not (direct and shared):
+        raise ValueError("mita_fwd: init needs S = 1 and the shared expert")
+    if init is not None:
+        o, lse = init
+    elif direct:
+        o = out_layout(q)
+        lse = torch.empty(BH, N, device=q.device, dtype=torch.float32)
+    else:
+        o = torch.empty(BH, nrows, D, device=q.device, dtype=torch.float32)
+        lse = torch.empty(BH, nrows, device=q.device, dtype=torch.float32)
+    fast(_mita_fwd_kernel)[(T, BH)](
+        q,
+        k,
+        v,
+        r,
+        vt,
+        plan.idx,
+        plan.rows,
+        plan.tile_e,
+        plan.tile_rs,
+        plan.tile_re,
+        o,
+        lse,
+        N,
+        m,
+        ksel,
+        nrows,
+        T,
+        *lay,
+        scale * LOG2E,
+        sscale * LOG2E,
+        S=S,
+        SHARED=shared,
+        DIRECT=direct,
+        D=D,
+        BM=plan.bm,
+        BN=bn,
+        BS=bs,
+        PREC=_prec(q.dtype),
+        UP=_upcast(q.dtype),
+        INIT=init is not None,
+        LAZY=_lazy_mode(),
+        FULL=bool(FWD_CONFIG["unmasked"]) and bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
+        **_fwd_launch(plan.bm, bn, D),
+    )
+    if direct:
+        return o, lse
+    # Merge the S partial softmaxes of each query (only slot 0 holds the shared entries).
+    o = o.view(BH, N, S, D)
+    lse = lse.view(BH, N, S)
+    tot = torch.logsumexp(lse * math.log(2.0), dim=-1) / math.log(2.0)
+    tot_safe = torch.where(torch.isinf(tot), torch.zeros_like(tot), tot)
+    # In place: the float32 partials are the largest buffers of the call.
+    out = o.mul_(torch.exp2(lse - tot_safe[..., None])[..., None]).sum(dim=2)
+    del o
+    return out_layout(q).copy_(out.view(q.shape)), tot

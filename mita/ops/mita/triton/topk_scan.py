@@ -1,0 +1,603 @@
+"""Exact top-k kernels that score keys: the on-chip top-k of short rows and the block-top / count + emit /
+refinement passes of long rows.
+
+- ``_topk_small_kernel`` (rows up to ``topk.SMALL_N`` keys): one program per (16 landmarks, head) keeps the
+  [landmarks, N] order keys on chip and finds the k-th largest by bisection (``_topk_select``).
+- ``_topk_scan_body`` / ``_topk_scan_kernel``: the passes over a long row's key blocks (block tops, the count +
+  emit pass, the fallback's refinement passes, recount and ordered emission), with the landmark values' split-key
+  partials computed from the block-top pass's scores (``LVF``).
+- The order-key helpers (``_order_key``, ``_pack_key``, ``_key_threshold``, ``_first_max``) and the per-row
+  refinement state (``_topk_state``, ``_narrow``) these passes and the selection kernels (``topk_select``) share.
+
+The host side (``exact_topk``, ``SCAN_CONFIG``) is ``topk.py``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from mita.ops.mita.triton.common import (
+    _head_ptr,
+    _score,
+    _softmax_fma,
+    _softmax_fma_max,
+    _softmax_lazy,
+    _softmax_lazy_max,
+    _softmax_step,
+)
+
+# Threshold candidates per refinement pass of the long-row top-k, and the number of passes (16^8 = 2^32).
+_P = 16
+_PASSES = 8
+
+
+@triton.jit
+def _first_max(b_x, b_max, o_k, BN: tl.constexpr):
+    # The first column of each row of b_x [X, BN] holding its maximum b_max [X] (-0.0 and +0.0 compare equal, as
+    # the maximum-with-index reduction's ties see them; column 0 for a row without a match, i.e. a NaN maximum).
+    c = tl.min(tl.where(b_x == b_max[:, None], o_k[None, :], BN), 1)
+    return tl.where(c < BN, c, 0)
+
+
+@triton.jit
+def _order_key(s):
+    # fp32 -> int32 with the same order (-0.0 folded onto +0.0 first, as a stable sort sees them as equal).
+    s = tl.where(s == 0.0, 0.0, s)
+    b = s.to(tl.int32, bitcast=True)
+    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _pack_key(s, n):
+    # One int64 per (score, key index) whose order is score desc, index asc: the order key above, the reversed index
+    # below (_final_row decodes it).
+    return (_order_key(s).to(tl.int64) << 32) + (0xFFFFFFFF - n.to(tl.int64))
+
+
+@triton.jit
+def _key_threshold(lo):
+    # The float t with order key(s) >= lo <=> s >= t (order keys map one to one and in order onto float bit
+    # patterns: -inf below every score's key; NaN, which no score reaches, above +inf's key: a row without valid
+    # keys).
+    t = tl.where(lo >= 0, lo, lo ^ 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    return tl.where(lo <= _KEY_NEG_INF, float("-inf"), t)
+
+
+@triton.jit
+def _topk_select(b_key, m_v, m_j, kk):
+    """Top-kk of each row of the int32 order keys b_key [R, L] among the entries m_v (rows m_j), ties to the lower
+    column: a 0/1 [R, L] selection. The kk-th largest key is the largest t with count(key >= t) >= kk, found by
+    bisection from [row min, row max + 1); a row stops as soon as count(key >= lo) == kk ({key >= lo} is then its
+    top-kk), otherwise when hi = lo + 1, and the ties at lo are taken in column order."""
+    lo = tl.min(tl.where(m_v, b_key, 2147483647), 1).to(tl.int64)
+    hi = tl.max(tl.where(m_v, b_key, -2147483648), 1).to(tl.int64) + 1
+    c_lo = tl.sum(m_v.to(tl.int32), 1)
+    busy = m_j & (c_lo != kk) & (hi - lo > 1)
+    while tl.max(busy.to(tl.int32), 0) > 0:
+        mid = lo + (hi - lo) // 2
+        c = tl.sum((m_v & (b_key >= mid[:, None])).to(tl.int32), 1)
+        ok = busy & (c >= kk)
+        lo = tl.where(ok, mid, lo)
+        c_lo = tl.where(ok, c, c_lo)
+        hi = tl.where(busy & (c < kk), mid, hi)
+        busy = m_j & (c_lo != kk) & (hi - lo > 1)
+    m_gt = m_v & (b_key > lo[:, None])
+    m_eq = m_v & (b_key == lo[:, None])
+    n_gt = tl.sum(m_gt.to(tl.int32), 1)
+    tie_rank = tl.cumsum(m_eq.to(tl.int32), 1) - 1
+    return m_gt | (m_eq & (tie_rank < (kk - n_gt)[:, None]))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# exact top-k: short rows, on chip
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _topk_small_kernel(
+    R,
+    K,
+    KV,
+    KK,
+    IDX,
+    N,
+    M,
+    KSEL,
+    H,
+    SB,
+    SH,
+    SN,
+    HAS_KV: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    NP: tl.constexpr,
+    KP: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    i_s = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_d = tl.arange(0, D)
+    o_j = i_s * BS + tl.arange(0, BS)
+    m_j = o_j < M
+    o_n = tl.arange(0, NP)
+    m_n = o_n < N
+    if HAS_KV:
+        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    b_k = tl.load(
+        _head_ptr(K, i_bh, H, SB, SH) + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0
+    )
+    # [BS, NP] order keys of the raw scores; invalid keys take no part.
+    b_key = _order_key(_score(b_r, b_k, PREC, UP, EXACT))
+    m_v = m_n[None, :] & m_j[:, None]
+    kk = _head_kk(KK, i_bh, KSEL, HAS_KV)
+    sel = _topk_select(b_key, m_v, m_j, kk)
+    pos = tl.cumsum(sel.to(tl.int32), 1) - 1
+    base = IDX + (i_bh * M + o_j) * KSEL
+    tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [BS, NP]), mask=sel)
+    o_p = tl.arange(0, KP)
+    tl.store(
+        base[:, None] + o_p[None, :],
+        tl.full([BS, KP], -1, tl.int32),
+        mask=m_j[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < KSEL),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# exact top-k: long rows, threshold passes
+# ----------------------------------------------------------------------------------------------------------------
+
+# Device copies of the pass constants, the order key of -inf and the empty candidate-list entry.
+_NPASS = tl.constexpr(_PASSES)
+_KEY_NEG_INF = tl.constexpr(-2139095041)
+_EMPTY = tl.constexpr(-(2**63))
+
+
+@triton.jit
+def _clear_list(CAND, row, CAP, CB: tl.constexpr):
+    # Empty the row's [CAP] candidate list.
+    for c0 in range(0, CAP, CB):
+        o_e = c0 + tl.arange(0, CB)
+        tl.store(CAND + row * CAP + o_e, tl.full([CB], _EMPTY, tl.int64), mask=o_e < CAP)
+
+
+@triton.jit
+def _head_kk(KK, i_bh, ksel, HAS_KV: tl.constexpr):
+    # Keys each landmark of head i_bh keeps: the head's valid-key count clamped to ksel (KK) with padding, else ksel.
+    if HAS_KV:
+        kk = tl.load(KK + i_bh)
+    else:
+        kk = ksel
+    return kk
+
+
+@triton.jit
+def _narrow(lo, hi, p, P: tl.constexpr):
+    # [t_p, t_{p+1}) of the P sub-ranges of [lo, hi), t_p = lo + (hi - lo) * p // P (the last one ends at hi).
+    t_lo = lo + ((hi - lo) * p) // P
+    t_hi = tl.where(p + 1 < P, lo + ((hi - lo) * (p + 1)) // P, hi)
+    return t_lo, t_hi
+
+
+@triton.jit
+def _topk_state(LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, write, P: tl.constexpr, CM: tl.constexpr):
+    # (lo, hi, done) of the rows before refinement pass i_pass (i_pass = _NPASS: the final state), from the state
+    # before pass i_pass - 1 and that pass's counts; write: store it in slot i_pass (one program per landmark tile).
+    # Invariant for a row not done: count(key >= lo) >= kk > count(key >= hi). CM ".cg": the previous slot and counts
+    # were written by other programs of the same launch (the persistent fallback kernel): loaded from L2, not L1.
+    if i_pass == 0:
+        lo = tl.load(LO + row, mask=m_j, other=0)
+        hi = tl.load(HI + row, mask=m_j, other=1)
+        # Rows whose candidates all fit the list are done; so are rows whose lo is the k-th key itself.
+        done = (~fb) | (hi - lo <= 1)
+    else:
+        prev = (i_pass - 1) * nrows + row
+        lo = tl.load(LO + prev, mask=m_j, other=0, cache_modifier=CM)
+        hi = tl.load(HI + prev, mask=m_j, other=1, cache_modifier=CM)
+        done_p = tl.load(DONE + prev, mask=m_j, other=1, cache_modifier=CM) != 0
+        o_p = tl.arange(0, P)
+        cnt = tl.load(CNT + prev[:, None] * P + o_p[None, :], mask=m_j[:, None], other=0, cache_modifier=CM)
+        # Counts fall with the threshold, so the thresholds kk keys reach are a prefix; p = 0 (lo) always is.
+        n_ok = tl.sum((cnt >= kk).to(tl.int32), 1)
+        p_star = tl.maximum(n_ok - 1, 0)
+        t_lo, t_hi = _narrow(lo, hi, p_star, P)
+        c_lo = tl.sum(tl.where(o_p[None, :] == p_star[:, None], cnt, 0), 1)
+        lo = tl.where(done_p, lo, t_lo)
+        hi = tl.where(done_p, hi, t_hi)
+        done = done_p | (c_lo <= CAP) | (t_hi - t_lo <= 1)
+    if write:
+        cur = i_pass * nrows + row
+        tl.store(LO + cur, lo, mask=m_j)
+        tl.store(HI + cur, hi, mask=m_j)
+        tl.store(DONE + cur, done.to(tl.int32), mask=m_j)
+    return lo, hi, done
+
+
+@triton.jit
+def _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    # Scores of the landmark tile b_r against the key block o_n (keys below n1, and valid with padding) -> (valid
+    # keys [BN], scores [BS, BN]). Every pass that scores keys calls this, so equal launches give equal bits.
+    m_n = o_n < n1
+    if HAS_KV:
+        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+    return m_n, _score(b_r, b_k, PREC, UP, EXACT)
+
+
+@triton.jit
+def _topk_scan_body(
+    i_s,
+    i_g,
+    i_bh,
+    R,
+    K,
+    KV,
+    KK,
+    LO,
+    HI,
+    DONE,
+    CMAX,
+    ARG,
+    CNT,
+    OFF,
+    CAND,
+    V,
+    PM,
+    PL,
+    PACC,
+    scale_log2,
+    N,
+    M,
+    CH,
+    G,
+    NBLK,
+    CAP,
+    ksel,
+    H,
+    SB,
+    SH,
+    SN,
+    nrows,
+    i_pass,
+    MODE: tl.constexpr,
+    P: tl.constexpr,
+    SKIP: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BN: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+    EXACT: tl.constexpr,
+    TOPT: tl.constexpr,
+    BB: tl.constexpr,
+    BG: tl.constexpr,
+    E3: tl.constexpr,
+    LVF: tl.constexpr,
+    EVEN: tl.constexpr,
+    LAZY: tl.constexpr,
+    CM: tl.constexpr,
+    EQ: tl.constexpr = 0,
+):
+    # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
+    # EVEN (MODE 0): no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key
+    # blocks load and the block tops reduce without masks. LAZY (MODE 0, LVF): the landmark values' online softmax is
+    # _softmax_lazy's. EQ (MODE 0): each block top by a plain maximum and the first key equal to it (_first_max)
+    # instead of one maximum-with-index reduction; with EVEN and LAZY the landmark values reuse the block maxima.
+    # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
+    #         rows, NBLK] (plane t: the (t+1)-th largest), and where in its block the largest is -> ARG [rows, NBLK]
+    #         (int8; the first such key). E3 (TOPT >= 3): also where the second largest is -> ARG plane 1.
+    # MODE 4: every key >= lo (slot 0) takes a slot of its row's list from the row's atomic counter OFF and is
+    #         written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The
+    #         list's order does not matter: the final top-k orders by the packed value. Sparse: reads the block
+    #         tops of BB blocks at a time, not the keys. A block whose second largest score is below the
+    #         threshold holds at most one key at or above it, its maximum, written from (CMAX, ARG) as they are;
+    #         only blocks whose second score reaches it are scored again (the same dot as MODE 0, so the same
+    #         scores to the bit) for the rows that need it. E3: a block whose third largest score is below the
+    #         threshold holds at most two such keys, also written from the block tops; only blocks with three or
+    #         more are scored again.
+    # LVF (MODE 0): the same scores also give the landmark values' split-key partials of this chunk, softmax(s *
+    #         scale) v as (max, sum, accumulator) in log2 units -> PM, PL [BH, G, M], PACC [BH, G, M, D] (merged by
+    #         _lv_merge_kernel), so the keys are scored once for both.
+    # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
+    # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P].
+    # MODE 2: final state (slot i_pass: _NPASS, or the pass after the last one the persistent kernel ran), empty
+    #         candidate lists, per key chunk the count of keys >= hi and of keys
+    #         in [lo, hi) -> CNT tail [rows, G, 2].
+    # MODE 3: from the final state (slot i_pass), write the candidates (>= hi first, then [lo, hi), both in key
+    #         order, truncated at CAP).
+    # SKIP (modes 1-3): landmark tiles without a fallback row do nothing.
+    o_d = tl.arange(0, D)
+    o_j = i_s * BS + tl.arange(0, BS)
+    m_j = o_j < M
+    row = i_bh * M + o_j
+    active = tl.sum(m_j.to(tl.int32), 0) > 0
+    if MODE != 0 and MODE != 4:
+        fb = m_j & (tl.load(OFF + row, mask=m_j, other=0) > CAP)
+        if SKIP:
+            active = tl.sum(fb.to(tl.int32), 0) > 0
+    if active:
+        n0 = i_g * CH
+        n1 = tl.minimum(n0 + CH, N)
+        if MODE != 0:
+            kk = _head_kk(KK, i_bh, ksel, HAS_KV)
+            if MODE == 4:
+                b_lo64 = tl.load(LO + row, mask=m_j, other=0)
+                b_hi64 = b_lo64
+                need = m_j
+                b_tf = _key_threshold(b_lo64)
+            elif MODE == 1:
+                b_lo64, b_hi64, done = _topk_state(
+                    LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM
+                )
+                need = fb & ~done
+            elif MODE == 2:
+                b_lo64, b_hi64, done = _topk_state(
+                    LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM
+                )
+                need = fb
+                if i_g == 0:
+                    for c0 in range(0, CAP, BN):
+                        o_e = c0 + tl.arange(0, BN)
+                        tl.store(
+                            CAND + row[:, None] * CAP + o_e[None, :],
+                            tl.full([BS, BN], _EMPTY, tl.int64),
+                            mask=fb[:, None] & (o_e < CAP)[None, :],
+                        )
+            else:
+                b_lo64 = tl.load(LO + i_pass * nrows + row, mask=m_j, other=0, cache_modifier=CM)
+                b_hi64 = tl.load(HI + i_pass * nrows + row, mask=m_j, other=0, cache_modifier=CM)
+                need = fb
+            # Compares in int32 (keys are int32; hi = 2^31 only above a NaN key, which scores never are).
+            b_lo = b_lo64.to(tl.int32)
+            b_hi = tl.minimum(b_hi64, 2147483647).to(tl.int32)
+            active = tl.sum(need.to(tl.int32), 0) > 0
+        if MODE == 1:
+            o_p = tl.arange(0, P)
+            # [BS, P] thresholds lo + (hi - lo) * p / P (p = 0 gives lo itself), all below hi: int32.
+            b_t = (b_lo64[:, None] + ((b_hi64 - b_lo64)[:, None] * o_p[None, :]) // P).to(tl.int32)
+            b_cnt = tl.zeros([BS, P], tl.int32)
+        if MODE == 2 or MODE == 3:
+            c_hi = tl.zeros([BS], tl.int32)
+            c_band = tl.zeros([BS], tl.int32)
+        if MODE == 3:
+            # This chunk's write offsets: the counts of the earlier chunks (keys >= hi of all chunks come first).
+            CC = CNT + _NPASS * nrows * P
+            w_hi = tl.zeros([BS], tl.int32)
+            w_band = tl.zeros([BS], tl.int32)
+            n_hi = tl.zeros([BS], tl.int32)
+            for g0 in range(0, G, BN):
+                o_g = g0 + tl.arange(0, BN)
+                m_g = need[:, None] & (o_g < G)[None, :]
+                a_hi = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2, mask=m_g, other=0, cache_modifier=CM)
+                a_band = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2 + 1, mask=m_g, other=0, cache_modifier=CM)
+                before = (o_g < i_g)[None, :]
+                n_hi += tl.sum(a_hi, 1)
+                w_hi += tl.sum(tl.where(before, a_hi, 0), 1)
+                w_band += tl.sum(tl.where(before, a_band, 0), 1)
+            w_band += n_hi
+        if active:
+            b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+            K_h = _head_ptr(K, i_bh, H, SB, SH)
+            PS = (i_bh * 0 + nrows) * NBLK  # plane stride of CMAX (int64: rows x blocks may pass 2^31)
+            if MODE == 4:
+                t_f = b_tf[:, None]
+                for b0 in range(n0 // BN, (n1 + BN - 1) // BN, BB):
+                    o_b = b0 + tl.arange(0, BB)
+                    m_e = need[:, None] & (o_b < (n1 + BN - 1) // BN)[None, :]
+                    e_at = row[:, None] * NBLK + o_b[None, :]
+                    e_max = tl.load(CMAX + e_at, mask=m_e, other=float("-inf"))
+                    e_sec = tl.load(CMAX + PS + e_at, mask=m_e, other=float("-inf"))
+                    # Blocks with exactly one key >= t: their maximum (the first key holding it; unique, as the
+                    # second score is below it). (The offset of masked-off lanes only keeps the pointer tile from
+                    # being a broadcast, which triton 3.8 rejects for atomics.)
+                    one = m_e & (e_max >= t_f) & (e_sec < t_f)
+                    e_n = o_b[None, :] * BN + tl.load(ARG + e_at, mask=m_e, other=0).to(tl.int32)
+                    packed = _pack_key(e_max, e_n)
+                    if E3:
+                        # ... and blocks with exactly two: their maximum and their second (two slots at once).
+                        e_thr = tl.load(CMAX + 2 * PS + e_at, mask=m_e, other=float("-inf"))
+                        two = m_e & (e_sec >= t_f) & (e_thr < t_f)
+                        emit = one | two
+                        slot = tl.atomic_add(
+                            OFF + row[:, None] + tl.where(emit, 0, o_b[None, :]),
+                            tl.where(two, 2, 1),
+                            mask=emit,
+                            sem="relaxed",
+                        )
+                        tl.store(CAND + row[:, None] * CAP + slot, packed, mask=emit & (slot < CAP))
+                        e_n2 = o_b[None, :] * BN + tl.load(ARG + PS + e_at, mask=m_e, other=0).to(tl.int32)
+                        packed2 = _pack_key(e_sec, e_n2)
+                        tl.store(CAND + row[:, None] * CAP + slot + 1, packed2, mask=two & (slot + 1 < CAP))
+                        # Blocks with three or more: score them again, for the rows that need it.
+                        more = (m_e & (e_thr >= t_f)).to(tl.int32)
+                    else:
+                        slot = tl.atomic_add(
+                            OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed"
+                        )
+                        tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
+                        # Blocks with two or more: score them again, for the rows that need it.
+                        more = (m_e & (e_sec >= t_f)).to(tl.int32)
+                    b_more = tl.max(more, 0)  # [BB]: does any row need block j scored again
+                    if tl.max(b_more, 0) > 0:
+                        o_c = tl.arange(0, BB)
+                        for j in range(BB):
+                            if tl.max(tl.where(o_c == j, b_more, 0), 0) > 0:
+                                m_row = tl.max(tl.where(o_c[None, :] == j, more, 0), 1) > 0
+                                o_n = (b0 + j) * BN + tl.arange(0, BN)
+                                m_n, b_sc = _key_block_scores(
+                                    b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT
+                                )
+                                m_c = m_row[:, None] & m_n[None, :] & (b_sc >= t_f)
+                                r_slot = tl.atomic_add(
+                                    OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :]), 1, mask=m_c, sem="relaxed"
+                                )
+                                r_packed = _pack_key(b_sc, o_n[None, :])
+                                tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
+            if MODE == 0:
+                # BG key blocks per step: their tops gather in [BS, BG] registers and are stored at once (one store
+                # per row and plane instead of one per block).
+                o_c = tl.arange(0, BG)
+                nb1 = (n1 + BN - 1) // BN
+                if LVF:
+                    V_h = _head_ptr(V, i_bh, H, SB, SH)
+                    l_m = tl.full([BS], float("-inf"), tl.float32)
+                    l_l = tl.zeros([BS], tl.float32)
+                    l_acc = tl.zeros([BS, D], tl.float32)
+                for g0 in range(n0, n1, BN * BG):
+                    a_max = tl.full([BS, BG], float("-inf"), tl.float32)
+                    a_sec = tl.full([BS, BG], float("-inf"), tl.float32)
+                    a_arg = tl.zeros([BS, BG], tl.int32)
+                    if E3:
+                        a_thr = tl.full([BS, BG], float("-inf"), tl.float32)
+                        a_arg2 = tl.zeros([BS, BG], tl.int32)
+                    for j in range(BG):
+                        n_b = g0 + j * BN
+                        o_n = n_b + tl.arange(0, BN)
+                        if EVEN:
+                            # The same dot of the same operands as _key_block_scores: the same bits.
+                            b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
+                            b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                            b_x = b_sc
+                            if EQ:
+                                b_max = tl.max(b_x, 1)
+                            if LVF:
+                                b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
+                                if LAZY == 2 and EQ:
+                                    l_m, l_l, l_acc = _softmax_fma_max(
+                                        b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP
+                                    )
+                                elif LAZY == 2:
+                                    l_m, l_l, l_acc = _softmax_fma(b_sc, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                                elif LAZY and EQ:
+                                    l_m, l_l, l_acc = _softmax_lazy_max(
+                                        b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP
+                                    )
+                                elif LAZY:
+                                    l_m, l_l, l_acc = _softmax_lazy(b_sc, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                                else:
+                                    l_m, l_l, l_acc = _softmax_step(b_sc * scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                        else:
+                            m_n, b_sc = _key_block_scores(
+                                b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT
+                            )
+                            if LVF:
+                                b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None],
+                                              other=0.0)  # fmt: skip
+                                if LAZY == 2:
+                                    b_ls = tl.where(m_n[None, :], b_sc, float("-inf"))
+                                    l_m, l_l, l_acc = _softmax_fma(b_ls, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                                elif LAZY:
+                                    b_ls = tl.where(m_n[None, :], b_sc, float("-inf"))
+                                    l_m, l_l, l_acc = _softmax_lazy(b_ls, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                                else:
+                                    b_ls = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
+                                    l_m, l_l, l_acc = _softmax_step(b_ls, b_v, l_m, l_l, l_acc, PREC, UP)
+                            b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
+                            if EQ:
+                                b_max = tl.max(b_x, 1)
+                        # The maximum and the first key holding it; that key dropped, the second largest (ties count
+                        # as the keys they are).
+                        o_k = tl.arange(0, BN)
+                        if EQ:
+                            c_i = _first_max(b_x, b_max, o_k, BN)
+                        else:
+                            b_max, c_i = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
+                        b_x = tl.where(o_k[None, :] == c_i[:, None], float("-inf"), b_x)
+                        sel = o_c[None, :] == j
+                        if E3:
+                            # The second with its position; that key dropped too, the third.
+                            if EQ:
+                                b_sec = tl.max(b_x, 1)
+                                c_2 = _first_max(b_x, b_sec, o_k, BN)
+                            else:
+                                b_sec, c_2 = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
+                            b_x = tl.where(o_k[None, :] == c_2[:, None], float("-inf"), b_x)
+                            b_top = tl.max(b_x, 1)
+                            a_thr = tl.where(sel, b_top[:, None], a_thr)
+                            a_arg2 = tl.where(sel, c_2[:, None], a_arg2)
+                        else:
+                            b_sec = tl.max(b_x, 1)
+                            b_top = b_sec
+                        a_max = tl.where(sel, b_max[:, None], a_max)
+                        a_sec = tl.where(sel, b_sec[:, None], a_sec)
+                        a_arg = tl.where(sel, c_i[:, None], a_arg)
+                        for t in tl.static_range(2 + E3, TOPT):
+                            # Further planes (block_top > 2): stored per block.
+                            c_n = tl.min(tl.where(b_x == b_top[:, None], o_n[None, :], N), 1)
+                            b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
+                            b_top = tl.max(b_x, 1)
+                            tl.store(CMAX + t * PS + row * NBLK + n_b // BN, b_top, mask=m_j & (n_b < n1))
+                    o_e = g0 // BN + o_c
+                    e_at = row[:, None] * NBLK + o_e[None, :]
+                    m_e = m_j[:, None] & (o_e < nb1)[None, :]
+                    tl.store(CMAX + e_at, a_max, mask=m_e)
+                    tl.store(CMAX + PS + e_at, a_sec, mask=m_e)
+                    tl.store(ARG + e_at, a_arg.to(tl.int8), mask=m_e)
+                    if E3:
+                        tl.store(CMAX + 2 * PS + e_at, a_thr, mask=m_e)
+                        tl.store(ARG + PS + e_at, a_arg2.to(tl.int8), mask=m_e)
+                if LVF:
+                    o_w = (i_bh * G + i_g) * M + o_j
+                    tl.store(PM + o_w, l_m, mask=m_j)
+                    tl.store(PL + o_w, l_l, mask=m_j)
+                    tl.store(PACC + o_w[:, None] * D + o_d[None, :], l_acc, mask=m_j[:, None])
+            if MODE != 4 and MODE != 0:
+                for n_b in range(n0, n1, BN):
+                    o_n = n_b + tl.arange(0, BN)
+                    m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
+                    b_key = _order_key(b_sc)
+                    m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
+                    if tl.sum(m_lo.to(tl.int32)) > 0:
+                        # (order key, reversed index): one int64 whose order is score desc, index asc.
+                        packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
+                        if MODE == 1:
+                            for p in tl.static_range(P):
+                                sel_p = (tl.arange(0, P) == p)[None, :]
+                                t_p = tl.sum(tl.where(sel_p, b_t, 0), 1)
+                                c_p = tl.sum((m_lo & (b_key >= t_p[:, None])).to(tl.int32), 1)
+                                b_cnt += tl.where(sel_p, c_p[:, None], 0)
+                        else:
+                            m_hi = m_lo & (b_key >= b_hi[:, None])
+                            m_band = m_lo & (b_key < b_hi[:, None])
+                            if MODE == 3:
+                                p_hi = w_hi + c_hi
+                                p_band = w_band + c_band
+                                r_hi = p_hi[:, None] + tl.cumsum(m_hi.to(tl.int32), 1) - 1
+                                r_band = p_band[:, None] + tl.cumsum(m_band.to(tl.int32), 1) - 1
+                                pos = tl.where(m_hi, r_hi, r_band)
+                                tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_lo & (pos < CAP))
+                            c_hi += tl.sum(m_hi.to(tl.int32), 1)
+                            c_band += tl.sum(m_band.to(tl.int32), 1)
+            if MODE == 1:
+                o_p2 = tl.arange(0, P)
+                tl.atomic_add(
+                    CNT + (i_pass * nrows + row)[:, None] * P + o_p2[None, :],
+                    b_cnt,
+                    mask=need[:, None],
+                    sem="relaxed",
+                )
+            if MODE == 2:
+                CC2 = CNT + _NPASS * nrows * P
+                tl.store(CC2 + (row * G + i_g) * 2, c_hi, mask=need)
+                tl.store(CC2 + (row * G + i_g) * 2 + 1, c_band, mask=need)
+
+
+@triton.jit
+def _topk_scan_kernel(
+    R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel,
+    H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr, HAS_KV: tl.constexpr,
+    D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
+    TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
+    LAZY: tl.constexpr, EQ: tl.constexpr = 0,
+):  # fmt: skip
+    # One program per (landmark tile, key chunk, batch-head): _topk_scan_body.
+    _topk_scan_body(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
+        OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE, P,
+        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, "", EQ,
+    )  # fmt: skip
