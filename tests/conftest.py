@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
+
+# Test modules live in folders that mirror the code (tests/ops, tests/layers, ...); their shared helpers
+# (script_loader.py) sit here.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Without a GPU, Triton kernels run in its CPU interpreter. The variable must be set before anything imports
 # triton (torch may), in every pytest-xdist worker too, so it is set here rather than in a test module.

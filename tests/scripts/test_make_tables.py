@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("make_tables", ROOT / "scripts" / "make_tables.py")
 make_tables = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(make_tables)

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from script_loader import load_prepare_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 listops = load_prepare_script("listops")

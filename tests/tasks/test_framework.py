@@ -15,7 +15,7 @@ from tasks.common.config import compose
 from tasks.common.experiments import EXPERIMENT_DIR, list_experiments, paper_blocks
 from tasks.common.testing import run_in_process
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = ["experiment=synthetic/shapes-full", "debug=smoke", "data.num_train=16", "data.num_val=8", "data.num_test=8"]
 
 

@@ -18,7 +18,7 @@ from script_loader import load_prepare_script
 from mita.models.lra import LRAEncoder
 from tasks.lra.data import LISTOPS_SYMBOLS, ListOpsDataModule
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator():

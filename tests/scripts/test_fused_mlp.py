@@ -186,7 +186,7 @@ def test_gpu_figure_f_shape(poison, dtype):
 
 def test_custom_op_has_no_defaulted_arguments():
     """torch 2.11 (the GPU machine's) passes a defaulted argument out of a traced call when its value is the default,
-    and the autograd wrapper then expects one gradient fewer (run 16; tests/test_triton_op.py checks MiTA's own
+    and the autograd wrapper then expects one gradient fewer (run 16; tests/ops/test_triton_op.py checks MiTA's own
     ops): no argument of ``mita::residual_mlp`` has a default."""
     schema = torch.ops.mita.residual_mlp.default._schema
     assert [a.name for a in schema.arguments if a.has_default_value()] == []

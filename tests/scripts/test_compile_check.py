@@ -14,7 +14,7 @@ import pytest
 
 def test_every_kernel_compiles_for_sm90():
     pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its CUDA backend")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     # The compiler, not the interpreter: the script builds binaries (no device is needed to compile).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-MITA = Path(__file__).resolve().parents[1] / "mita"
+MITA = Path(__file__).resolve().parents[2] / "mita"
 MAX_LINES = 800
 
 

@@ -10,7 +10,7 @@ import torch
 
 from tasks.lra.fake import smoke_overrides, write_all, write_listops
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(
     str(p.relative_to(ROOT / "configs" / "experiment").with_suffix(""))
     for folder in ("lra", "arxiv")

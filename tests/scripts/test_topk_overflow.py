@@ -18,7 +18,7 @@ from script_loader import fresh_bench_script  # noqa: E402
 
 from mita.ops.mita.triton import topk as ttk  # noqa: E402
 
-BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from mita import mita_attention, pool_landmarks
 def _bench_common():
     """scripts/bench/common.py (not a package), loaded once per process."""
     if "bench_common" not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "common.py"
+        path = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "common.py"
         spec = importlib.util.spec_from_file_location("bench_common", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules["bench_common"] = module

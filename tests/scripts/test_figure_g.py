@@ -26,7 +26,7 @@ from mita.ops.landmarks import pool_landmarks
 from mita.ops.mita.dense_ref import _rank
 from mita.registry import create_attention
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _script():

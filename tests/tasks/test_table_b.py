@@ -19,7 +19,7 @@ from tasks.common.experiments import list_experiments
 from tasks.common.testing import run_in_process
 from tasks.imagenet.fake import write_fake_imagefolder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TABLE_B = list_experiments("B")
 ENV = {"s": "MITA_VIT_S_WEIGHTS", "l": "MITA_VIT_L_WEIGHTS"}
 SMOKE = ["debug=smoke", "data.num_classes=3"]

@@ -14,7 +14,7 @@ import pytest
 
 from tasks.common.config import compose
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 

@@ -161,7 +161,7 @@ def test_custom_ops_have_no_defaulted_arguments():
     """torch 2.11 (the GPU machine's) passes a defaulted argument out of a traced call when its value is the default,
     and the autograd wrapper then expects one gradient fewer than the inputs the backward was written for: a MiTA
     layer's backward under inductor failed that way (run 16). No argument of this project's custom ops has a
-    default (the benchmarks' fused MLP op: tests/test_fused_mlp.py)."""
+    default (the benchmarks' fused MLP op: tests/scripts/test_fused_mlp.py)."""
     names = [n for n in ("triton_fwd", "triton_bwd") if hasattr(torch.ops.mita, n)]
     assert names == ["triton_fwd", "triton_bwd"]
     for name in names:
