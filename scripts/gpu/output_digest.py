@@ -5,7 +5,8 @@ the kernels take different paths for, in bf16 / fp16 / fp32. Each case runs twic
 runs agree bit for bit is deterministic and its SHA-256 must match across trees; otherwise (atomics in a backward)
 the float64 sums printed beside it are the comparison.
 
-    python scripts/gpu/output_digest.py > digest.jsonl     # then: diff before.jsonl after.jsonl
+    python scripts/gpu/output_digest.py > after.jsonl
+    python scripts/gpu/output_digest.py --compare before.jsonl after.jsonl   # one line per case, exit 1 on a change
 """
 
 from __future__ import annotations
@@ -54,7 +55,29 @@ def digest(tensors):
     return h.hexdigest()[:16]
 
 
+def compare(before: str, after: str) -> bool:
+    """Print per case whether the two digests agree (bit for bit where both runs were deterministic, else the
+    float64 sums to 1e-6 relative); True when every case agrees."""
+    rows = [{(str(r["case"]), r["dtype"]): r for r in map(json.loads, open(p))} for p in (before, after)]
+    same = True
+    for key in rows[0]:
+        a, b = rows[0][key], rows[1].get(key)
+        if b is None:
+            ok, how = False, "missing after"
+        elif a["deterministic"] and b["deterministic"]:
+            ok, how = a["sha"] == b["sha"], "bit for bit"
+        else:
+            pairs = zip(a["sums_out_dq_dk_dv"], b["sums_out_dq_dk_dv"])
+            ok = all(abs(x - y) <= 1e-6 * max(1.0, abs(x)) for x, y in pairs)
+            how = "sums (a run was not deterministic)"
+        same &= ok
+        print(f"{key[0]} {key[1]}: {'same' if ok else 'DIFFERENT'} ({how})")
+    return same
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--compare":
+        sys.exit(0 if compare(sys.argv[2], sys.argv[3]) else 1)
     for case in CASES:
         for dtype in DTYPES:
             first, second = run(case, dtype), run(case, dtype)
