@@ -256,10 +256,6 @@ def main() -> None:
             (f"small_route MP={mp}", ts._small_route_kernel, dict(BS=16, EXACT=False, HAS_KV=kv, **sc), 4, small)
         )
         cases.append((f"small_attn S={S}", ts._small_attn_kernel, dict(S=S, BM=64, BN=64, EXACT=False, **sc), 4, small))
-        cases.append((f"small_bwd_q S={S}", tsb._small_bwd_q_kernel, dict(S=S, BM=64, BN=64, **sc), 4, small))
-        cases.append(
-            (f"small_bwd_k S={S}", tsb._small_bwd_k_kernel, dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small)
-        )
         cases.append(
             (f"small_bwd S={S}", tsb._small_bwd_kernel, dict(S=S, BM=64, BN=64, HAS_KV=kv, POOL=not kv, **sc), 4, small)
         )

@@ -292,45 +292,10 @@ def test_inference_plan_tile(poison, monkeypatch, dtype, S, pad_from):
         (1, 1, 17, 32, 20, 3, torch.float32, 3, False, None),
     ],
 )
-@pytest.mark.parametrize("bwd", ["fused", "split"])
-def test_short_path_matches_naive(poison, monkeypatch, bwd, B, H, N, d, m, topk, dtype, S, shared, pad_from):
-    """The short-sequence kernels at DeiT-S's shape, with S = 2 and padding, an all-padding row, and m > N; both
-    backward variants."""
+def test_short_path_matches_naive(poison, B, H, N, d, m, topk, dtype, S, shared, pad_from):
+    """The short-sequence kernels at DeiT-S's shape, with S = 2 and padding, an all-padding row, and m > N."""
     assert ts.small_supported(N, m, d)
-    monkeypatch.setattr(tsb, "BWD", bwd)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
-
-
-@pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])
-def test_short_path_fused_backward_matches_split(poison, monkeypatch, S, shared, pad):
-    """The one-program backward against the two-kernel one on the same forward: equal up to float32 summation
-    order (dq is summed per key block, dR in registers, instead of per query block and from partials)."""
-    (q, k, v, r), _ = _inputs(2, 2, 150, 32, 9, torch.float32, seed=23)
-    mask = None
-    if pad:
-        mask = torch.zeros(2, 150, dtype=torch.bool, device=DEV)
-        mask[0, 120:] = True
-    do = torch.randn_like(q)
-    kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
-    grads = {}
-    for bwd in ("fused", "split"):
-        monkeypatch.setattr(tsb, "BWD", bwd)
-        out = tmop.triton_mita(q, k, v, r, 20, **kw)
-        grads[bwd] = torch.autograd.grad(out, (q, k, v, r), do, allow_unused=True)
-    for name, a, b in zip("q k v landmarks".split(), grads["fused"], grads["split"]):
-        if b is None:
-            assert a is None, name
-            continue
-        assert torch.isfinite(a).all(), name
-        assert _rel(a, b) < 1e-5, f"d{name}: rel err {_rel(a, b):.2e}"
-
-
-def test_short_path_bad_backward_mode(monkeypatch):
-    (q, k, v, r), _ = _inputs(1, 1, 40, 32, 4, torch.float32, seed=3)
-    monkeypatch.setattr(tsb, "BWD", "fast")
-    out = tmop.triton_mita(q, k, v, r, 8)
-    with pytest.raises(ValueError, match="'fused' or 'split'"):
-        out.sum().backward()
 
 
 def test_short_path_limits():
@@ -561,12 +526,10 @@ def test_gpu_shared_in_route_matches_naive(poison, monkeypatch, B, N, m, topk, p
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("bwd", ["fused", "split"])
 @pytest.mark.parametrize("S,pad", [(1, False), (2, True)])
-def test_gpu_short_backward_modes(poison, monkeypatch, bwd, S, pad):
-    """Both short-path backward kernels at DeiT-S's shape (bf16) against naive_mita, and bitwise repeatable."""
+def test_gpu_short_backward_modes(poison, monkeypatch, S, pad):
+    """The short-path backward kernel at DeiT-S's shape (bf16) against naive_mita, and bitwise repeatable."""
     monkeypatch.setattr(tmop, "SHORT_PATH", True)
-    monkeypatch.setattr(tsb, "BWD", bwd)
     _, grads = _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
     _, again = _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
     for a, b in zip(grads, again):
@@ -705,11 +668,6 @@ def test_launch_count_small_shape(monkeypatch, triton_launches):
     assert launches == ["_small_route_kernel", "_small_attn_kernel"], launches
     torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
     assert launches[2:] == ["_small_bwd_kernel"], launches
-    monkeypatch.setattr(tsb, "BWD", "split")
-    launches.clear()
-    out = tmop.triton_mita(q, k, v, r, 25)
-    torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
-    assert launches[2:] == ["_small_bwd_q_kernel", "_small_bwd_k_kernel"], launches
 
 
 @pytest.mark.parametrize("heads,N,start,grid,bins", [(3, 197, 0, (14, 14), (5, 5)), (0, 50, 1, (7, 7), (2, 3))])
@@ -818,7 +776,7 @@ def _quantized_qkv(B, H, N, d, seed):
 def test_folded_pooling_matches_two_step(monkeypatch, S, shared, layout):
     """triton_mita_pooled (pooling inside the attention's autograd node, its gradient added in the backward
     kernel) against triton_mita on pool_landmarks(q): same output, and q, k, v gradients equal up to the two-step
-    form's extra roundings (dR and the pooling gradient rounded to bf16 before the sum); both backward modes."""
+    form's extra roundings (dR and the pooling gradient rounded to bf16 before the sum)."""
     from mita.ops.landmarks import pool_landmarks, pool_operator_2d
 
     B, H, N, d = 2, 2, 65, 32  # an 8 x 8 patch grid after one prefix token; 2 x 2 landmarks of 16 tokens
@@ -829,20 +787,19 @@ def test_folded_pooling_matches_two_step(monkeypatch, S, shared, layout):
         assert pool.counts.flatten().tolist() == [16.0] * 4
     assert tmop.pooled_short_supported(torch.empty(B, H, N, d, dtype=torch.bfloat16), 4)
     do = torch.randn(B, H, N, d, generator=torch.Generator().manual_seed(5)).to(DEV, torch.bfloat16)
-    for bwd in ("fused", "split"):
-        monkeypatch.setattr(tsb, "BWD", bwd)
-        q, k, v = _quantized_qkv(B, H, N, d, seed=9)
-        out = tmop.triton_mita_pooled(q, k, v, pool, 10, **kw)
-        grads = torch.autograd.grad(out, (q, k, v), do)
-        q2, k2, v2 = _quantized_qkv(B, H, N, d, seed=9)
-        r = pool_landmarks(q2, 4, layout=layout, num_prefix_tokens=1)
-        ref = tmop.triton_mita(q2, k2, v2, r, 10, **kw)
-        ref_grads = torch.autograd.grad(ref, (q2, k2, v2), do)
-        assert torch.equal(out, ref), bwd
-        for name, a, b in zip("qkv", grads, ref_grads):
-            assert torch.isfinite(a).all()
-            # (Without the pooling gradient dq is off by 1.4e-2 here; the roundings alone give ~3e-3.)
-            assert _rel(a, b) < (6e-3 if name == "q" and shared else 1e-5), f"{bwd} d{name}: {_rel(a, b):.2e}"
+    bwd = "fused"
+    q, k, v = _quantized_qkv(B, H, N, d, seed=9)
+    out = tmop.triton_mita_pooled(q, k, v, pool, 10, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    q2, k2, v2 = _quantized_qkv(B, H, N, d, seed=9)
+    r = pool_landmarks(q2, 4, layout=layout, num_prefix_tokens=1)
+    ref = tmop.triton_mita(q2, k2, v2, r, 10, **kw)
+    ref_grads = torch.autograd.grad(ref, (q2, k2, v2), do)
+    assert torch.equal(out, ref), bwd
+    for name, a, b in zip("qkv", grads, ref_grads):
+        assert torch.isfinite(a).all()
+        # (Without the pooling gradient dq is off by 1.4e-2 here; the roundings alone give ~3e-3.)
+        assert _rel(a, b) < (6e-3 if name == "q" and shared else 1e-5), f"{bwd} d{name}: {_rel(a, b):.2e}"
 
 
 def test_layer_takes_folded_pooling(monkeypatch):

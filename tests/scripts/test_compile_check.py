@@ -30,8 +30,6 @@ def test_every_kernel_compiles_for_sm90():
         "mita_fwd",
         "mita_bwd_dq",
         "small_attn",
-        "small_bwd_q",
-        "small_bwd_k",
         "small_bwd",
         "pool_fwd",
         "pool_bwd",
@@ -39,7 +37,7 @@ def test_every_kernel_compiles_for_sm90():
         "route",
     ):
         assert kernel in names, run.stdout
-    assert len(lines) >= 30, run.stdout
+    assert len(lines) >= 26, run.stdout
     # Compiled with the alignment a launch specialises on, the key loops of the block-top pass and of the fused
     # attention are software-pipelined (asynchronous copies); a loop the pipeliner refuses (for example one that
     # holds a data-dependent while loop) compiles with none.
