@@ -3,7 +3,7 @@ inputs, i.i.d. and correlated tokens (AR(1) along N, as bench_op.py --rho).
 
     python scripts/bench/sweep.py [--points 1048576:512,65536:128] [--rho 0.9,0] [--sweep block_top=1,2,4]
         [--sweep fwd.maxnreg=None,128 ...] [--batch 1] [--heads 2] [--timing eager,cuda_graph] [--backward]
-        [--set "fwd.shared_in_route=1;route.bs=64"] [--variants "|bs=128;num_warps=8"]
+        [--set "fwd.bm_max=32;route.bs=64"] [--variants "|bs=128;num_warps=8"]
     python scripts/bench/sweep.py --model [--points 65536:128] [--rho 0,0.9,0.99] [--sweep block_top=1,2,4]
     python scripts/bench/sweep.py --model --qk saved.pt    # a dict with "q" and "k": [N, d] or [B, H, N, d]
 

@@ -130,26 +130,6 @@ def test_matches_naive(poison, path, B, H, N, d, m, topk, dtype, S, shared, pad_
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
 
 
-@pytest.mark.parametrize(
-    "B,H,N,d,m,topk,dtype,S,shared,pad_from",
-    [
-        CPU_CASES[0],
-        CPU_CASES[1],
-        CPU_CASES[4],
-        (2, 1, 70, 32, 5, 7, torch.float16, 1, True, (70, 33)),
-        (1, 2, 130, 64, 40, 9, torch.bfloat16, 2, True, None),
-    ],
-)
-def test_general_forward_shared_in_route_matches_naive(
-    poison, monkeypatch, B, H, N, d, m, topk, dtype, S, shared, pad_from
-):
-    """FWD_CONFIG shared_in_route: the route kernel also writes each query's attention over the shared entries and
-    the fused attention continues from it (S = 1; S = 2 keeps the shared loop), forward and backward."""
-    monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "shared_in_route", True)
-    _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
-
-
 _LAZY_CASES = [
     (1, 2, 200, 32, 16, 32, torch.bfloat16, 1, True, None),  # FULL: no masks in the fused forward
     (1, 1, 1024, 32, 64, 64, torch.float32, 1, True, None),  # and the block-top pass without masks (even)
@@ -171,18 +151,15 @@ _LAZY_CASES = [
 def test_general_lazy_softmax_matches_naive(
     poison, monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from, growth
 ):
-    """FWD_CONFIG lazy (the fused forward's online softmax rescales only when a maximum grows by more than 2^8) with
-    SCAN_CONFIG even and lv_lazy (the block-top pass unmasked, its landmark values rescaled lazily), forward and
-    backward; key norms growing 12x along N make later blocks raise the maxima, so the rescaling branch runs."""
+    """SCAN_CONFIG lv_lazy 1 (the block-top pass unmasked, its landmark values rescaled lazily) with the fused
+    forward's softmax, forward and backward; key norms growing 12x along N make later blocks raise the maxima, so
+    the rescaling branch runs."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 1)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "unmasked", 1)
-    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", 1)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", 1)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 4)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from, key_growth=growth)
     fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
-    assert len(fwd) == 1 and fwd[0]["LAZY"]
+    assert len(fwd) == 1
     # The unmasked forms where the shape allows them (first two cases), else the masked ones.
     assert fwd[0]["FULL"] == (pad_from is None and S == 1 and shared and m % 16 == 0 and topk % 32 == 0)
     scans = [kw for name, kw in triton_launches.kwargs if name == "_topk_scan_kernel" and kw["MODE"] == 0]
@@ -200,30 +177,12 @@ def test_general_lazy_softmax_matches_naive(
 def test_fma_softmax_matches_naive(
     poison, monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from
 ):
-    """FWD_CONFIG lazy 2 (the fused forward's scale in the exponent's FMA, every block rescaled), forward and
-    backward, with key norms growing along N (later blocks raise the maxima)."""
+    """The fused forward's softmax (the scale in the exponent's FMA, every block rescaled), forward and backward,
+    with key norms growing along N (later blocks raise the maxima)."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 2)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from, key_growth=12.0)
     fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
-    assert len(fwd) == 1 and fwd[0]["LAZY"] == 2
-
-
-def test_lazy_mode_rejects_unknown(monkeypatch):
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 3)
-    with pytest.raises(ValueError, match="lazy"):
-        afwd._lazy_mode()
-
-
-@pytest.mark.parametrize("growth", [1.0, 12.0])
-def test_general_unmasked_without_lazy_matches_naive(poison, monkeypatch, triton_launches, growth):
-    """FWD_CONFIG unmasked alone: the fused forward's mask-free blocks with the per-block softmax."""
-    monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "unmasked", 1)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 0)
-    _check(1, 2, 200, 32, 16, 32, torch.bfloat16, key_growth=growth)
-    fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
-    assert len(fwd) == 1 and fwd[0]["FULL"] and not fwd[0]["LAZY"]
+    assert len(fwd) == 1
 
 
 @pytest.mark.parametrize("path_kind", ["match", "csr"])
@@ -430,7 +389,7 @@ def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
     _check(1, H, N, d, m, topk, torch.bfloat16)
 
 
-@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("mode", [0, 3])
 def test_route_stream_setting_on_cpu(monkeypatch, mode):
     """FWD_CONFIG route_stream needs CUDA streams; off CUDA the routing runs in order as before (same result)."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
@@ -448,7 +407,7 @@ def test_route_stream_rejects_unknown_mode(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("mode", [3])
 @pytest.mark.parametrize("N,m,topk,S", [(4097, 64, 64, 1), (65536, 128, 128, 1), (4097, 32, 32, 2), (300, 16, 16, 1)])
 def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
     """FWD_CONFIG route_stream (routing on a second stream): bitwise the output of the in-order forward, eagerly,
@@ -483,13 +442,9 @@ def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
     "N,m,topk,pad_from", [(4097, 64, 64, None), (65536, 128, 128, None), (4097, 64, 64, (4097, 3000))]
 )
 @pytest.mark.parametrize("growth", [1.0, 12.0])
-@pytest.mark.parametrize("lazy", [1, 2])
-def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_from, growth, lazy):
-    """FWD_CONFIG lazy 1 / 2 with SCAN_CONFIG even and lv_lazy on the GPU (unmasked and masked forms)."""
+def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_from, growth):
+    """SCAN_CONFIG lv_lazy 1 with the fused forward's softmax on the GPU (unmasked and masked forms)."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", lazy)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "unmasked", 1)
-    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", 1)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", 1)
     _check(1 if pad_from is None else 2, 2, N, 64, m, topk, torch.bfloat16, pad_from=pad_from, key_growth=growth)
 
@@ -510,18 +465,6 @@ def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_fro
 )
 def test_gpu_variants(poison, N, m, topk, dtype, S, shared, pad_from, imbalanced):
     _check(2, 2, N, 64, m, topk, dtype, S, shared, pad_from, imbalanced)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize(
-    "B,N,m,topk,pad_from", [(2, 1025, 49, 24, (1025, 700)), (1, 4097, 64, 32, None), (1, 65536, 128, 128, None)]
-)
-def test_gpu_shared_in_route_matches_naive(poison, monkeypatch, B, N, m, topk, pad_from):
-    """FWD_CONFIG shared_in_route on the GPU: the route kernel's shared-entry attention, the fused attention after."""
-    monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "shared_in_route", True)
-    _check(B, 2, N, 64, m, topk, torch.bfloat16, 1, True, pad_from)
 
 
 @pytest.mark.gpu

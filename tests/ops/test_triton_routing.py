@@ -549,31 +549,6 @@ def test_route_topk_matches_stable_sort(S):
     assert torch.equal(got.view(2, 77, S).long().cpu(), ref.cpu())
 
 
-@pytest.mark.parametrize("M,layout", [(19, "flat"), (150, "heads")])
-def test_route_shared_out_matches_softmax(M, layout):
-    """route_topk(shared_out=...): the same routes, plus each query's attention over the shared entries (keys r,
-    values vt, logits q . R_i * sscale) written into the output layout and its log-sum-exp in log2 units; M = 150
-    spans two landmark tiles, the second partial."""
-    B, H, N, d = 2, 2, 77, 32
-    g = torch.Generator().manual_seed(3)
-    q4 = torch.randn(B, H, N, d, generator=g).to(DEV)
-    r = torch.randn(B * H, M, d, generator=g).to(DEV)
-    vt = torch.randn(B * H, M, d, generator=g).to(DEV)
-    q = q4 if layout == "heads" else q4.reshape(B * H, N, d)
-    o = tc.out_layout(q)
-    lse = torch.empty(B * H, N, device=DEV)
-    sscale = 0.3
-    got = trt.route_topk(q, r, 1, shared_out=(vt, o, lse, sscale))
-    assert torch.equal(got, trt.route_topk(q, r, 1))
-    logits = q4.reshape(B * H, N, d).double() @ r.double().transpose(1, 2) * sscale
-    ref_o = torch.softmax(logits, -1) @ vt.double()
-    ref_lse = torch.logsumexp(logits, -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
-    assert torch.allclose(o.reshape(B * H, N, d).double(), ref_o, rtol=1e-4, atol=1e-5)
-    assert torch.allclose(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="S = 1"):
-        trt.route_topk(q, r, 2, shared_out=(vt, o, lse, sscale))
-
-
 def test_route_top1_multiple_landmark_tiles_and_ties():
     # M = 150: two landmark tiles of 128, the second partial; scores tie often (small integers), across tiles
     # too, and the first 40 queries score 0 against every landmark (landmark 0 wins).
@@ -599,12 +574,11 @@ def _route_top1_launch(triton_launches, N: int, M: int, seed: int) -> dict:
     return kw
 
 
-@pytest.mark.parametrize("N,M,unmasked", [(256, 64, 1), (256, 64, 0), (300, 150, 1)])
-def test_route_top1_unmasked_tiles(monkeypatch, triton_launches, N, M, unmasked):
-    """ROUTE_CONFIG unmasked: whole query and landmark tiles load without masks (N = 256, m = 64: 2 x 128-query
-    tiles, one 64-landmark tile), the same routes as the stable sort; other shapes keep the masks."""
-    monkeypatch.setitem(trt.ROUTE_CONFIG, "unmasked", unmasked)
-    assert _route_top1_launch(triton_launches, N, M, 21)["EVEN"] == bool(unmasked and N == 256)
+@pytest.mark.parametrize("N,M", [(256, 64), (300, 150)])
+def test_route_top1_unmasked_tiles(triton_launches, N, M):
+    """Whole query and landmark tiles load without masks (N = 256, m = 64: 2 x 128-query tiles, one 64-landmark
+    tile), the same routes as the stable sort; other shapes keep the masks."""
+    assert _route_top1_launch(triton_launches, N, M, 21)["EVEN"] == (N == 256)
 
 
 @pytest.mark.parametrize("N,M,persistent", [(512, 64, 1), (512, 64, 0), (300, 64, 1), (512, 40, 1)])

@@ -76,8 +76,8 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
         ("fwd.bm_max=16,32", ["16", "32"], ["--backward"]),
         # Launch options and non-default switches (the interpreter ignores warps): in the slow selection.
         pytest.param("num_warps=4,8", ["4", "8"], [], marks=pytest.mark.slow),
-        pytest.param("fwd.shared_in_route=0,1", ["0", "1"], [], marks=pytest.mark.slow),
-        pytest.param("route.bm=32,64", ["32", "64"], ["--set", "fwd.shared_in_route=1;route.bs=16"],
+        pytest.param("fwd.route_stream=0,3", ["0", "3"], [], marks=pytest.mark.slow),
+        pytest.param("route.bm=32,64", ["32", "64"], ["--set", "fwd.bm_max=32;route.bs=16"],
                      marks=pytest.mark.slow),
     ],
 )
@@ -100,7 +100,7 @@ def test_ab_script_runs_on_cpu(sweep, vals, extra):
     assert all(ln.endswith("same selection as the first value: True") for ln in lines)
     assert all(("fwd+bwd" in ln) == ("--backward" in extra) for ln in lines)
     if "--set" in extra:
-        assert "fixed settings: shared_in_route=1, bs=16" in out
+        assert "fixed settings: bm_max=32, bs=16" in out
     diffs = [float(ln.split("rel. diff ")[1].split(";")[0]) for ln in lines]
     assert diffs[0] == 0.0 and all(0.0 <= x < 0.05 for x in diffs)
 
@@ -162,14 +162,15 @@ def test_ab_variants_apply_and_restore():
     from mita.ops.mita.triton import attention_fwd, topk
 
     scan, fwd = topk.SCAN_CONFIG, attention_fwd.FWD_CONFIG
-    before = (scan["bs"], scan["num_warps"], fwd["lazy"])
+    before = (scan["bs"], scan["num_warps"], fwd["bm_infer"])
     v = ab.Variants()
     v["variant"] = "bs=128;num_warps=8"
-    assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == (128, 8, before[2]) and v["variant"] == "bs=128;num_warps=8"
-    v["variant"] = "fwd.lazy=7"
-    assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == (before[0], before[1], 7)
+    assert (scan["bs"], scan["num_warps"], fwd["bm_infer"]) == (128, 8, before[2])
+    assert v["variant"] == "bs=128;num_warps=8"
+    v["variant"] = "fwd.bm_infer=7"
+    assert (scan["bs"], scan["num_warps"], fwd["bm_infer"]) == (before[0], before[1], 7)
     v["variant"] = ""
-    assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == before
+    assert (scan["bs"], scan["num_warps"], fwd["bm_infer"]) == before
     with pytest.raises(SystemExit, match="--sweep needs"):
         v["variant"] = "nope=1"
 
