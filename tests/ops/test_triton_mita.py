@@ -185,18 +185,6 @@ def test_fma_softmax_matches_naive(
     assert len(fwd) == 1
 
 
-@pytest.mark.parametrize("path_kind", ["match", "csr"])
-def test_backward_register_caps_run(poison, monkeypatch, path_kind):
-    """BWD_CONFIG register caps reach every backward launch (the interpreter ignores the cap itself; on the GPU it
-    is a compile option): forward and backward still match the reference, on both dk / dv paths."""
-    monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    for key in abwd.BWD_CONFIG:
-        monkeypatch.setitem(abwd.BWD_CONFIG, key, 96)
-    if path_kind == "csr":
-        monkeypatch.setattr(abwd, "_MATCH_MAX", 0)
-    _check(1, 2, 130, 64, 6, 20, torch.float32, 2, True, None)
-
-
 def test_forward_launch_settings(monkeypatch):
     """The fused forward's launch options: 2 stages and a 96-register cap for 64-row tiles of 64-key blocks at d 64
     (measured on the H200), the compiler's choice elsewhere; FWD_CONFIG overrides both, 0 meaning none."""

@@ -107,13 +107,13 @@ def test_ab_script_runs_on_cpu(sweep, vals, extra):
 
 @pytest.mark.slow  # register caps and warps only, which the interpreter ignores: 2 min on 2 cores
 def test_ab_script_several_sweeps_on_cpu():
-    """Several --sweep options in one sweep.py run: each setting's values in turn on the same point, register caps
-    and the per-row kernels' warps included (launch options only: the same selection and output)."""
+    """Several --sweep options in one sweep.py run: each setting's values in turn on the same point, register caps,
+    warps and the emission's block step included (launch options only: the same selection and output)."""
     import os
     import subprocess
 
     env = dict(os.environ, TRITON_INTERPRET="1")
-    sweeps = ["lv.maxnreg=None,80", "start_warps=None,8", "fwd.maxnreg=None,96", "final_maxnreg=None,96"]
+    sweeps = ["lv.num_warps=None,8", "emit_bb=None,16", "fwd.maxnreg=None,96", "final_maxnreg=None,96"]
     args = [a for sw in sweeps for a in ("--sweep", sw)]
     out = subprocess.run(
         [sys.executable, str(BENCH / "sweep.py"), "--device", "cpu", "--points", "640:4", "--rho", "0",
@@ -128,17 +128,16 @@ def test_ab_script_several_sweeps_on_cpu():
 
 
 def test_ab_sweep_keys_parse():
-    """sweep.py's setting names: SCAN_CONFIG keys, fwd. / route. / lv. / bwd. / pool. / small. prefixes; an unknown
+    """sweep.py's setting names: SCAN_CONFIG keys, fwd. / route. / lv. / pool. / small. prefixes; an unknown
     key stops the run with the list of known ones."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("sweep_script", BENCH / "sweep.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
-    from mita.ops.mita.triton import attention_bwd, landmark_values, pool, topk
+    from mita.ops.mita.triton import landmark_values, pool, topk
 
-    assert ab.parse_sweep("bwd.final_maxnreg=None,128") == (attention_bwd.BWD_CONFIG, "final_maxnreg", [None, 128])
-    assert ab.parse_sweep("lv.maxnreg=80")[:2] == (landmark_values.LV_CONFIG, "maxnreg")
+    assert ab.parse_sweep("lv.num_warps=8")[:2] == (landmark_values.LV_CONFIG, "num_warps")
     assert ab.parse_sweep("fwd.maxnreg=0,96")[1:] == ("maxnreg", [0, 96])
     assert ab.parse_sweep("final_maxnreg=96")[0] is topk.SCAN_CONFIG
     assert ab.parse_sweep("pool.BL=128") == (pool.CONFIG["fwd1d"], "BL", [128])
@@ -147,8 +146,8 @@ def test_ab_sweep_keys_parse():
     assert ab.parse_sweep("small.attn.BM=32,64") == (short.CONFIG["attn"], "BM", [32, 64])
     with pytest.raises(SystemExit, match="small.<kernel>.<key>"):
         ab.parse_sweep("small.nope.BM=1")
-    with pytest.raises(SystemExit, match="bwd.<key>"):
-        ab.parse_sweep("bwd.nope=1")
+    with pytest.raises(SystemExit, match="lv.<key>"):
+        ab.parse_sweep("bwd.final_maxnreg=1")
 
 
 def test_ab_variants_apply_and_restore():

@@ -52,9 +52,9 @@ _SCAN_PROGRAMS = 2048
 # emit_top = 3: the block-top pass also keeps each block's third largest score and where its second sits, so the
 # count + emit pass writes blocks with two keys at or above the start from the block tops too and scores again only
 # blocks with three or more; 2: only blocks with one are written directly. None (default): _emit_top.
-# maxnreg caps the block-top pass's registers per thread (more programs per SM; None: the compiler's choice; 96 and
-# 80 changed nothing on the H200, run 15); start_warps / final_warps: warps of the start and final per-row kernels
-# (None: by entries per row; 4 or 16 changed nothing), final_maxnreg the final kernel's register cap (None: 96 for
+# The block-top pass takes the compiler's register choice and Triton's pipelining (caps and 2 stages were no faster,
+# runs 15 and 22); the start and final per-row kernels take their warps by entries per row (4 or 16 changed
+# nothing). final_maxnreg: the final kernel's register cap (None: 96 for
 # lists of 128 to 512 entries, 4 warps: 161 -> 96 registers at 256 entries, 3 -> 5 programs per SM; top-k at 64K x
 # 16 0.752 -> 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none). emit_bb: key blocks whose tops the
 # count + emit pass reads per step (None: up to 32, by chunk size; its block-top half then holds 255 registers with
@@ -106,16 +106,15 @@ _SCAN_PROGRAMS = 2048
 # tops_eq (default 1, run 22): the block-top pass takes each block top as a plain maximum, then the first key equal
 # to it (_first_max), instead of one maximum-with-index reduction (whose combine compares values and indices per
 # score), and with even and lv_lazy its landmark values reuse those maxima: the same tops and values to the bit;
-# forward 64K 0.118 -> 0.115 ms, 256K 0.604 -> 0.599, 1M 3.648 -> 3.601. stages: the block-top pass's
-# software-pipelining depth (None: Triton's default; 2 was slower, run 22). lv_lazy 2: the landmark values'
+# forward 64K 0.118 -> 0.115 ms, 256K 0.604 -> 0.599, 1M 3.648 -> 3.601. lv_lazy 2: the landmark values'
 # softmax with the scale in the exponent's FMA, rescaled every block (_softmax_fma: no branch); None (default): 2
 # up to 256K keys, else 1. final_narrow 2: the final per-row selection takes its threshold from one descending sort
 # of the candidate list instead of a bisection (_final_row); None (default): 2 for lists of <= 256 entries.
 SCAN_CONFIG = dict(
-    bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=None, start_steps=20,
+    bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, final_maxnreg=None, emit_bb=None, lv_fused=1,
+    lv_div=8, final_sort=1, even=1, lv_lazy=None, start_steps=20,
     start_narrow=1, final_narrow=None, fallback=1, merge_in_final=1, fb_spin=0,
-    fb_programs=None, fused_select=1, select_eb=None, fb_final=1, tops_eq=1, stages=None,
+    fb_programs=None, fused_select=1, select_eb=None, fb_final=1, tops_eq=1,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -334,8 +333,7 @@ def exact_topk(
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
             EVEN=even and mode == 0, LAZY=int(lv_lazy) if lvf and mode == 0 else 0,
             EQ=mode == 0 and bool(SCAN_CONFIG["tops_eq"]), **common,
-            num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
-            **({"num_stages": int(SCAN_CONFIG["stages"])} if mode == 0 and SCAN_CONFIG["stages"] else {}),
+            num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
 
     run("block maxima" if not lvf else "block maxima + landmark values", lambda: scan(0))
@@ -375,7 +373,7 @@ def exact_topk(
                 cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
                 HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1, STEPS=steps,
                 NARROW=bool(SCAN_CONFIG["start_narrow"]),
-                num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4),
+                num_warps=8 if gp * f >= 4096 else 4,
             ),
         )  # fmt: skip
         # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
@@ -426,7 +424,7 @@ def exact_topk(
             lambda: fast(_topk_final_kernel)[(rows,)](
                 cand, idx, ksel, cap, pm, pl, pacc, vt, lse, off, M, G,
                 NARROW=_final_narrow(cap), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
-                FB_ONLY=fused, **final_kw, num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
+                FB_ONLY=fused, **final_kw, num_warps=4 if cap <= 512 else 8,
                 **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
             ),
         )  # fmt: skip
