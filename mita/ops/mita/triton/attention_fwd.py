@@ -175,18 +175,14 @@ def _num_warps(bm: int, d: int) -> int:
 
 
 def _fwd_num_warps(bm: int, d: int) -> int:
-    # The forward keeps 4 warps for 128-row tiles at d <= 64 (tune_long.py, run 13: bm 128 with 8 warps 1.3-1.4x
-    # slower than with 4 at 64K x 16 and 1M).
+    # The forward keeps 4 warps for 128-row tiles at d <= 64 (8 were 1.3-1.4x slower).
     return 4 if d <= 64 and bm <= 128 else _num_warps(bm, d)
 
 
 def _fwd_launch(bm: int, bn: int, d: int) -> dict:
-    """Warps, pipeline stages and register cap of the fused forward (FWD_CONFIG overrides). With 64-row tiles of
-    64-key blocks at d 64 the kernel holds 142 registers per thread (triton 3.6/3.8 for sm_90): 3 programs per SM,
-    and its short key loops leave the loads' latency exposed. Capped at 96 with 2 stages (40 B of spill, 5 programs
-    per SM), the forward on the H200 (run 15, CUDA graphs, B 1, H 2) went 1.97 -> 1.84-1.86 ms at 64K x 16, 4.91 ->
-    4.68 at 1M, 0.862 -> 0.828 at 256K, 0.223 -> 0.220 at 64K; a cap of 128 with 3 stages (4 per SM) 1.90 / 4.66 /
-    0.83 / 0.22; 80 (472 B of spill) was 2-3x slower. Other tile shapes keep the compiler's choice."""
+    """Warps, pipeline stages and register cap of the fused forward (FWD_CONFIG overrides). 64-row tiles of 64-key
+    blocks at d 64 take a 96-register cap and 2 stages (5 programs per SM instead of 3; faster on the H200, see
+    notes/kernels-notes.md); other tile shapes keep the compiler's choice."""
     tuned = bm == 64 and bn == 64 and d == 64
     stages, cap = FWD_CONFIG["num_stages"], FWD_CONFIG["maxnreg"]
     if stages is None:
