@@ -18,8 +18,9 @@ Settings: a ``SCAN_CONFIG`` key of the long-row top-k (``--sweep block_top=1,2,4
 tile, forward and forward + backward), ``route.<key>`` of the routing kernel (``route.bm=64,128``), ``lv.<key>`` of
 the landmark-value kernels (``lv.num_warps=4,8``), ``pool.<key>`` of the 1D landmark pooling kernel and
 ``small.<kernel>.<key>`` of the short-path kernels (ts.CONFIG; e.g. ``--points 197:25 --batch 256 --heads 6
---backward --sweep small.attn.BM=32,64``). Several ``--sweep`` options run one after the other on the same inputs of each point
-(each from the defaults and ``--set``); ``--variants`` times whole settings (several keys each) side by side.
+--backward --sweep small.attn.BM=32,64``). Several ``--sweep`` options run one after the other on the same inputs
+of each point (each from the defaults and ``--set``); ``--variants`` times whole settings (several keys each) side
+by side.
 
 ``--model``: how often the long-row exact top-k leaves its fast path, from a PyTorch model of its start threshold
 on the CPU (no kernels run). The Triton top-k (rows longer than 512 keys) takes, per landmark row, the kk-th
