@@ -12,7 +12,7 @@ so the graph's own launch latency is in the time); ``--graph --queued`` queues e
 kernel, so the time is the GPU's execution of one call. The CSV's ``timing`` column says which (``eager``,
 ``cuda_graph`` or ``cuda_graph_queued``) and a method that cannot be captured gets ``capture failed: <reason>``.
 
-    python scripts/bench/bench_op.py --out results/bench [--max-n 1048576] [--graph] [--set "lv_fused=0"]
+    python scripts/bench/bench_op.py --out results/bench [--max-n 1048576] [--graph] [--set "block_top=1"]
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def main() -> None:
         "--set",
         default="",
         help="kernel settings for the whole run, ';'-separated key=value as sweep.py --set takes them (e.g. "
-        "'lv_fused=0;fwd.maxnreg=0'); recorded in each row's settings column",
+        "'block_top=1;fwd.maxnreg=0'); recorded in each row's settings column",
     )
     ap.add_argument(
         "--order",

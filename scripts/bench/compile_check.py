@@ -122,50 +122,22 @@ def main() -> None:
         (
             "mita_fwd",
             afwd._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, INIT=False, LAZY=False, FULL=False, **common),
+            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, FULL=False, **common),
             4,
             None,
         ),
         (
             "mita_fwd 64",
             afwd._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=False, FULL=False, **common),
-            afwd._fwd_launch(64, 64, 64),
-            {"O": "*bf16"},
-        ),
-        (
-            "mita_fwd 64 lazy",
-            afwd._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=True, FULL=False, **common),
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, FULL=False, **common),
             afwd._fwd_launch(64, 64, 64),
             {"O": "*bf16"},
         ),
         (
             "mita_fwd 64 full",
             afwd._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=False, FULL=True, **common),
+            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, FULL=True, **common),
             afwd._fwd_launch(64, 64, 64),
-            {"O": "*bf16"},
-        ),
-        (
-            "mita_fwd 64 lazy full",
-            afwd._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=True, FULL=True, **common),
-            afwd._fwd_launch(64, 64, 64),
-            {"O": "*bf16"},
-        ),
-        (
-            "mita_fwd 64 fma full",
-            afwd._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=False, LAZY=2, FULL=True, **common),
-            afwd._fwd_launch(64, 64, 64),
-            {"O": "*bf16"},
-        ),
-        (
-            "mita_fwd init",
-            afwd._mita_fwd_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=64, BN=64, BS=64, INIT=True, LAZY=False, FULL=False, **common),
-            4,
             {"O": "*bf16"},
         ),
         (
@@ -256,10 +228,6 @@ def main() -> None:
             (f"small_route MP={mp}", ts._small_route_kernel, dict(BS=16, EXACT=False, HAS_KV=kv, **sc), 4, small)
         )
         cases.append((f"small_attn S={S}", ts._small_attn_kernel, dict(S=S, BM=64, BN=64, EXACT=False, **sc), 4, small))
-        cases.append((f"small_bwd_q S={S}", tsb._small_bwd_q_kernel, dict(S=S, BM=64, BN=64, **sc), 4, small))
-        cases.append(
-            (f"small_bwd_k S={S}", tsb._small_bwd_k_kernel, dict(S=S, BM=64, BN=32, HAS_KV=kv, **sc), 4, small)
-        )
         cases.append(
             (f"small_bwd S={S}", tsb._small_bwd_kernel, dict(S=S, BM=64, BN=64, HAS_KV=kv, POOL=not kv, **sc), 4, small)
         )

@@ -3,7 +3,7 @@ inputs, i.i.d. and correlated tokens (AR(1) along N, as bench_op.py --rho).
 
     python scripts/bench/sweep.py [--points 1048576:512,65536:128] [--rho 0.9,0] [--sweep block_top=1,2,4]
         [--sweep fwd.maxnreg=None,128 ...] [--batch 1] [--heads 2] [--timing eager,cuda_graph] [--backward]
-        [--set "fwd.shared_in_route=1;route.bs=64"] [--variants "|bs=128;num_warps=8"]
+        [--set "fwd.bm_max=32;route.bs=64"] [--variants "|bs=128;num_warps=8"]
     python scripts/bench/sweep.py --model [--points 65536:128] [--rho 0,0.9,0.99] [--sweep block_top=1,2,4]
     python scripts/bench/sweep.py --model --qk saved.pt    # a dict with "q" and "k": [N, d] or [B, H, N, d]
 
@@ -16,11 +16,11 @@ a run cut short still reports its first points. ``--device cpu`` is a smoke run 
 Settings: a ``SCAN_CONFIG`` key of the long-row top-k (``--sweep block_top=1,2,4``: the start threshold;
 ``num_warps=4,8``), ``fwd.<key>`` of the fused attention (``--sweep fwd.bm_max=64,128 --backward``: its query
 tile, forward and forward + backward), ``route.<key>`` of the routing kernel (``route.bm=64,128``), ``lv.<key>`` of
-the landmark-value kernels (``lv.maxnreg=None,80``), ``bwd.<key>`` of the backward kernels (``--backward --sweep
-bwd.final_maxnreg=None,128``), ``pool.<key>`` of the 1D landmark pooling kernel and ``small.<kernel>.<key>`` of
-the short-path kernels (ts.CONFIG; e.g. ``--points 197:25 --batch 256 --heads 6 --backward --sweep
-small.attn.BM=32,64``). Several ``--sweep`` options run one after the other on the same inputs of each point
-(each from the defaults and ``--set``); ``--variants`` times whole settings (several keys each) side by side.
+the landmark-value kernels (``lv.num_warps=4,8``), ``pool.<key>`` of the 1D landmark pooling kernel and
+``small.<kernel>.<key>`` of the short-path kernels (ts.CONFIG; e.g. ``--points 197:25 --batch 256 --heads 6
+--backward --sweep small.attn.BM=32,64``). Several ``--sweep`` options run one after the other on the same inputs
+of each point (each from the defaults and ``--set``); ``--variants`` times whole settings (several keys each) side
+by side.
 
 ``--model``: how often the long-row exact top-k leaves its fast path, from a PyTorch model of its start threshold
 on the CPU (no kernels run). The Triton top-k (rows longer than 512 keys) takes, per landmark row, the kk-th
@@ -49,22 +49,21 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from common import correlated_tokens, environment, time_ms, wall_time  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
-from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
+from mita.ops.mita.api import mita_attention  # noqa: E402
 from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
 from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
 from mita.ops.mita.triton import pool as tp  # noqa: E402
 from mita.ops.mita.triton import routing as trt  # noqa: E402
 from mita.ops.mita.triton import short as ts  # noqa: E402
 from mita.ops.mita.triton import topk as ttk  # noqa: E402
-from mita.ops.mita.api import mita_attention  # noqa: E402
 from mita.ops.mita.triton.plan import order_key  # noqa: E402
 
 
 def parse_sweep(text: str) -> tuple[dict, str, list]:
     """``key=v1,v2`` -> (config, key, [v1, v2]) with ints as ints and ``None`` as None; the key is a SCAN_CONFIG key,
     ``fwd.<key>`` for a key of the fused attention's FWD_CONFIG, ``route.<key>`` for one of the routing kernel's
-    ROUTE_CONFIG, ``lv.<key>`` for one of the landmark-value kernels' LV_CONFIG, ``bwd.<key>`` for one of the
-    backward kernels' BWD_CONFIG, ``pool.<key>`` for one of the 1D landmark pooling kernel's settings
+    ROUTE_CONFIG, ``lv.<key>`` for one of the landmark-value kernels' LV_CONFIG, ``pool.<key>`` for one of the 1D
+    landmark pooling kernel's settings
     (tp.CONFIG["fwd1d"]; timed by bench_op.py, whose MiTA calls pool the landmarks) or
     ``small.<kernel>.<key>`` for one of a short-path kernel's settings (ts.CONFIG[kernel])."""
     key, _, vals = text.partition("=")
@@ -75,8 +74,6 @@ def parse_sweep(text: str) -> tuple[dict, str, list]:
         cfg, key = trt.ROUTE_CONFIG, key[6:]
     elif key.startswith("lv."):
         cfg, key = tlv.LV_CONFIG, key[3:]
-    elif key.startswith("bwd."):
-        cfg, key = abwd.BWD_CONFIG, key[4:]
     elif key.startswith("pool."):
         cfg, key = tp.CONFIG["fwd1d"], key[5:]
     elif key.startswith("small."):
@@ -86,8 +83,7 @@ def parse_sweep(text: str) -> tuple[dict, str, list]:
         raise SystemExit(
             f"--sweep needs key=v1,v2 with key one of {sorted(ttk.SCAN_CONFIG)}, fwd.<key> with one of "
             f"{sorted(afwd.FWD_CONFIG)}, route.<key> with one of {sorted(trt.ROUTE_CONFIG)}, "
-            f"lv.<key> with one of {sorted(tlv.LV_CONFIG)}, bwd.<key> with one of "
-            f"{sorted(abwd.BWD_CONFIG)}, pool.<key> with one of {sorted(tp.CONFIG['fwd1d'])} or "
+            f"lv.<key> with one of {sorted(tlv.LV_CONFIG)}, pool.<key> with one of {sorted(tp.CONFIG['fwd1d'])} or "
             f"small.<kernel>.<key> with kernel.key one of "
             f"{[f'{n}.{k}' for n, c in ts.CONFIG.items() for k in c]}: {text!r}"
         )

@@ -130,26 +130,6 @@ def test_matches_naive(poison, path, B, H, N, d, m, topk, dtype, S, shared, pad_
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
 
 
-@pytest.mark.parametrize(
-    "B,H,N,d,m,topk,dtype,S,shared,pad_from",
-    [
-        CPU_CASES[0],
-        CPU_CASES[1],
-        CPU_CASES[4],
-        (2, 1, 70, 32, 5, 7, torch.float16, 1, True, (70, 33)),
-        (1, 2, 130, 64, 40, 9, torch.bfloat16, 2, True, None),
-    ],
-)
-def test_general_forward_shared_in_route_matches_naive(
-    poison, monkeypatch, B, H, N, d, m, topk, dtype, S, shared, pad_from
-):
-    """FWD_CONFIG shared_in_route: the route kernel also writes each query's attention over the shared entries and
-    the fused attention continues from it (S = 1; S = 2 keeps the shared loop), forward and backward."""
-    monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "shared_in_route", True)
-    _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
-
-
 _LAZY_CASES = [
     (1, 2, 200, 32, 16, 32, torch.bfloat16, 1, True, None),  # FULL: no masks in the fused forward
     (1, 1, 1024, 32, 64, 64, torch.float32, 1, True, None),  # and the block-top pass without masks (even)
@@ -171,18 +151,15 @@ _LAZY_CASES = [
 def test_general_lazy_softmax_matches_naive(
     poison, monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from, growth
 ):
-    """FWD_CONFIG lazy (the fused forward's online softmax rescales only when a maximum grows by more than 2^8) with
-    SCAN_CONFIG even and lv_lazy (the block-top pass unmasked, its landmark values rescaled lazily), forward and
-    backward; key norms growing 12x along N make later blocks raise the maxima, so the rescaling branch runs."""
+    """SCAN_CONFIG lv_lazy 1 (the block-top pass unmasked, its landmark values rescaled lazily) with the fused
+    forward's softmax, forward and backward; key norms growing 12x along N make later blocks raise the maxima, so
+    the rescaling branch runs."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 1)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "unmasked", 1)
-    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", 1)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", 1)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 4)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from, key_growth=growth)
     fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
-    assert len(fwd) == 1 and fwd[0]["LAZY"]
+    assert len(fwd) == 1
     # The unmasked forms where the shape allows them (first two cases), else the masked ones.
     assert fwd[0]["FULL"] == (pad_from is None and S == 1 and shared and m % 16 == 0 and topk % 32 == 0)
     scans = [kw for name, kw in triton_launches.kwargs if name == "_topk_scan_kernel" and kw["MODE"] == 0]
@@ -200,42 +177,12 @@ def test_general_lazy_softmax_matches_naive(
 def test_fma_softmax_matches_naive(
     poison, monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from
 ):
-    """FWD_CONFIG lazy 2 (the fused forward's scale in the exponent's FMA, every block rescaled), forward and
-    backward, with key norms growing along N (later blocks raise the maxima)."""
+    """The fused forward's softmax (the scale in the exponent's FMA, every block rescaled), forward and backward,
+    with key norms growing along N (later blocks raise the maxima)."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 2)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from, key_growth=12.0)
     fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
-    assert len(fwd) == 1 and fwd[0]["LAZY"] == 2
-
-
-def test_lazy_mode_rejects_unknown(monkeypatch):
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 3)
-    with pytest.raises(ValueError, match="lazy"):
-        afwd._lazy_mode()
-
-
-@pytest.mark.parametrize("growth", [1.0, 12.0])
-def test_general_unmasked_without_lazy_matches_naive(poison, monkeypatch, triton_launches, growth):
-    """FWD_CONFIG unmasked alone: the fused forward's mask-free blocks with the per-block softmax."""
-    monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "unmasked", 1)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", 0)
-    _check(1, 2, 200, 32, 16, 32, torch.bfloat16, key_growth=growth)
-    fwd = [kw for name, kw in triton_launches.kwargs if name == "_mita_fwd_kernel"]
-    assert len(fwd) == 1 and fwd[0]["FULL"] and not fwd[0]["LAZY"]
-
-
-@pytest.mark.parametrize("path_kind", ["match", "csr"])
-def test_backward_register_caps_run(poison, monkeypatch, path_kind):
-    """BWD_CONFIG register caps reach every backward launch (the interpreter ignores the cap itself; on the GPU it
-    is a compile option): forward and backward still match the reference, on both dk / dv paths."""
-    monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    for key in abwd.BWD_CONFIG:
-        monkeypatch.setitem(abwd.BWD_CONFIG, key, 96)
-    if path_kind == "csr":
-        monkeypatch.setattr(abwd, "_MATCH_MAX", 0)
-    _check(1, 2, 130, 64, 6, 20, torch.float32, 2, True, None)
+    assert len(fwd) == 1
 
 
 def test_forward_launch_settings(monkeypatch):
@@ -292,45 +239,10 @@ def test_inference_plan_tile(poison, monkeypatch, dtype, S, pad_from):
         (1, 1, 17, 32, 20, 3, torch.float32, 3, False, None),
     ],
 )
-@pytest.mark.parametrize("bwd", ["fused", "split"])
-def test_short_path_matches_naive(poison, monkeypatch, bwd, B, H, N, d, m, topk, dtype, S, shared, pad_from):
-    """The short-sequence kernels at DeiT-S's shape, with S = 2 and padding, an all-padding row, and m > N; both
-    backward variants."""
+def test_short_path_matches_naive(poison, B, H, N, d, m, topk, dtype, S, shared, pad_from):
+    """The short-sequence kernels at DeiT-S's shape, with S = 2 and padding, an all-padding row, and m > N."""
     assert ts.small_supported(N, m, d)
-    monkeypatch.setattr(tsb, "BWD", bwd)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
-
-
-@pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])
-def test_short_path_fused_backward_matches_split(poison, monkeypatch, S, shared, pad):
-    """The one-program backward against the two-kernel one on the same forward: equal up to float32 summation
-    order (dq is summed per key block, dR in registers, instead of per query block and from partials)."""
-    (q, k, v, r), _ = _inputs(2, 2, 150, 32, 9, torch.float32, seed=23)
-    mask = None
-    if pad:
-        mask = torch.zeros(2, 150, dtype=torch.bool, device=DEV)
-        mask[0, 120:] = True
-    do = torch.randn_like(q)
-    kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
-    grads = {}
-    for bwd in ("fused", "split"):
-        monkeypatch.setattr(tsb, "BWD", bwd)
-        out = tmop.triton_mita(q, k, v, r, 20, **kw)
-        grads[bwd] = torch.autograd.grad(out, (q, k, v, r), do, allow_unused=True)
-    for name, a, b in zip("q k v landmarks".split(), grads["fused"], grads["split"]):
-        if b is None:
-            assert a is None, name
-            continue
-        assert torch.isfinite(a).all(), name
-        assert _rel(a, b) < 1e-5, f"d{name}: rel err {_rel(a, b):.2e}"
-
-
-def test_short_path_bad_backward_mode(monkeypatch):
-    (q, k, v, r), _ = _inputs(1, 1, 40, 32, 4, torch.float32, seed=3)
-    monkeypatch.setattr(tsb, "BWD", "fast")
-    out = tmop.triton_mita(q, k, v, r, 8)
-    with pytest.raises(ValueError, match="'fused' or 'split'"):
-        out.sum().backward()
 
 
 def test_short_path_limits():
@@ -465,7 +377,7 @@ def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
     _check(1, H, N, d, m, topk, torch.bfloat16)
 
 
-@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("mode", [0, 3])
 def test_route_stream_setting_on_cpu(monkeypatch, mode):
     """FWD_CONFIG route_stream needs CUDA streams; off CUDA the routing runs in order as before (same result)."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
@@ -483,7 +395,7 @@ def test_route_stream_rejects_unknown_mode(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("mode", [3])
 @pytest.mark.parametrize("N,m,topk,S", [(4097, 64, 64, 1), (65536, 128, 128, 1), (4097, 32, 32, 2), (300, 16, 16, 1)])
 def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
     """FWD_CONFIG route_stream (routing on a second stream): bitwise the output of the in-order forward, eagerly,
@@ -518,13 +430,9 @@ def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
     "N,m,topk,pad_from", [(4097, 64, 64, None), (65536, 128, 128, None), (4097, 64, 64, (4097, 3000))]
 )
 @pytest.mark.parametrize("growth", [1.0, 12.0])
-@pytest.mark.parametrize("lazy", [1, 2])
-def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_from, growth, lazy):
-    """FWD_CONFIG lazy 1 / 2 with SCAN_CONFIG even and lv_lazy on the GPU (unmasked and masked forms)."""
+def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_from, growth):
+    """SCAN_CONFIG lv_lazy 1 with the fused forward's softmax on the GPU (unmasked and masked forms)."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "lazy", lazy)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "unmasked", 1)
-    monkeypatch.setitem(ttk.SCAN_CONFIG, "even", 1)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", 1)
     _check(1 if pad_from is None else 2, 2, N, 64, m, topk, torch.bfloat16, pad_from=pad_from, key_growth=growth)
 
@@ -549,24 +457,10 @@ def test_gpu_variants(poison, N, m, topk, dtype, S, shared, pad_from, imbalanced
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize(
-    "B,N,m,topk,pad_from", [(2, 1025, 49, 24, (1025, 700)), (1, 4097, 64, 32, None), (1, 65536, 128, 128, None)]
-)
-def test_gpu_shared_in_route_matches_naive(poison, monkeypatch, B, N, m, topk, pad_from):
-    """FWD_CONFIG shared_in_route on the GPU: the route kernel's shared-entry attention, the fused attention after."""
-    monkeypatch.setattr(tmop, "SHORT_PATH", False)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "shared_in_route", True)
-    _check(B, 2, N, 64, m, topk, torch.bfloat16, 1, True, pad_from)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("bwd", ["fused", "split"])
 @pytest.mark.parametrize("S,pad", [(1, False), (2, True)])
-def test_gpu_short_backward_modes(poison, monkeypatch, bwd, S, pad):
-    """Both short-path backward kernels at DeiT-S's shape (bf16) against naive_mita, and bitwise repeatable."""
+def test_gpu_short_backward_modes(poison, monkeypatch, S, pad):
+    """The short-path backward kernel at DeiT-S's shape (bf16) against naive_mita, and bitwise repeatable."""
     monkeypatch.setattr(tmop, "SHORT_PATH", True)
-    monkeypatch.setattr(tsb, "BWD", bwd)
     _, grads = _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
     _, again = _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
     for a, b in zip(grads, again):
@@ -705,11 +599,6 @@ def test_launch_count_small_shape(monkeypatch, triton_launches):
     assert launches == ["_small_route_kernel", "_small_attn_kernel"], launches
     torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
     assert launches[2:] == ["_small_bwd_kernel"], launches
-    monkeypatch.setattr(tsb, "BWD", "split")
-    launches.clear()
-    out = tmop.triton_mita(q, k, v, r, 25)
-    torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
-    assert launches[2:] == ["_small_bwd_q_kernel", "_small_bwd_k_kernel"], launches
 
 
 @pytest.mark.parametrize("heads,N,start,grid,bins", [(3, 197, 0, (14, 14), (5, 5)), (0, 50, 1, (7, 7), (2, 3))])
@@ -818,7 +707,7 @@ def _quantized_qkv(B, H, N, d, seed):
 def test_folded_pooling_matches_two_step(monkeypatch, S, shared, layout):
     """triton_mita_pooled (pooling inside the attention's autograd node, its gradient added in the backward
     kernel) against triton_mita on pool_landmarks(q): same output, and q, k, v gradients equal up to the two-step
-    form's extra roundings (dR and the pooling gradient rounded to bf16 before the sum); both backward modes."""
+    form's extra roundings (dR and the pooling gradient rounded to bf16 before the sum)."""
     from mita.ops.landmarks import pool_landmarks, pool_operator_2d
 
     B, H, N, d = 2, 2, 65, 32  # an 8 x 8 patch grid after one prefix token; 2 x 2 landmarks of 16 tokens
@@ -829,20 +718,19 @@ def test_folded_pooling_matches_two_step(monkeypatch, S, shared, layout):
         assert pool.counts.flatten().tolist() == [16.0] * 4
     assert tmop.pooled_short_supported(torch.empty(B, H, N, d, dtype=torch.bfloat16), 4)
     do = torch.randn(B, H, N, d, generator=torch.Generator().manual_seed(5)).to(DEV, torch.bfloat16)
-    for bwd in ("fused", "split"):
-        monkeypatch.setattr(tsb, "BWD", bwd)
-        q, k, v = _quantized_qkv(B, H, N, d, seed=9)
-        out = tmop.triton_mita_pooled(q, k, v, pool, 10, **kw)
-        grads = torch.autograd.grad(out, (q, k, v), do)
-        q2, k2, v2 = _quantized_qkv(B, H, N, d, seed=9)
-        r = pool_landmarks(q2, 4, layout=layout, num_prefix_tokens=1)
-        ref = tmop.triton_mita(q2, k2, v2, r, 10, **kw)
-        ref_grads = torch.autograd.grad(ref, (q2, k2, v2), do)
-        assert torch.equal(out, ref), bwd
-        for name, a, b in zip("qkv", grads, ref_grads):
-            assert torch.isfinite(a).all()
-            # (Without the pooling gradient dq is off by 1.4e-2 here; the roundings alone give ~3e-3.)
-            assert _rel(a, b) < (6e-3 if name == "q" and shared else 1e-5), f"{bwd} d{name}: {_rel(a, b):.2e}"
+    bwd = "fused"
+    q, k, v = _quantized_qkv(B, H, N, d, seed=9)
+    out = tmop.triton_mita_pooled(q, k, v, pool, 10, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    q2, k2, v2 = _quantized_qkv(B, H, N, d, seed=9)
+    r = pool_landmarks(q2, 4, layout=layout, num_prefix_tokens=1)
+    ref = tmop.triton_mita(q2, k2, v2, r, 10, **kw)
+    ref_grads = torch.autograd.grad(ref, (q2, k2, v2), do)
+    assert torch.equal(out, ref), bwd
+    for name, a, b in zip("qkv", grads, ref_grads):
+        assert torch.isfinite(a).all()
+        # (Without the pooling gradient dq is off by 1.4e-2 here; the roundings alone give ~3e-3.)
+        assert _rel(a, b) < (6e-3 if name == "q" and shared else 1e-5), f"{bwd} d{name}: {_rel(a, b):.2e}"
 
 
 def test_layer_takes_folded_pooling(monkeypatch):

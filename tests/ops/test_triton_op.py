@@ -37,13 +37,12 @@ def _inputs(N, m, d=32, B=2, H=1, pad=False, dtype=torch.float32, seed=0):
 
 
 @pytest.mark.parametrize(
-    "short,case,fold", [(s, c, False) for s in (True, False) for c in CASES] + [(False, CASES[0], True)]
+    "short,case", [(s, c) for s in (True, False) for c in CASES]
 )
-def test_compiled_op_matches_eager_without_graph_break(monkeypatch, short, case, fold):
-    """The compiled custom op against the eager autograd path, bitwise (fold: FWD_CONFIG shared_in_route)."""
+def test_compiled_op_matches_eager_without_graph_break(monkeypatch, short, case):
+    """The compiled custom op against the eager autograd path, bitwise."""
     N, m, k, S, shared, pad = case
     monkeypatch.setattr(tmop, "SHORT_PATH", short)
-    monkeypatch.setitem(afwd.FWD_CONFIG, "shared_in_route", fold)
     torch._dynamo.reset()
     (q, kk, v, r), mask = _inputs(N, m, pad=pad, seed=N)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)

@@ -30,8 +30,6 @@ def test_every_kernel_compiles_for_sm90():
         "mita_fwd",
         "mita_bwd_dq",
         "small_attn",
-        "small_bwd_q",
-        "small_bwd_k",
         "small_bwd",
         "pool_fwd",
         "pool_bwd",
@@ -39,7 +37,7 @@ def test_every_kernel_compiles_for_sm90():
         "route",
     ):
         assert kernel in names, run.stdout
-    assert len(lines) >= 30, run.stdout
+    assert len(lines) >= 26, run.stdout
     # Compiled with the alignment a launch specialises on, the key loops of the block-top pass and of the fused
     # attention are software-pipelined (asynchronous copies); a loop the pipeliner refuses (for example one that
     # holds a data-dependent while loop) compiles with none.
@@ -49,12 +47,6 @@ def test_every_kernel_compiles_for_sm90():
     pipelined = ("topk_scan mode 0", "mita_fwd", "lv_fwd BS=128", "topk_scan mode 0 + lv", "topk_scan mode 0 e3 + lv")
     for kernel in pipelined:
         assert cp_async[kernel] > 0, run.stdout
-    # The final top-k kernel's sort (the default) holds fewer registers than its pairwise ranks (48 against 107 at
-    # 1M's 1024-entry lists with triton 3.8).
-    regs_of = {
-        ln.split(" ok ")[0].strip(): int(ln.split(" regs")[0].rsplit(" ", 1)[1]) for ln in lines if " regs" in ln
-    }
-    assert regs_of["topk_final sort"] < regs_of["topk_final"], run.stdout
     # The fused forward at its tuned launch (64-row tiles of 64-key blocks, d 64: 2 stages, 96-register cap) stays
     # pipelined and fits 5 programs per SM; without the cap it held 142 registers (3 per SM).
     fwd = next(ln for ln in lines if ln.startswith("mita_fwd 64 "))

@@ -76,8 +76,8 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
         ("fwd.bm_max=16,32", ["16", "32"], ["--backward"]),
         # Launch options and non-default switches (the interpreter ignores warps): in the slow selection.
         pytest.param("num_warps=4,8", ["4", "8"], [], marks=pytest.mark.slow),
-        pytest.param("fwd.shared_in_route=0,1", ["0", "1"], [], marks=pytest.mark.slow),
-        pytest.param("route.bm=32,64", ["32", "64"], ["--set", "fwd.shared_in_route=1;route.bs=16"],
+        pytest.param("fwd.route_stream=0,3", ["0", "3"], [], marks=pytest.mark.slow),
+        pytest.param("route.bm=32,64", ["32", "64"], ["--set", "fwd.bm_max=32;route.bs=16"],
                      marks=pytest.mark.slow),
     ],
 )
@@ -100,20 +100,20 @@ def test_ab_script_runs_on_cpu(sweep, vals, extra):
     assert all(ln.endswith("same selection as the first value: True") for ln in lines)
     assert all(("fwd+bwd" in ln) == ("--backward" in extra) for ln in lines)
     if "--set" in extra:
-        assert "fixed settings: shared_in_route=1, bs=16" in out
+        assert "fixed settings: bm_max=32, bs=16" in out
     diffs = [float(ln.split("rel. diff ")[1].split(";")[0]) for ln in lines]
     assert diffs[0] == 0.0 and all(0.0 <= x < 0.05 for x in diffs)
 
 
 @pytest.mark.slow  # register caps and warps only, which the interpreter ignores: 2 min on 2 cores
 def test_ab_script_several_sweeps_on_cpu():
-    """Several --sweep options in one sweep.py run: each setting's values in turn on the same point, register caps
-    and the per-row kernels' warps included (launch options only: the same selection and output)."""
+    """Several --sweep options in one sweep.py run: each setting's values in turn on the same point, register caps,
+    warps and the emission's block step included (launch options only: the same selection and output)."""
     import os
     import subprocess
 
     env = dict(os.environ, TRITON_INTERPRET="1")
-    sweeps = ["lv.maxnreg=None,80", "start_warps=None,8", "fwd.maxnreg=None,96", "final_maxnreg=None,96"]
+    sweeps = ["lv.num_warps=None,8", "emit_bb=None,16", "fwd.maxnreg=None,96", "final_maxnreg=None,96"]
     args = [a for sw in sweeps for a in ("--sweep", sw)]
     out = subprocess.run(
         [sys.executable, str(BENCH / "sweep.py"), "--device", "cpu", "--points", "640:4", "--rho", "0",
@@ -128,17 +128,16 @@ def test_ab_script_several_sweeps_on_cpu():
 
 
 def test_ab_sweep_keys_parse():
-    """sweep.py's setting names: SCAN_CONFIG keys, fwd. / route. / lv. / bwd. / pool. / small. prefixes; an unknown
+    """sweep.py's setting names: SCAN_CONFIG keys, fwd. / route. / lv. / pool. / small. prefixes; an unknown
     key stops the run with the list of known ones."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("sweep_script", BENCH / "sweep.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
-    from mita.ops.mita.triton import attention_bwd, landmark_values, pool, topk
+    from mita.ops.mita.triton import landmark_values, pool, topk
 
-    assert ab.parse_sweep("bwd.final_maxnreg=None,128") == (attention_bwd.BWD_CONFIG, "final_maxnreg", [None, 128])
-    assert ab.parse_sweep("lv.maxnreg=80")[:2] == (landmark_values.LV_CONFIG, "maxnreg")
+    assert ab.parse_sweep("lv.num_warps=8")[:2] == (landmark_values.LV_CONFIG, "num_warps")
     assert ab.parse_sweep("fwd.maxnreg=0,96")[1:] == ("maxnreg", [0, 96])
     assert ab.parse_sweep("final_maxnreg=96")[0] is topk.SCAN_CONFIG
     assert ab.parse_sweep("pool.BL=128") == (pool.CONFIG["fwd1d"], "BL", [128])
@@ -147,8 +146,8 @@ def test_ab_sweep_keys_parse():
     assert ab.parse_sweep("small.attn.BM=32,64") == (short.CONFIG["attn"], "BM", [32, 64])
     with pytest.raises(SystemExit, match="small.<kernel>.<key>"):
         ab.parse_sweep("small.nope.BM=1")
-    with pytest.raises(SystemExit, match="bwd.<key>"):
-        ab.parse_sweep("bwd.nope=1")
+    with pytest.raises(SystemExit, match="lv.<key>"):
+        ab.parse_sweep("bwd.final_maxnreg=1")
 
 
 def test_ab_variants_apply_and_restore():
@@ -162,14 +161,15 @@ def test_ab_variants_apply_and_restore():
     from mita.ops.mita.triton import attention_fwd, topk
 
     scan, fwd = topk.SCAN_CONFIG, attention_fwd.FWD_CONFIG
-    before = (scan["bs"], scan["num_warps"], fwd["lazy"])
+    before = (scan["bs"], scan["num_warps"], fwd["bm_infer"])
     v = ab.Variants()
     v["variant"] = "bs=128;num_warps=8"
-    assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == (128, 8, before[2]) and v["variant"] == "bs=128;num_warps=8"
-    v["variant"] = "fwd.lazy=7"
-    assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == (before[0], before[1], 7)
+    assert (scan["bs"], scan["num_warps"], fwd["bm_infer"]) == (128, 8, before[2])
+    assert v["variant"] == "bs=128;num_warps=8"
+    v["variant"] = "fwd.bm_infer=7"
+    assert (scan["bs"], scan["num_warps"], fwd["bm_infer"]) == (before[0], before[1], 7)
     v["variant"] = ""
-    assert (scan["bs"], scan["num_warps"], fwd["lazy"]) == before
+    assert (scan["bs"], scan["num_warps"], fwd["bm_infer"]) == before
     with pytest.raises(SystemExit, match="--sweep needs"):
         v["variant"] = "nope=1"
 

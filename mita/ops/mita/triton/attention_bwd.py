@@ -3,7 +3,7 @@
 Deterministic: dk/dv of each (expert, slot) are written to their own rows (``_mita_bwd_dkdv_routed_kernel``) and
 reduced per key in a fixed order (``_dkdv_final_kernel``: by matching keys against the experts' index lists, or
 through a CSR list), and the shared-expert gradients are reduced over query chunks with a sum
-(``_mita_bwd_shared_kernel``); ``_mita_bwd_dq_kernel`` writes dq. Settings: ``BWD_CONFIG``, ``_MATCH_MAX``.
+(``_mita_bwd_shared_kernel``); ``_mita_bwd_dq_kernel`` writes dq. Settings: ``_MATCH_MAX``.
 """
 
 from __future__ import annotations
@@ -24,18 +24,12 @@ from mita.ops.mita.triton.common import (
     _upcast,
     grad_layouts,
     heads_layout,
-    regs_cap,
 )
 from mita.ops.mita.triton.landmark_values import _lv_bwd_dr_kernel, _lv_dkdv_block, _n_chunks
 from mita.ops.mita.triton.launch import fast
 from mita.ops.mita.triton.plan import RoutingPlan
 
-# Register caps of the backward kernels (None: the compiler's choice), for GPU A/B runs (ab_scan.py --backward
-# --sweep bwd.<key>=...): dq, routed dk / dv, shared-entry dR / dVt, the per-key final sum (dkdv_final at d 64: 160
-# registers, 3 programs per SM on the match path of short rows, 112 and 4 on the CSR path of long ones;
-# compile_check.py), the landmark values' dR. Timed in run 16 (forward + backward, 64K x 16 and 1M): under 1% from
-# the best cap (dkdv 128), caps of 96 slower, so all stay None.
-BWD_CONFIG = dict(dq_maxnreg=None, dkdv_maxnreg=None, shared_maxnreg=None, final_maxnreg=None, lv_dr_maxnreg=None)
+# The backward kernels launch with the compiler's register choice (caps timed no better: notes, run 16).
 
 
 @triton.jit
@@ -461,7 +455,6 @@ def mita_bwd(
         PREC=prec,
         UP=up,
         num_warps=_num_warps(plan.bm, D),
-        **regs_cap(BWD_CONFIG["dq_maxnreg"]),
     )
     if not direct:
         dq = dq.view(BH, N, S, D).sum(dim=2).to(q.dtype)
@@ -497,7 +490,6 @@ def mita_bwd(
         PREC=prec,
         UP=up,
         num_warps=4,
-        **regs_cap(BWD_CONFIG["dkdv_maxnreg"]),
     )
     kp = max(16, _next_pow2(ksel))
     csr = BH * N * m * kp > _MATCH_MAX
@@ -541,7 +533,6 @@ def mita_bwd(
             PREC=prec,
             UP=up,
             num_warps=4,
-            **regs_cap(BWD_CONFIG["shared_maxnreg"]),
         )
         dr = dr[:, 0] if n_chunk == 1 else dr.sum(1)
         dvt = (dvt[:, 0] if n_chunk == 1 else dvt.sum(1)).to(r.dtype)
@@ -585,7 +576,6 @@ def mita_bwd(
         PREC=prec,
         UP=up,
         num_warps=4,
-        **regs_cap(BWD_CONFIG["final_maxnreg"]),
     )
     # The per-entry rows are summed into dk, dv: free them (and the CSR list) before the dR partials.
     del dk_e, dv_e, perm, ptr
@@ -615,7 +605,6 @@ def mita_bwd(
             PREC=prec,
             UP=up,
             num_warps=4,
-            **regs_cap(BWD_CONFIG["lv_dr_maxnreg"]),
         )
         dr = (dr + (dr_lv[:, 0] if nc == 1 else dr_lv.sum(1))).to(r.dtype)
     else:

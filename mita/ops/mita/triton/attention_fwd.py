@@ -25,8 +25,6 @@ from mita.ops.mita.triton.common import (
     _out_ptr,
     _prec,
     _softmax_fma,
-    _softmax_lazy,
-    _softmax_step,
     _upcast,
     heads_layout,
     out_layout,
@@ -76,15 +74,9 @@ def _mita_fwd_kernel(
     BS: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
-    INIT: tl.constexpr,
-    LAZY: tl.constexpr,
     FULL: tl.constexpr,
 ):
-    # INIT (S = 1, DIRECT, SHARED): the route kernel already wrote each query's attention over the shared entries
-    # into O and LSE; start the online softmax from that state (max = its LSE, sum 1, accumulator = its output)
-    # instead of scoring the shared entries again.
-    # LAZY 1: the online softmax of _softmax_lazy (scale folded into the exponent's FMA, rescaling only when a row's
-    # maximum grows by more than 2^8); 2: _softmax_fma's (the scale in the FMA, rescaling every block). FULL: every
+    # The online softmax of _softmax_fma (the scale in the exponent's FMA, rescaling every block). FULL: every
     # index list holds KSEL >= 0 entries, KSEL % BN == 0, M % BS == 0 and S == 1 (no padding), so the key blocks and
     # shared blocks load and score without masks.
     i_t = tl.program_id(0)
@@ -103,17 +95,10 @@ def _mita_fwd_kernel(
         b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
         K_h = _head_ptr(K, i_bh, H, SB, SH)
         V_h = _head_ptr(V, i_bh, H, SB, SH)
-        if INIT:
-            b_m = tl.load(LSE + i_bh * N + o_n, mask=m_r, other=float("-inf"))
-            b_l = tl.where(m_r, 1.0, 0.0)
-            b_acc = tl.load(
-                _out_ptr(O, i_bh, H, N, D) + o_n[:, None] * (H * D) + o_d[None, :], mask=m_r[:, None], other=0.0
-            ).to(tl.float32)
-        else:
-            b_m = tl.full([BM], float("-inf"), tl.float32)
-            b_l = tl.zeros([BM], tl.float32)
-            b_acc = tl.zeros([BM, D], tl.float32)
-        if SHARED and not INIT:
+        b_m = tl.full([BM], float("-inf"), tl.float32)
+        b_l = tl.zeros([BM], tl.float32)
+        b_acc = tl.zeros([BM, D], tl.float32)
+        if SHARED:
             for j0 in range(0, M, BS):
                 o_j = j0 + tl.arange(0, BS)
                 m_j = o_j < M
@@ -126,18 +111,9 @@ def _mita_fwd_kernel(
                     b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
                 # [BM, BS]
                 b_s = _dot(b_q, tl.trans(b_r), PREC, UP)
-                if LAZY == 1 or LAZY == 2:
-                    if not FULL:
-                        b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
-                    if LAZY == 1:
-                        b_m, b_l, b_acc = _softmax_lazy(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
-                    else:
-                        b_m, b_l, b_acc = _softmax_fma(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
-                elif FULL:
-                    b_m, b_l, b_acc = _softmax_step(b_s * sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
-                else:
-                    b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s * sscale_log2, float("-inf"))
-                    b_m, b_l, b_acc = _softmax_step(b_s, b_vt, b_m, b_l, b_acc, PREC, UP)
+                if not FULL:
+                    b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
+                b_m, b_l, b_acc = _softmax_fma(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
         for j0 in range(0, KSEL, BN):
             o_j = j0 + tl.arange(0, BN)
             if FULL:
@@ -153,18 +129,9 @@ def _mita_fwd_kernel(
                 b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
             # [BM, BN]
             b_s = _dot(b_q, tl.trans(b_k), PREC, UP)
-            if LAZY == 1 or LAZY == 2:
-                if not FULL:
-                    b_s = tl.where(m_j[None, :], b_s, float("-inf"))
-                if LAZY == 1:
-                    b_m, b_l, b_acc = _softmax_lazy(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
-                else:
-                    b_m, b_l, b_acc = _softmax_fma(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
-            elif FULL:
-                b_m, b_l, b_acc = _softmax_step(b_s * scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
-            else:
-                b_s = tl.where(m_j[None, :], b_s * scale_log2, float("-inf"))
-                b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
+            if not FULL:
+                b_s = tl.where(m_j[None, :], b_s, float("-inf"))
+            b_m, b_l, b_acc = _softmax_fma(b_s, scale_log2, b_v, b_m, b_l, b_acc, PREC, UP)
         m_nz = b_l > 0
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
         b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
@@ -178,40 +145,17 @@ def _mita_fwd_kernel(
             tl.store(LSE + i_bh * NROWS + o_w, b_lse, mask=m_r)
 
 
-# Launch settings of the general path's attention kernels (scripts/bench/tune_long.py sweeps them on the GPU):
-# query rows per tile at most bm_max; keys / landmarks per step at most bn_max (None: 64 for d <= 64, else 32);
-# warps and pipeline stages of the forward (None: by tile size / Triton's default). shared_in_route (S = 1 with the
-# shared expert): the route kernel also computes each query's attention over the shared entries from the scores it
-# computes anyway, and the fused attention reads only the routed entries. Off: no gain on the H200 (run 14, CUDA
-# graph forward: 64K 0.229 -> 0.239 ms, 1M 4.86 -> 4.81, Figure F's 64K x 16 layer 2.01 -> 2.21). maxnreg caps the
-# forward's registers per thread and num_stages sets its pipeline depth: None for the default (_fwd_launch), 0 for
-# the compiler's choice / Triton's default (scripts/bench/compile_check.py prints registers and programs per SM).
-# bm_infer: bm_max of a forward that no backward follows (no input requires a gradient, or grad mode is off), which
-# can take larger query tiles than the backward wants (None: bm_max; 128 was not faster on the H200, run 15: 64K x
-# 16 1.93 against 1.90 ms with 64-row tiles at 128 registers, 1M 4.74 against 4.65). unmasked (default 1): without
-# padding (and S = 1, block sizes dividing m and k) the forward's loads and scores skip their masks; run 18 on the
-# H200 (CUDA-graph forward, one process): 64K 0.176 -> 0.169 ms, 256K 0.777 -> 0.726, 1M 4.335 -> 3.948, 64K x 16
-# 1.721 -> 1.625. lazy: the online softmax folds the scale into the exponent's FMA and rescales only when a row's
-# maximum grows by more than 2^8 (_softmax_lazy) instead of every block (_softmax_step); off: slower with the
-# unmasked blocks (1M 3.948 -> 4.172 ms; its uniform branch needs a cross-warp maximum per block). lazy 2: the scale in
-# the exponent's FMA, rescaling every block (_softmax_fma: no per-score multiply, no branch). route_stream
-# (CUDA only; CUDA graphs capture the fork and join): 1: the routing kernel runs on a second stream beside the whole
-# top-k (forked before it, joined before the plan; level in ab_scan.py, 5% slower at 64K and 256K in bench_op.py, run
-# 18 call 4); 2: the routing and the plan's kernels run on the second stream beside the top-k's kernels after its
-# block-top pass (which fills every SM); 3: the routing in order, the plan's kernels beside the top-k after its
-# block-top pass; 0: everything in order.
-FWD_CONFIG = dict(
-    bm_max=64, bn_max=None, num_warps=None, num_stages=None, shared_in_route=False, maxnreg=None, bm_infer=None,
-    lazy=2, unmasked=1, route_stream=3,
-)  # fmt: skip
-
-
-def _lazy_mode() -> int:
-    """The fused attention's online softmax, FWD_CONFIG["lazy"]: 0 _softmax_step, 1 _softmax_lazy, 2 _softmax_fma."""
-    mode = int(FWD_CONFIG["lazy"])
-    if mode not in (0, 1, 2):
-        raise ValueError(f"FWD_CONFIG['lazy'] must be 0, 1 or 2, got {FWD_CONFIG['lazy']}")
-    return mode
+# Launch settings of the general path's attention kernels: query rows per tile at most bm_max; keys / landmarks per
+# step at most bn_max (None: 64 for d <= 64, else 32); warps and pipeline stages of the forward (None: by tile size /
+# Triton's default). maxnreg caps the forward's registers per thread and num_stages sets its pipeline depth: None for
+# the default (_fwd_launch), 0 for the compiler's choice / Triton's default (scripts/bench/compile_check.py prints
+# registers and programs per SM). bm_infer: bm_max of a forward that no backward follows (no input requires a
+# gradient, or grad mode is off), which can take larger query tiles than the backward wants (None: bm_max).
+# route_stream (CUDA only; CUDA graphs capture the fork and join): 3: the routing in order, the plan's kernels on a
+# second stream beside the top-k after its block-top pass; 0: everything in order. Without padding (and S = 1, block
+# sizes dividing m and k) the forward's loads and scores skip their masks (FULL); its online softmax is _softmax_fma.
+# Measurements: notes/kernels-notes.md (runs 14, 15, 18, 22).
+FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None, maxnreg=None, bm_infer=None, route_stream=3)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -231,18 +175,14 @@ def _num_warps(bm: int, d: int) -> int:
 
 
 def _fwd_num_warps(bm: int, d: int) -> int:
-    # The forward keeps 4 warps for 128-row tiles at d <= 64 (tune_long.py, run 13: bm 128 with 8 warps 1.3-1.4x
-    # slower than with 4 at 64K x 16 and 1M).
+    # The forward keeps 4 warps for 128-row tiles at d <= 64 (8 were 1.3-1.4x slower).
     return 4 if d <= 64 and bm <= 128 else _num_warps(bm, d)
 
 
 def _fwd_launch(bm: int, bn: int, d: int) -> dict:
-    """Warps, pipeline stages and register cap of the fused forward (FWD_CONFIG overrides). With 64-row tiles of
-    64-key blocks at d 64 the kernel holds 142 registers per thread (triton 3.6/3.8 for sm_90): 3 programs per SM,
-    and its short key loops leave the loads' latency exposed. Capped at 96 with 2 stages (40 B of spill, 5 programs
-    per SM), the forward on the H200 (run 15, CUDA graphs, B 1, H 2) went 1.97 -> 1.84-1.86 ms at 64K x 16, 4.91 ->
-    4.68 at 1M, 0.862 -> 0.828 at 256K, 0.223 -> 0.220 at 64K; a cap of 128 with 3 stages (4 per SM) 1.90 / 4.66 /
-    0.83 / 0.22; 80 (472 B of spill) was 2-3x slower. Other tile shapes keep the compiler's choice."""
+    """Warps, pipeline stages and register cap of the fused forward (FWD_CONFIG overrides). 64-row tiles of 64-key
+    blocks at d 64 take a 96-register cap and 2 stages (5 programs per SM instead of 3; faster on the H200, see
+    notes/kernels-notes.md); other tile shapes keep the compiler's choice."""
     tuned = bm == 64 and bn == 64 and d == 64
     stages, cap = FWD_CONFIG["num_stages"], FWD_CONFIG["maxnreg"]
     if stages is None:
@@ -255,11 +195,9 @@ def _fwd_launch(bm: int, bn: int, d: int) -> dict:
     return opts
 
 
-def mita_fwd(q, k, v, r, vt, plan, S: int, shared: bool, scale: float, sscale: float, init=None, full=False):
+def mita_fwd(q, k, v, r, vt, plan, S: int, shared: bool, scale: float, sscale: float, full=False):
     """Fused forward. q, k, v: ``[BH, N, d]`` or ``[B, H, N, d]``, one layout (:func:`heads_layout`: any batch, head
-    and row strides); r, vt: ``[BH, m, d]``. init: None, or (S = 1 with the shared expert) ``(o, lse)`` holding each
-    query's attention over the shared entries (``route_topk(shared_out=...)``): the kernel continues from it and
-    writes the result into the same buffers. full: every entry of ``plan.idx`` is a key index (no -1: no padding),
+    and row strides); r, vt: ``[BH, m, d]``. full: every entry of ``plan.idx`` is a key index (no -1: no padding),
     so the kernel may skip masks where the block sizes divide m and k.
 
     Returns:
@@ -275,11 +213,7 @@ def mita_fwd(q, k, v, r, vt, plan, S: int, shared: bool, scale: float, sscale: f
     T = plan.tile_e.shape[1]
     bn, bs = _blocks(m, ksel, D)
     direct = S == 1
-    if init is not None and not (direct and shared):
-        raise ValueError("mita_fwd: init needs S = 1 and the shared expert")
-    if init is not None:
-        o, lse = init
-    elif direct:
+    if direct:
         o = out_layout(q)
         lse = torch.empty(BH, N, device=q.device, dtype=torch.float32)
     else:
@@ -315,9 +249,7 @@ def mita_fwd(q, k, v, r, vt, plan, S: int, shared: bool, scale: float, sscale: f
         BS=bs,
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
-        INIT=init is not None,
-        LAZY=_lazy_mode(),
-        FULL=bool(FWD_CONFIG["unmasked"]) and bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
+        FULL=bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
         **_fwd_launch(plan.bm, bn, D),
     )
     if direct:

@@ -65,40 +65,30 @@ class _MiTAFn(torch.autograd.Function):
         whether a backward may follow (it decides the plan's query tile, :func:`plan_bm_max`)."""
         m = r.shape[1]
         with torch.no_grad():
-            init = None
-            if FWD_CONFIG["shared_in_route"] and S == 1 and shared:
-                # The route kernel's scores q R^T also give each query's shared-entry attention (into o, lse).
-                init = (out_layout(q), torch.empty(r.shape[0], q.shape[-2], device=q.device, dtype=torch.float32))
             mode = int(FWD_CONFIG["route_stream"])
-            if mode not in (0, 1, 2, 3):
-                raise ValueError(f"FWD_CONFIG['route_stream'] must be 0, 1, 2 or 3, got {mode}")
-            if init is not None or not q.is_cuda:
+            if mode not in (0, 3):
+                raise ValueError(f"FWD_CONFIG['route_stream'] must be 0 or 3, got {mode}")
+            if not q.is_cuda:
                 mode = 0
             side = _side_stream(q.device) if mode else None
             main = torch.cuda.current_stream(q.device) if mode else None
             bm = plan_bm_max(train)
             branch = {}
 
-            def fork(route_too: bool):
-                # The side stream starts after the work queued on this one so far, and runs the routing (route_too)
-                # and the plan's kernels, which need only q and R (and the routes).
+            def fork():
+                # The side stream starts after the work queued on this one so far, and runs the plan's kernels,
+                # which need only the routes.
                 branch["forked"] = True
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
-                    route = route_topk(q, r, S) if route_too else branch.pop("route")
+                    route = branch.pop("route")
                     branch["route"] = route
-                    if mode != 1:
-                        branch["plan"] = build_plan(None, route, m, bm)
+                    branch["plan"] = build_plan(None, route, m, bm)
 
-            if mode == 1:
-                # The routing beside the whole top-k chain (forked before its first pass); the plan after the join.
-                fork(True)
-            elif mode == 3:
+            if mode == 3:
                 # The routing first, in order; the plan's kernels beside the top-k after its block-top pass.
                 branch["route"] = route_topk(q, r, S)
-            # mode 2: the routing and the plan beside the top-k after its block-top pass (which fills every SM; the
-            # per-row kernels after it leave room).
-            after_scan = (lambda: fork(mode == 2)) if mode in (2, 3) else None
+            after_scan = fork if mode == 3 else None
             # Exact top-k per landmark, scores computed tile by tile, never stored.
             if shared:
                 # softmax(R k^T s) v: split-key partials (by default from the top-k's block-top pass, which scores
@@ -109,12 +99,12 @@ class _MiTAFn(torch.autograd.Function):
                 vt = torch.zeros_like(r)
                 lv_lse = None
             if side is None:
-                route = route_topk(q, r, S, shared_out=None if init is None else (vt, *init, sscale))
+                route = route_topk(q, r, S)
                 plan = build_plan(idx, route, m, bm)
             else:
                 if not branch.get("forked"):
                     # The top-k took a path without a block-top pass (short rows): fork now.
-                    fork(mode == 2)
+                    fork()
                 main.wait_stream(side)
                 route = branch["route"]
                 plan = branch.get("plan")
@@ -125,7 +115,7 @@ class _MiTAFn(torch.autograd.Function):
                 # Allocated on the side stream, used and freed on this one.
                 for t in (route, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re):
                     t.record_stream(main)
-            o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, init=init, full=key_valid is None)
+            o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, full=key_valid is None)
         return o, vt, lse, lv_lse, plan
 
     @staticmethod

@@ -1,6 +1,5 @@
 """Top-S routing per query: ``route_topk`` (``_route_kernel``), the S landmarks with the largest ``q_n . R_i``
-(first maximum on ties), in order; optionally (S = 1) also each query's attention over the shared entries from the
-same scores (``shared_out``). Settings: ``ROUTE_CONFIG``.
+(first maximum on ties), in order. Settings: ``ROUTE_CONFIG``.
 """
 
 from __future__ import annotations
@@ -10,15 +9,12 @@ import triton
 import triton.language as tl
 
 from mita.ops.mita.triton.common import (
-    LOG2E,
     _cdiv,
     _head_ptr,
     _next_pow2,
-    _out_ptr,
     _prec,
     _score,
     _sm_count,
-    _softmax_step,
     _upcast,
     heads_layout,
     regs_cap,
@@ -27,13 +23,12 @@ from mita.ops.mita.triton.launch import fast, interpreting
 
 # The routing kernel's tile (queries bm x landmarks bs) and warps; None: by S (route_topk). For GPU A/B runs
 # (scripts/bench/ab_scan.py --sweep route.bm=64,128); every value gives the same routes.
-# unmasked (default 1): loads without masks where N and m are multiples of the tiles (run 18, H200, forward as CUDA
-# graphs in one process: 256K 0.720 -> 0.718 ms, 1M 3.891 -> 3.873, 64K x 16 1.635 -> 1.628, 64K 0.167 / 0.168).
+# Loads go without masks where N and m are multiples of the tiles (EVEN; run 18).
 # persistent (S = 1, one landmark tile, unmasked): programs per SM of a persistent routing kernel, each looping over
 # query tiles with the landmark tile loaded once (0: one program per query tile), used where each program takes at
 # most persistent_max tiles; stages: that loop's pipelining.
 ROUTE_CONFIG = dict(
-    bm=None, bs=None, num_warps=None, maxnreg=None, unmasked=1, persistent=2, persistent_max=4, stages=2
+    bm=None, bs=None, num_warps=None, maxnreg=None, persistent=2, persistent_max=4, stages=2
 )  # fmt: skip
 
 
@@ -47,16 +42,12 @@ def _route_kernel(
     Q,
     R,
     ROUTE,
-    VT,
-    O,
-    LSE,
     N,
     M,
     H,
     SB,
     SH,
     SN,
-    sscale_log2,
     S: tl.constexpr,
     D: tl.constexpr,
     BM: tl.constexpr,
@@ -64,19 +55,15 @@ def _route_kernel(
     PREC: tl.constexpr,
     UP: tl.constexpr,
     EXACT: tl.constexpr,
-    SH_OUT: tl.constexpr,
     EVEN: tl.constexpr,
     PERSIST: tl.constexpr = 0,
     STAGES: tl.constexpr = 2,
 ):
     # EVEN: N % BM == 0 and M % BS == 0, so the query and landmark tiles load without masks.
-    # PERSIST (S = 1 without SH_OUT, EVEN, M == BS): the grid's first axis is a number of persistent programs, each
+    # PERSIST (S = 1, EVEN, M == BS): the grid's first axis is a number of persistent programs, each
     # with the landmark tile loaded once, looping over query tiles i_n, i_n + programs, ... (STAGES: the loop's
     # software pipelining, which loads the next query tiles during this one's scores).
-    # Top-S landmarks of each query (ROUTE). SH_OUT (S = 1): from the same scores, also the query's attention over
-    # the m shared entries (landmark keys R, values VT, logits scaled by sscale): its normalised output into O
-    # ([B, N, H, D] order, _out_ptr) and its log-sum-exp (log2 units) into LSE [BH, N], the state the fused
-    # attention (INIT) continues from.
+    # Top-S landmarks of each query (ROUTE).
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
@@ -107,10 +94,6 @@ def _route_kernel(
         # across tiles a later tile only on a strictly larger score. Landmark 0 if every score is NaN.
         best_s = tl.full([BM], float("-inf"), tl.float32)
         best_i = tl.zeros([BM], tl.int32)
-        if SH_OUT:
-            b_m = tl.full([BM], float("-inf"), tl.float32)
-            b_l = tl.zeros([BM], tl.float32)
-            b_acc = tl.zeros([BM, D], tl.float32)
         for j0 in range(0, M, BS):
             o_j = j0 + tl.arange(0, BS)
             if EVEN:
@@ -125,17 +108,7 @@ def _route_kernel(
             upd = t_max > best_s
             best_s = tl.where(upd, t_max, best_s)
             best_i = tl.where(upd, t_arg, best_i)
-            if SH_OUT:
-                b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=(o_j < M)[:, None], other=0.0)
-                b_ss = tl.where((o_j < M)[None, :], b_sc * sscale_log2, float("-inf"))
-                b_m, b_l, b_acc = _softmax_step(b_ss, b_vt, b_m, b_l, b_acc, PREC, UP)
         tl.store(ROUTE + i_bh * N + o_n.to(tl.int64), best_i, mask=m_n)
-        if SH_OUT:
-            O_h = _out_ptr(O, i_bh, H, N, D)
-            b_o = b_acc / b_l[:, None]
-            o_n64 = o_n.to(tl.int64)
-            tl.store(O_h + o_n64[:, None] * (H * D) + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_n[:, None])
-            tl.store(LSE + i_bh * N + o_n64, b_m + tl.log2(b_l), mask=m_n)
     else:
         prev_s = tl.full([BM], float("inf"), tl.float32)
         prev_i = tl.full([BM], -1, tl.int32)
@@ -162,16 +135,13 @@ def _route_kernel(
             prev_i = best_i
 
 
-def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | None = None) -> torch.Tensor:
+def route_topk(q: torch.Tensor, r: torch.Tensor, S: int) -> torch.Tensor:
     """Per query, the S landmarks with the largest raw score ``q_n . R_i`` (ties to the lower index), best first.
 
     Args:
         q: ``[BH, N, d]`` or ``[B, H, N, d]`` queries (any layout :func:`heads_layout` takes).
         r: ``[BH, m, d]`` landmarks.
         S: experts per query, ``1 <= S <= m``.
-        shared_out: None, or (S = 1) ``(vt [BH, m, d], o, lse [BH, N] float32, sscale)``: from the same scores, also
-            each query's attention over the shared entries (keys r, values vt, logits ``q . R_i * sscale``): its
-            output written into o (:func:`out_layout` of q) and its log-sum-exp (log2 units) into lse.
 
     Returns:
         ``[BH, N * S]`` int32: entry ``n * S + s`` is query n's s-th landmark.
@@ -179,19 +149,16 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
     BH, M, D = r.shape
     N = q.shape[-2]
     route = torch.empty(BH, N * S, device=q.device, dtype=torch.int32)
-    if shared_out is not None and S != 1:
-        raise ValueError(f"route_topk: shared_out needs S = 1, got S = {S}")
-    vt, o, lse, sscale = shared_out if shared_out is not None else (r, route, route, 1.0)
     # S = 1: 128 queries x up to 128 landmarks per step (fewer reloads of R; a max and a first-index min per
     # score). S > 1: 64 x 64 (the ordered passes keep more state per score).
     bm = ROUTE_CONFIG["bm"] or (128 if S == 1 else 64)
     bs = int(min(ROUTE_CONFIG["bs"] or (128 if S == 1 else 64), max(16, _next_pow2(M))))
     warps = ROUTE_CONFIG["num_warps"] or (8 if bm * bs >= 128 * 128 else 4)
-    even = bool(ROUTE_CONFIG["unmasked"]) and N % bm == 0 and M % bs == 0
+    even = N % bm == 0 and M % bs == 0
     per_sm = int(ROUTE_CONFIG["persistent"] or 0)
     if per_sm < 0:
         raise ValueError(f"ROUTE_CONFIG['persistent'] must be >= 0, got {per_sm}")
-    persist = per_sm > 0 and S == 1 and shared_out is None and even and M == bs
+    persist = per_sm > 0 and S == 1 and even and M == bs
     grid = (_cdiv(N, bm), BH)
     if persist:
         # Persistent programs: per_sm per SM over all heads (two under the interpreter, to run the loop).
@@ -204,13 +171,9 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
         q,
         r,
         route,
-        vt,
-        o,
-        lse,
         N,
         M,
         *heads_layout(q),
-        sscale * LOG2E,
         S=S,
         D=D,
         BM=bm,
@@ -218,7 +181,6 @@ def route_topk(q: torch.Tensor, r: torch.Tensor, S: int, shared_out: tuple | Non
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
         EXACT=interpreting(),
-        SH_OUT=shared_out is not None,
         EVEN=even,
         PERSIST=persist,
         STAGES=int(ROUTE_CONFIG["stages"]),
@@ -233,12 +195,9 @@ def _compile_cases() -> list:
     routing kernel."""
     common = dict(D=64, PREC="tf32", UP=False)
     return [
-        ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=0, **common), 8, None),
-        ("route S=1 even", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=1, **common), 8,
-         None),
+        ("route S=1", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, EVEN=0, **common), 8, None),
+        ("route S=1 even", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, EVEN=1, **common), 8, None),
         ("route S=1 persistent", _route_kernel,
-         dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=False, EVEN=1, PERSIST=1, STAGES=2, **common), 8, None),
-        ("route S=1 shared", _route_kernel, dict(S=1, BM=128, BS=128, EXACT=False, SH_OUT=True, EVEN=0, **common), 8,
-         dict(VT="*bf16", O="*bf16", LSE="*fp32", sscale_log2="fp32")),
-        ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, SH_OUT=False, EVEN=0, **common), 4, None),
+         dict(S=1, BM=128, BS=128, EXACT=False, EVEN=1, PERSIST=1, STAGES=2, **common), 8, None),
+        ("route S=2", _route_kernel, dict(S=2, BM=64, BS=64, EXACT=False, EVEN=0, **common), 4, None),
     ]  # fmt: skip

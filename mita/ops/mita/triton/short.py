@@ -57,8 +57,6 @@ def small_supported(N: int, m: int, d: int) -> bool:
 CONFIG = {
     "route": dict(BS=16, num_warps=4, num_stages=1),
     "attn": dict(BM=64, BN=64, num_warps=4, num_stages=2),
-    "bwd_q": dict(BM=64, BN=64, num_warps=4, num_stages=2),
-    "bwd_k": dict(BM=64, BN=32, num_warps=4, num_stages=2),
     "bwd": dict(BM=64, BN=64, num_warps=4, num_stages=1),
 }
 

@@ -1,12 +1,8 @@
 """Backward of the short-sequence path (``short.py``), FlashAttention-2 shaped: ``small_bwd``.
 
-``BWD = "fused"`` (the default): ``_small_bwd_kernel``, one program per (batch, head): pass 1 over query blocks
-(delta, the shared expert's share of dq, dR and dV~), pass 2 over key blocks (dv, dk and each tile's dq share, then
-the landmark-value attention's dk, dv and dR share), pass 3 writes dq and dR. ``"split"``: a query-block kernel
-(``_small_bwd_q_kernel``) writes dq and its share of the shared expert's dR and of the landmark values' upstream
-gradient; a key-block kernel (``_small_bwd_k_kernel``) recomputes the probabilities per query block and writes dk,
-dv of the routed entries plus the landmark-value attention's dk, dv and its share of dR. Shares are summed in a
-fixed order, no atomics: deterministic.
+``_small_bwd_kernel``, one program per (batch, head): pass 1 over query blocks (delta, the shared expert's share of
+dq, dR and dV~), pass 2 over key blocks (dv, dk and each tile's dq share, then the landmark-value attention's dk, dv
+and dR share), pass 3 writes dq and dR. No atomics: deterministic.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ import triton.language as tl
 
 from mita.ops.mita.triton.common import (
     LOG2E,
-    _cdiv,
     _dot,
     _head_ptr,
     _out_ptr,
@@ -28,10 +23,6 @@ from mita.ops.mita.triton.common import (
 )
 from mita.ops.mita.triton.launch import fast
 from mita.ops.mita.triton.short import _cfg, _pads, _routed_p_ds
-
-# Backward kernels: "fused" (``_small_bwd_kernel``, one program per (batch, head), one launch) or "split"
-# (``_small_bwd_q_kernel`` then ``_small_bwd_k_kernel``, programs per query / key block, plus a sum of dR partials).
-BWD = "fused"
 
 
 @triton.jit
@@ -78,181 +69,6 @@ def _lv_key_block(
     b_l = tl.exp2(_dot(b_r, tl.trans(b_kb), PREC, UP) * scale_log2 - b_lvlse[:, None])
     b_l = tl.where(m_j[:, None] & m_kn[None, :], b_l, 0.0)
     return b_l, b_l * (_dot(b_dvt_c, tl.trans(b_vb), PREC, UP) - b_lvdelta[:, None])
-
-
-@triton.jit
-def _small_bwd_q_kernel(
-    Q,
-    K,
-    V,
-    R,
-    VT,
-    DO,
-    O,
-    LSE,
-    MEMB,
-    ROUTE,
-    DELTA,
-    DQ,
-    PDR,
-    PDVT,
-    N,
-    M,
-    H,
-    SB,
-    SH,
-    SN,
-    DSB,
-    DSH,
-    DSN,
-    scale,
-    sscale,
-    scale_log2,
-    sscale_log2,
-    S: tl.constexpr,
-    SHARED: tl.constexpr,
-    D: tl.constexpr,
-    MP: tl.constexpr,
-    NP: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    PREC: tl.constexpr,
-    UP: tl.constexpr,
-):
-    """BM queries: dq, delta = rowsum(dO * O), and this block's share of the shared expert's dR and of dVT."""
-    i_m = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    n_bh = tl.num_programs(1)
-    o_d = tl.arange(0, D)
-    o_j = tl.arange(0, MP)
-    m_j = o_j < M
-    o_i = i_m * BM + tl.arange(0, BM)
-    m_i = o_i < N
-    # q, k, v in their layout (heads_layout), o in the output's [B, N, H, D] order, do in its own (grad_layouts),
-    # dq flattened.
-    K_h = _head_ptr(K, i_bh, H, SB, SH)
-    V_h = _head_ptr(V, i_bh, H, SB, SH)
-    b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
-    p_out = o_i[:, None] * (H * D) + o_d[None, :]
-    b_do = tl.load(_head_ptr(DO, i_bh, H, DSB, DSH) + o_i[:, None] * DSN + o_d[None, :], mask=m_i[:, None], other=0.0)
-    b_o = tl.load(_out_ptr(O, i_bh, H, N, D) + p_out, mask=m_i[:, None], other=0.0)
-    b_lse = tl.load(LSE + i_bh * N + o_i, mask=m_i, other=0.0)
-    b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
-    b_delta = tl.sum(b_do.to(tl.float32) * b_o.to(tl.float32), 1)
-    tl.store(DELTA + i_bh * N + o_i, b_delta, mask=m_i)
-    b_oh = _load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP)
-    b_dq = tl.zeros([BM, D], tl.float32)
-    for n0 in range(0, N, BN):
-        o_n = n0 + tl.arange(0, BN)
-        m_n = o_n < N
-        b_k = tl.load(K_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_v = tl.load(V_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_c = tl.dot(b_oh, tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16))
-        b_pb, b_dsb = _routed_p_ds(b_q, b_k, b_v, b_do, b_c, b_lse, b_delta, scale_log2, PREC, UP)
-        b_dq += _dot(b_dsb.to(b_k.dtype), b_k, PREC, UP)
-    b_dq = b_dq * scale
-    if SHARED:
-        b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_a = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
-        b_pa = tl.where(m_j[None, :], tl.exp2(b_a - b_lse[:, None]), 0.0)
-        b_dsa = b_pa * (_dot(b_do, tl.trans(b_vt), PREC, UP) - b_delta[:, None])
-        b_dq += _dot(b_dsa.to(b_r.dtype), b_r, PREC, UP) * sscale
-        # Partials stored [query block, BH, MP, D]: dR's join the key blocks' in one buffer (one sum).
-        p_part = ((i_m * n_bh + i_bh) * MP + o_j[:, None]) * D + o_d[None, :]
-        tl.store(PDR + p_part, _dot(tl.trans(b_dsa).to(b_q.dtype), b_q, PREC, UP) * sscale)
-        tl.store(PDVT + p_part, _dot(tl.trans(b_pa).to(b_do.dtype), b_do, PREC, UP))
-    tl.store(DQ + i_bh * N * D + o_i[:, None] * D + o_d[None, :], b_dq.to(DQ.dtype.element_ty), mask=m_i[:, None])
-
-
-@triton.jit
-def _small_bwd_k_kernel(
-    Q,
-    K,
-    V,
-    R,
-    VT,
-    KV,
-    DO,
-    LSE,
-    LVLSE,
-    MEMB,
-    ROUTE,
-    DELTA,
-    PDVT,
-    DK,
-    DV,
-    PDRL,
-    N,
-    M,
-    NQB,
-    H,
-    SB,
-    SH,
-    SN,
-    DSB,
-    DSH,
-    DSN,
-    scale,
-    scale_log2,
-    S: tl.constexpr,
-    SHARED: tl.constexpr,
-    HAS_KV: tl.constexpr,
-    D: tl.constexpr,
-    MP: tl.constexpr,
-    NP: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    PREC: tl.constexpr,
-    UP: tl.constexpr,
-):
-    """BN keys: routed dk, dv (probabilities recomputed per query block, in order) plus the landmark-value
-    attention's dk, dv, and this block's share of its dR."""
-    i_n = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    n_bh = tl.num_programs(1)
-    o_d = tl.arange(0, D)
-    o_j = tl.arange(0, MP)
-    m_j = o_j < M
-    o_kn = i_n * BN + tl.arange(0, BN)
-    m_kn = o_kn < N
-    if HAS_KV:
-        m_kn = m_kn & (tl.load(KV + i_bh * N + o_kn, mask=m_kn, other=0) != 0)
-    # q, k, v in their layout (heads_layout), do in its own (grad_layouts), dk and dv flattened.
-    o_key = o_kn[:, None] * SN + o_d[None, :]
-    b_kb = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_key, mask=m_kn[:, None], other=0.0)
-    b_vb = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_key, mask=m_kn[:, None], other=0.0)
-    Q_h = _head_ptr(Q, i_bh, H, SB, SH)
-    DO_h = _head_ptr(DO, i_bh, H, DSB, DSH)
-    b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_kn[None, :]).to(tl.float16)
-    b_dk = tl.zeros([BN, D], tl.float32)
-    b_dv = tl.zeros([BN, D], tl.float32)
-    for i0 in range(0, N, BM):
-        o_i = i0 + tl.arange(0, BM)
-        m_i = o_i < N
-        b_q, b_do, b_p, b_ds = _query_block_p_ds(
-            Q_h, DO_h, LSE, DELTA, ROUTE, b_kb, b_vb, b_mb, o_i, m_i, o_j, o_d, i_bh, N, SN, DSN, scale_log2,
-            S, BM, MP, PREC, UP,
-        )  # fmt: skip
-        b_dv += _dot(tl.trans(b_p).to(b_do.dtype), b_do, PREC, UP)
-        b_dk += _dot(tl.trans(b_ds).to(b_q.dtype), b_q, PREC, UP)
-    b_dk = b_dk * scale
-    if SHARED:
-        # The landmark values' upstream gradient: the query blocks' shares summed in order.
-        b_dvt = tl.zeros([MP, D], tl.float32)
-        for t in range(0, NQB):
-            b_dvt += tl.load(PDVT + ((t * n_bh + i_bh) * MP + o_j[:, None]) * D + o_d[None, :])
-        b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_lvlse, b_lvdelta, b_dvt_c = _lv_bwd_rows(LVLSE, b_dvt, b_vt, i_bh, M, o_j, m_j)
-        b_l, b_dls = _lv_key_block(b_r, b_kb, b_vb, b_dvt_c, b_lvlse, b_lvdelta, m_j, m_kn, scale_log2, PREC, UP)
-        b_dv += _dot(tl.trans(b_l).to(b_dvt_c.dtype), b_dvt_c, PREC, UP)
-        b_dk += _dot(tl.trans(b_dls).to(b_r.dtype), b_r, PREC, UP) * scale
-        p_part = ((i_n * n_bh + i_bh) * MP + o_j[:, None]) * D + o_d[None, :]
-        tl.store(PDRL + p_part, _dot(b_dls.to(b_kb.dtype), b_kb, PREC, UP) * scale)
-    p_dkv = i_bh * N * D + o_kn[:, None] * D + o_d[None, :]
-    tl.store(DK + p_dkv, b_dk.to(DK.dtype.element_ty), mask=(o_kn < N)[:, None])
-    tl.store(DV + p_dkv, b_dv.to(DV.dtype.element_ty), mask=(o_kn < N)[:, None])
 
 
 @triton.jit
@@ -303,7 +119,7 @@ def _small_bwd_kernel(
     UP: tl.constexpr,
 ):
     """The whole backward of one (batch, head) in one program: each [BM queries, BN keys] tile's probabilities
-    are computed once and give dq, dk and dv together (the split kernels compute them twice).
+    are computed once and give dq, dk and dv together.
 
     dq accumulates in a float32 row block of DQACC owned by this program (read, add, write per key block, in key
     order: deterministic, no atomics); dR and the landmark values' upstream gradient accumulate in registers, so
@@ -408,106 +224,6 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     ``(dq, dk, dv, dr)`` in the inputs' dtypes, dq, dk, dv contiguous, shaped as q. ``pool``: the landmarks are q
     pooled with this bf16 operator (``mita.ops.landmarks.pool_operator_2d``), and dq includes the pooling's
     gradient."""
-    if BWD not in ("fused", "split"):
-        raise ValueError(f"short_bwd.BWD must be 'fused' or 'split', got {BWD!r}")
-    if BWD == "fused":
-        return _small_bwd_fused(
-            do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale, pool
-        )
-    lay = heads_layout(q, k, v)
-    BH, M, D = r.shape
-    N = q.shape[-2]
-    dev = q.device
-    NP, MP = _pads(N, M)
-    cq, ck = _cfg("bwd_q", NP), _cfg("bwd_k", NP)
-    nqb, nkb = _cdiv(N, cq["BM"]), _cdiv(N, ck["BN"])
-    dq, dk, dv = (q.new_empty(BH, N, D) for _ in range(3))
-    delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
-    if shared:
-        # dR partials of the query blocks (bwd_q) then of the key blocks (bwd_k), block-major: summed in one pass.
-        pdr_all = torch.empty(nqb + nkb, BH, MP, D, device=dev, dtype=torch.float32)
-        pdr, pdrl = pdr_all[:nqb], pdr_all[nqb:]
-        pdvt = torch.empty(nqb, BH, MP, D, device=dev, dtype=torch.float32)
-    else:
-        pdr = pdvt = pdrl = delta
-    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
-    common = dict(
-        S=S,
-        SHARED=shared,
-        D=D,
-        MP=MP,
-        NP=NP,
-        PREC=_prec(q.dtype),
-        UP=_upcast(q.dtype),
-    )
-    o, do, dlay = grad_layouts(o, do)
-    fast(_small_bwd_q_kernel)[(nqb, BH)](
-        q,
-        k,
-        v,
-        r,
-        vt,
-        do,
-        o,
-        lse,
-        memb,
-        route,
-        delta,
-        dq,
-        pdr,
-        pdvt,
-        N,
-        M,
-        *lay,
-        *dlay,
-        scale,
-        sscale,
-        scale * LOG2E,
-        sscale * LOG2E,
-        **common,
-        **cq,
-    )
-    fast(_small_bwd_k_kernel)[(nkb, BH)](
-        q,
-        k,
-        v,
-        r,
-        vt,
-        kv,
-        do,
-        lse,
-        lvlse,
-        memb,
-        route,
-        delta,
-        pdvt,
-        dk,
-        dv,
-        pdrl,
-        N,
-        M,
-        nqb,
-        *lay,
-        *dlay,
-        scale,
-        scale * LOG2E,
-        HAS_KV=key_valid is not None,
-        **common,
-        **ck,
-    )
-    if shared:
-        # Rows m..MP-1 of the partials are zeros of padded landmarks; the shares are summed in a fixed order.
-        dr32 = pdr_all.sum(0)[:, :M]
-        if pool is not None:
-            dq = (dq.float() + torch.matmul(pool.weights_t, dr32)).to(dq.dtype)
-        dr = dr32.to(r.dtype)
-    else:
-        dr = torch.zeros_like(r)
-    return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr
-
-
-def _small_bwd_fused(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shared, scale, sscale, pool):
-    """:func:`small_bwd` in one launch (``_small_bwd_kernel``)."""
     lay = heads_layout(q, k, v)
     BH, M, D = r.shape
     N = q.shape[-2]

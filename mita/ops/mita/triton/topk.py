@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from mita.ops.mita.triton.common import LOG2E, _cdiv, _next_pow2, _prec, _sm_count, _upcast, heads_layout, regs_cap
-from mita.ops.mita.triton.landmark_values import _lv_merge_kernel, landmark_values_fwd
+from mita.ops.mita.triton.landmark_values import landmark_values_fwd
 from mita.ops.mita.triton.launch import fast, interpreting
 from mita.ops.mita.triton.topk_scan import _P, _PASSES, _topk_scan_kernel, _topk_small_kernel
 from mita.ops.mita.triton.topk_select import (
@@ -39,83 +39,32 @@ SMALL_N = 512
 _SMALL_BYTES = 1 << 16
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
-# Long-row scan passes: keys per step (at most 128: where a block's maximum sits is kept as an int8), landmarks per
-# tile (None: 64 for d <= 64, else 32), warps of the passes (one setting for all: the passes that score keys again
-# must reproduce the block-top pass's scores to the bit; scripts/bench/tune_long.py sweeps them on the GPU).
-# block_top = t > 1: the block-maximum pass keeps the t largest scores of each key block instead of its maximum, and
-# the start threshold is the kk-th largest of all of them (still kk distinct keys reach it). When a landmark's top
-# keys cluster in few blocks (neighbouring tokens alike) this start is much tighter. None (default): 2 when the
-# start kernel takes every entry itself (N / bn * 2 <= _START_ENTRIES), else 1: beyond that it groups entries, which
-# undoes the gain. Measured on the H200 (run 9, forward of B 1, H 2, d 64): AR(1)-correlated tokens (0.9) at 64K
-# 1.49 -> 0.89 ms and at 256K 3.90 -> 1.87 ms (t = 2: no row overflows); i.i.d. tokens 0.91 -> 0.90 ms and
-# 1.30 -> 1.36 ms; at 1M t = 2 and 4 were slower on both (the grouped start still overflows correlated rows).
-# emit_top = 3: the block-top pass also keeps each block's third largest score and where its second sits, so the
-# count + emit pass writes blocks with two keys at or above the start from the block tops too and scores again only
-# blocks with three or more; 2: only blocks with one are written directly. None (default): _emit_top.
-# maxnreg caps the block-top pass's registers per thread (more programs per SM; None: the compiler's choice; 96 and
-# 80 changed nothing on the H200, run 15); start_warps / final_warps: warps of the start and final per-row kernels
-# (None: by entries per row; 4 or 16 changed nothing), final_maxnreg the final kernel's register cap (None: 96 for
-# lists of 128 to 512 entries, 4 warps: 161 -> 96 registers at 256 entries, 3 -> 5 programs per SM; top-k at 64K x
-# 16 0.752 -> 0.731 ms; at 1M, 1024 entries and 8 warps, no gain; 0: none). emit_bb: key blocks whose tops the
-# count + emit pass reads per step (None: up to 32, by chunk size; its block-top half then holds 255 registers with
-# spills at 4 warps, 190 at 16; 16 and 8 timed in run 16: top-k at 64K x 16 -3%, at 1M +4%).
-# final_sort: the final kernel orders the chosen indices by one tl.sort of its list (1) instead of ranks from
-# pairwise comparisons (0; k^2 per row). Run 17: 107 -> 48 registers at 1M, top-k 1.555 -> 1.403 ms.
-# lv_fused: when the caller wants the landmark values too (exact_topk(lv=...)), the block-top pass also computes
-# their split-key partials from the same scores (one pass over the keys instead of two; 1, the default, or 0: the
-# separate pass). The key chunks then number at most N / (lv_div * m), as the separate landmark-value pass's do, so
-# the float32 partials take at most 2 / lv_div of k's memory. Run 17 on the H200, forward: 64K 0.222 -> 0.186 ms,
-# 1M 4.678 -> 4.463; lv_div 8 the best of 2, 4, 8, 16.
-# even (default 1): the block-top pass loads and reduces without masks when nothing needs one (no padding, whole
-# tiles and steps: the same scores); run 18 on the H200 (CUDA graphs, one process), top-k 64K 0.112 -> 0.109 ms, 256K
-# 0.339 -> 0.327, 1M 1.387 -> 1.267, 64K x 16 0.676 -> 0.646. lv_lazy (default 1): its landmark-value softmax
-# rescales lazily (_softmax_lazy) with the scale in the exponent's FMA; top-k 1.267 -> 1.263 ms at 1M, 0.327 ->
-# 0.322 at 256K, 0.109 -> 0.108 at 64K, 0.646 -> 0.644 at 64K x 16 (the same call).
-# start_steps (default 20): bisection steps of the start threshold (32: the exact kk-th largest block top; fewer:
-# that key rounded down to 2^(32 - steps) order-key units, i.e. by up to ~2^(9 - steps) of its value: a looser
-# lower bound; keys at or above it are still >= kk, a few more of them are emitted). The start kernel's time is its
-# steps (each a reduction over the row's entries); run 19 on the H200 (CUDA-graph forward, one process, i.i.d.
-# tokens): 32 -> 20 steps 64K 0.164 -> 0.161 ms, 256K 0.710 -> 0.693, 1M 3.854 -> 3.802, 64K x 16 1.615 -> 1.589;
-# AR(1) 0.9 tokens at 256K 0.998 -> 0.993, at 64K 0.293 -> 0.291 (1 of 256 rows overflowing with either, none
-# elsewhere). 16 steps were no faster than 20 (call 2). start_narrow / final_narrow (default 1): the start and final
-# kernels' bisections run over [min, max + 1) of the row's valid keys instead of the whole 32-bit range
-# (_kth_largest_key_narrow): the same exact selection in fewer steps; run 19 call 3 (both off -> both on): 64K
-# 0.164 -> 0.159-0.162 ms, 256K 0.694 -> 0.684-0.687, 1M 3.805 -> 3.789, 64K x 16 1.605 -> 1.568-1.582.
-# fallback (default 1): the fallback rows' refinement passes, recount and ordered emit run in one launch of persistent
-# programs with grid barriers (_topk_fallback_kernel), which returns at once when no row overflows; 0: ten launches
-# of the scan kernel (each returning at once without overflow rows: ~2-3 us apiece inside a CUDA graph). fb_spin:
-# how its grid barrier polls (_grid_barrier); fb_programs: at most this many programs (None: as many as the SMs hold
-# at once, _resident_per_sm). The barrier needs every program resident at once: on a GPU share that reports more SMs
-# than it runs (e.g. an MPS thread limit), set fb_programs to what it holds, or fallback 0.
-# merge_in_final (default 1): with the fused landmark values, the final top-k kernel (one program per landmark)
-# also merges their split-key partials (0: the merge kernel, one launch more).
-# fused_select (default 1): the start, count + emit and final kernels as one kernel of one program per row
-# (_topk_select_kernel): no atomics (each row's candidates go to its list in block order), two launches fewer; rows
-# whose candidates overflow the list still take the fallback, then the final kernel for those rows only. 0: the
-# three kernels. select_eb: blocks per step of its emission (None: up to 1024). Run 21 on the H200 (forward, CUDA
-# graphs, one process, 0 -> 1): 64K 0.144 -> 0.128-0.129 ms, 256K 0.658 -> 0.619-0.626, 1M 3.742 -> 3.690-3.702;
-# the three kernels took 37 us at 64K and 159 us at 256K (of which the count + emit pass 23 and 117; compiled for
-# sm_90 it holds 255 registers with spills, and each candidate takes a slot by an atomic on its row's counter;
-# which of the two costs more was not measured), the select kernel 19 and 116. AR(1) 0.9 tokens at 64K (one row
-# overflows): 0.302 -> 0.308 ms.
-# fb_final (with fused_select and the persistent fallback; 0: the final kernel for the fallback rows): 1: the
-# fallback kernel also selects those rows' top-k after one more grid barrier, so no final kernel follows. Run 21 on
-# the H200 (64K forward, CUDA graphs): 0.127-0.130 ms against 0.129 with the final kernel, i.e. level; run 22 (call
-# 3, with the other run-22 defaults): 64K 0.115 -> 0.112, 256K 0.597 -> 0.590, 1M level; on by default since, its
-# CUDA-graph replay test passed (call 4).
-# tops_eq (default 1, run 22): the block-top pass takes each block top as a plain maximum, then the first key equal
-# to it (_first_max), instead of one maximum-with-index reduction (whose combine compares values and indices per
-# score), and with even and lv_lazy its landmark values reuse those maxima: the same tops and values to the bit;
-# forward 64K 0.118 -> 0.115 ms, 256K 0.604 -> 0.599, 1M 3.648 -> 3.601. stages: the block-top pass's
-# software-pipelining depth (None: Triton's default; 2 was slower, run 22). lv_lazy 2: the landmark values'
-# softmax with the scale in the exponent's FMA, rescaled every block (_softmax_fma: no branch); None (default): 2
-# up to 256K keys, else 1. final_narrow 2: the final per-row selection takes its threshold from one descending sort
-# of the candidate list instead of a bisection (_final_row); None (default): 2 for lists of <= 256 entries.
+# Long-row top-k settings (measurements behind each default: notes/kernels-notes.md, runs 9-22 and "Moved from the
+# code"). bn: keys per step (at most 128: where a block's maximum sits is kept as an int8); bs: landmarks per tile
+# (None: 64 for d <= 64, else 32); num_warps: warps of the passes that score keys (one setting for all: the passes
+# that score keys again must reproduce the block-top pass's scores to the bit). block_top t > 1: the block-top pass
+# keeps the t largest scores of each key block and the start threshold is the kk-th largest of all of them (None: 2
+# when the start takes every entry itself, N / bn * 2 <= _START_ENTRIES, else 1). emit_top 3: the block-top pass
+# also keeps each block's third largest score and where its second sits, so the count + emit pass scores again only
+# blocks with three or more candidates; 2: with two or more (None: _emit_top). final_maxnreg: the final kernel's
+# register cap (None: 96 for lists of 128 to 512 entries; 0: none). emit_bb: key blocks per step of the count + emit
+# pass (None: up to 32, by chunk size). lv_div: with the landmark values (exact_topk(lv=...), computed by the
+# block-top pass from its scores and merged by the per-row kernel), key chunks number at most N / (lv_div * m), so
+# the float32 partials take at most 2 / lv_div of k's memory. The final selection orders the chosen indices by
+# one tl.sort. lv_lazy: the landmark values' softmax, 1 _softmax_lazy,
+# 2 _softmax_fma (None: 2 up to 256K keys, else 1). start_steps: bisection steps of the start threshold (32: the
+# exact kk-th largest block top; fewer: a looser lower bound). start_narrow / final_narrow: the start and final
+# bisections over [min, max + 1) of the row's keys (final_narrow 2: the threshold from one descending sort; None: 2
+# for lists of <= 256 entries, else 1). The fallback rows (more candidates than the list holds) take one launch of
+# persistent programs with grid barriers (_topk_fallback_kernel), which returns at once when no row overflows and
+# with the select kernel also selects those rows' top-k: fb_spin sets how its barrier polls, fb_programs caps its
+# programs (None: as many as the SMs hold at once; on a GPU share that reports more SMs than it runs, set it to what
+# it holds). fused_select: start, count + emit and final selection as one kernel of one program per row (1) or the
+# three kernels (0); select_eb: blocks per step of its emission (None: up to 1024).
 SCAN_CONFIG = dict(
-    bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, maxnreg=None, start_warps=None, final_warps=None,
-    final_maxnreg=None, emit_bb=None, lv_fused=1, lv_div=8, final_sort=1, even=1, lv_lazy=None, start_steps=20,
-    start_narrow=1, final_narrow=None, fallback=1, merge_in_final=1, fb_spin=0,
-    fb_programs=None, fused_select=1, select_eb=None, fb_final=1, tops_eq=1, stages=None,
+    bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, final_maxnreg=None, emit_bb=None, lv_div=8,
+    lv_lazy=None, start_steps=20, start_narrow=1, final_narrow=None, fb_spin=0, fb_programs=None,
+    fused_select=1, select_eb=None,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
@@ -152,8 +101,8 @@ def _resident_per_sm(compiled, num_warps: int, dev: torch.device) -> int:
 
 def _final_narrow(cap: int) -> int:
     """SCAN_CONFIG["final_narrow"]: how the final per-row selection of a cap-entry list finds its threshold
-    (_final_row); None: by a sort (2) for lists of at most 256 entries, else the narrowed bisection (1). Run 22 on
-    the H200 (forward, CUDA graphs): 64K (256 entries) 0.115 -> 0.112 ms; 256K (512) 0.597 against 0.602."""
+    (_final_row); None: by a sort (2) for lists of at most 256 entries (faster there), else the narrowed bisection
+    (1)."""
     v = SCAN_CONFIG["final_narrow"]
     if v is None:
         return 2 if cap <= 256 else 1
@@ -165,9 +114,7 @@ def _final_narrow(cap: int) -> int:
 def _emit_top(N: int, ksel: int, bn: int) -> int:
     """Default block tops the count + emit pass reads (SCAN_CONFIG["emit_top"] None): 3 where blocks with two
     candidates are common, i.e. where a row's ~ksel candidates among N / bn blocks often share one (ksel >= N / (8
-    bn)); else 2, which saves the block-top pass a reduction. Measured on the H200 (run 13, top-k, CUDA graphs): 3
-    against 2 at 64K keys, m = k = 128: 0.116 against 0.123 ms (batch 1), 0.834 against 1.021 (batch 16); at 256K,
-    m = k = 256: 0.434 against 0.422."""
+    bn)); else 2, which saves the block-top pass a reduction (timings: notes/kernels-notes.md)."""
     return 3 if ksel * 8 * bn >= N else 2
 
 
@@ -206,7 +153,7 @@ def exact_topk(
             synchronisation; scripts/bench/topk_overflow.py models the start threshold on the CPU.
         lv: None, or ``(v, scale)``: also compute the landmark values ``softmax(R k^T scale) v`` over the valid keys
             (v in k's layout), as :func:`landmark_values_fwd` does; on the long-row path with
-            ``SCAN_CONFIG["lv_fused"]`` the block-top pass computes them from the scores it already has.
+            the block-top pass computes them from the scores it already has.
         after_scan: None, or a callable called (no arguments) right after the long-row path's block-top pass is
             queued (the MiTA forward forks its routing onto a second stream there, FWD_CONFIG route_stream); not
             called on the on-chip path.
@@ -266,17 +213,13 @@ def exact_topk(
         raise ValueError(f"SCAN_CONFIG['start_steps'] must be in [12, 32], got {steps}")
     if not 16 <= bn <= 128:
         raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
-    lvf = lv is not None and bool(SCAN_CONFIG["lv_fused"])
+    lvf = lv is not None
     lv_lazy = SCAN_CONFIG["lv_lazy"]
     if lv_lazy is None:
-        # Measured on the H200 (run 22): 2 at 64K and 256K (forward 0.115 -> 0.110 ms, 0.597 -> 0.580); 1M was not
-        # timed with it and keeps 1.
+        # 2 was faster at 64K and 256K; 1M was not timed with it and keeps 1.
         lv_lazy = 2 if N <= 1 << 18 else 1
     if lv_lazy not in (0, 1, 2):
         raise ValueError(f"SCAN_CONFIG['lv_lazy'] must be 0, 1, 2 or None, got {lv_lazy}")
-    if SCAN_CONFIG["fallback"] not in (0, 1):
-        raise ValueError(f"SCAN_CONFIG['fallback'] must be 0 or 1, got {SCAN_CONFIG['fallback']}")
-    persistent = bool(SCAN_CONFIG["fallback"])
     G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
     if lvf:
         if int(SCAN_CONFIG["lv_div"]) < 1:
@@ -295,7 +238,7 @@ def exact_topk(
         raise ValueError(f"SCAN_CONFIG['emit_bb'] must be a power of 2 in [2, 32] or None, got {bb}")
     common = dict(HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(), P=_P)
     # The block-top pass without masks: no padding, whole landmark tiles, whole steps of bg blocks in every chunk.
-    even = bool(SCAN_CONFIG["even"]) and key_valid is None and M % bs == 0 and N % CH == 0 and CH % (bn * bg) == 0
+    even = key_valid is None and M % bs == 0 and N % CH == 0 and CH % (bn * bg) == 0
 
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
@@ -333,9 +276,8 @@ def exact_topk(
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
             BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
             EVEN=even and mode == 0, LAZY=int(lv_lazy) if lvf and mode == 0 else 0,
-            EQ=mode == 0 and bool(SCAN_CONFIG["tops_eq"]), **common,
-            num_warps=SCAN_CONFIG["num_warps"], **(regs_cap(SCAN_CONFIG["maxnreg"]) if mode == 0 else {}),
-            **({"num_stages": int(SCAN_CONFIG["stages"])} if mode == 0 and SCAN_CONFIG["stages"] else {}),
+            **common,
+            num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
 
     run("block maxima" if not lvf else "block maxima + landmark values", lambda: scan(0))
@@ -345,14 +287,14 @@ def exact_topk(
     f = _next_pow2(_cdiv(NB * topt, _START_ENTRIES))
     gp = _next_pow2(_cdiv(NB * topt, f))
     kp = _next_pow2(ksel)
-    merge = lvf and bool(SCAN_CONFIG["merge_in_final"])
+    merge = lvf
     if lvf:
         vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
         lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
     else:
         vt = lse = r
     fused = bool(SCAN_CONFIG["fused_select"])
-    final_kw = dict(CP=cap, KP=kp, CB=max(1, min(64, 8192 // kp)), SORT=bool(SCAN_CONFIG["final_sort"]))
+    final_kw = dict(CP=cap)
     if fused:
         eb = SCAN_CONFIG["select_eb"] or max(16, min(1024, _next_pow2(NB)))
         if eb & (eb - 1) or eb < 16:
@@ -375,7 +317,7 @@ def exact_topk(
                 cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
                 HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1, STEPS=steps,
                 NARROW=bool(SCAN_CONFIG["start_narrow"]),
-                num_warps=SCAN_CONFIG["start_warps"] or (8 if gp * f >= 4096 else 4),
+                num_warps=8 if gp * f >= 4096 else 4,
             ),
         )  # fmt: skip
         # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
@@ -384,40 +326,34 @@ def exact_topk(
         stats["cap"] = cap
         stats["counts"] = off[:rows].clone()
         stats["overflow_rows"] = (off[:rows] > cap).sum()
-    fb_final = persistent and fused and bool(SCAN_CONFIG["fb_final"])
-    if persistent:
-        fb_kw = dict(
-            P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
-            RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FINAL=fb_final,
-            FNARROW=_final_narrow(cap), **final_kw, num_warps=SCAN_CONFIG["num_warps"],
-        )  # fmt: skip
-        okey = (dev.index, tuple(sorted(fb_kw.items())))
-        if interpreting():
-            nprog = 1
-        else:
-            # As many programs as the SMs hold at once (_resident_per_sm; one per SM until the first launch of these
-            # constexprs has compiled the kernel), so that every program is resident.
-            nprog = min(n_s * G * BH, _sm_count(dev) * _FB_RESIDENT.get(okey, 1))
-        if SCAN_CONFIG["fb_programs"]:
-            nprog = min(nprog, int(SCAN_CONFIG["fb_programs"]))
-
-        def fallback():
-            compiled = fast(_topk_fallback_kernel)[(nprog,)](
-                r, k, kv, kk, lo, hi, done, cnt, off, cand, idx, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
-                **fb_kw,
-            )  # fmt: skip
-            if not interpreting() and okey not in _FB_RESIDENT and compiled is not None:
-                _FB_RESIDENT[okey] = _resident_per_sm(compiled, fb_kw["num_warps"], dev)
-
-        run(
-            "fallback rows (refinement, recount, ordered emit" + (", top-k" if fb_final else "") + "; persistent)",
-            fallback,
-        )
+    fb_final = fused
+    fb_kw = dict(
+        P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
+        RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FINAL=fb_final,
+        FNARROW=_final_narrow(cap), **final_kw, num_warps=SCAN_CONFIG["num_warps"],
+    )  # fmt: skip
+    okey = (dev.index, tuple(sorted(fb_kw.items())))
+    if interpreting():
+        nprog = 1
     else:
-        for i in range(_PASSES):
-            run(f"refine pass {i} (fallback rows)", lambda i=i: scan(1, i))
-        run("recount (fallback rows)", lambda: scan(2, _PASSES))
-        run("ordered emit (fallback rows)", lambda: scan(3, _PASSES))
+        # As many programs as the SMs hold at once (_resident_per_sm; one per SM until the first launch of these
+        # constexprs has compiled the kernel), so that every program is resident.
+        nprog = min(n_s * G * BH, _sm_count(dev) * _FB_RESIDENT.get(okey, 1))
+    if SCAN_CONFIG["fb_programs"]:
+        nprog = min(nprog, int(SCAN_CONFIG["fb_programs"]))
+
+    def fallback():
+        compiled = fast(_topk_fallback_kernel)[(nprog,)](
+            r, k, kv, kk, lo, hi, done, cnt, off, cand, idx, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
+            **fb_kw,
+        )  # fmt: skip
+        if not interpreting() and okey not in _FB_RESIDENT and compiled is not None:
+            _FB_RESIDENT[okey] = _resident_per_sm(compiled, fb_kw["num_warps"], dev)
+
+    run(
+        "fallback rows (refinement, recount, ordered emit" + (", top-k" if fb_final else "") + "; persistent)",
+        fallback,
+    )
     final_cap = 96 if cap <= 512 and kp >= 64 else 0
     if not fb_final:
         run(
@@ -426,22 +362,12 @@ def exact_topk(
             lambda: fast(_topk_final_kernel)[(rows,)](
                 cand, idx, ksel, cap, pm, pl, pacc, vt, lse, off, M, G,
                 NARROW=_final_narrow(cap), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
-                FB_ONLY=fused, **final_kw, num_warps=SCAN_CONFIG["final_warps"] or (4 if cap <= 512 else 8),
+                FB_ONLY=fused, **final_kw, num_warps=4 if cap <= 512 else 8,
                 **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
             ),
         )  # fmt: skip
     if lv is None:
         return idx
-    if not lvf:
-        return (idx, *run("landmark values", lambda: landmark_values_fwd(r, k, lv[0], key_valid, lv[1])))
-    if merge:
-        return idx, vt, lse
-    run(
-        "landmark values merge",
-        lambda: fast(_lv_merge_kernel)[(M, BH)](
-            pm, pl, pacc, vt, lse, M, G, D=D, BC=min(64, _next_pow2(G)), num_warps=4
-        ),
-    )
     return idx, vt, lse
 
 
@@ -461,17 +387,8 @@ def _compile_cases() -> list:
          dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1}), 4, lvf),
         ("topk_scan mode 0 e3 + lv even lazy", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
-        ("topk_scan mode 0 e3 + lv even lazy eq", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1, "EQ": 1}), 4,
-         lvf),
-        ("topk_scan mode 0 e3 + lv even fma eq", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 2, "EQ": 1}), 4,
-         lvf),
-        ("topk_scan mode 0 + lv even lazy eq", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1, "EQ": 1}), 4,
-         lvf),
-        ("topk_scan mode 0 e3 + lv eq", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EQ": 1}), 4, lvf),
+        ("topk_scan mode 0 e3 + lv even fma", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 2}), 4, lvf),
         ("topk_scan mode 0 + lv even lazy", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
         ("topk_scan mode 0 + lv even", _topk_scan_kernel,
@@ -493,15 +410,15 @@ def _compile_cases() -> list:
         ("topk_scan mode 3 skip", _topk_scan_kernel,
          dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
         ("topk_fallback (persistent)", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, FINAL=1, CP=256, KP=128, CB=64, SORT=1,
+         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, FINAL=1, CP=256,
               FNARROW=1, **common), 4,
          dict(scan, BH="i32", NPROG="i32", IDX=i32)),
         ("topk_fallback (persistent) 1M", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=1024, SPIN=0, FINAL=1, CP=1024, KP=512, CB=16,
-              SORT=1, FNARROW=1, **common), 4,
+         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=1024, SPIN=0, FINAL=1, CP=1024,
+              FNARROW=1, **common), 4,
          dict(scan, BH="i32", NPROG="i32", IDX=i32)),
         ("topk_fallback (persistent) kv", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, FINAL=0, CP=256, KP=128, CB=64, SORT=0,
+         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, FINAL=0, CP=256,
               FNARROW=0, **common), 4,
          dict(scan, BH="i32", NPROG="i32", IDX=i32)),
         ("topk_start", _topk_start_kernel,
@@ -514,38 +431,38 @@ def _compile_cases() -> list:
          dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False, STEPS=20, NARROW=1), 4,
          dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
         ("topk_final", _topk_final_kernel,
-         dict(CP=1024, KP=512, CB=16, SORT=0, NARROW=0, MERGE=0, D=64, BC=64, FB_ONLY=0), 8, dict(CAND=i64, IDX=i32)),
-        ("topk_final sort", _topk_final_kernel,
-         dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=0), 8, dict(CAND=i64, IDX=i32)),
-        ("topk_final sort merge", _topk_final_kernel,
-         dict(CP=1024, KP=512, CB=16, SORT=1, NARROW=1, MERGE=1, D=64, BC=64, FB_ONLY=0), 8,
+         dict(CP=1024, NARROW=0, MERGE=0, D=64, BC=64, FB_ONLY=0), 8, dict(CAND=i64, IDX=i32)),
+        ("topk_final narrow", _topk_final_kernel,
+         dict(CP=1024, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=0), 8, dict(CAND=i64, IDX=i32)),
+        ("topk_final narrow merge", _topk_final_kernel,
+         dict(CP=1024, NARROW=1, MERGE=1, D=64, BC=64, FB_ONLY=0), 8,
          dict(CAND=i64, IDX=i32, VT="*bf16")),
         ("topk_final 64K", _topk_final_kernel,
-         dict(CP=256, KP=128, CB=64, SORT=0, NARROW=0, MERGE=0, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
+         dict(CP=256, NARROW=0, MERGE=0, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
          dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K sort", _topk_final_kernel,
-         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
+        ("topk_final 64K narrow", _topk_final_kernel,
+         dict(CP=256, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
          dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K sort merge", _topk_final_kernel,
-         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=1, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
+        ("topk_final 64K narrow merge", _topk_final_kernel,
+         dict(CP=256, NARROW=1, MERGE=1, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
          dict(CAND=i64, IDX=i32, VT="*bf16")),
         ("topk_final 64K fb only", _topk_final_kernel,
-         dict(CP=256, KP=128, CB=64, SORT=1, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=1), dict(num_warps=4, maxnreg=96),
+         dict(CP=256, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=1), dict(num_warps=4, maxnreg=96),
          dict(CAND=i64, IDX=i32, OFF=i32)),
         ("topk_select 64K e3 merge", _topk_select_kernel,
          dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=1,
-              EB=1024, CP=256, KP=128, CB=64, SORT=1, FNARROW=1, MERGE=1, BC=64, **common), 4,
+              EB=1024, CP=256, FNARROW=1, MERGE=1, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
         ("topk_select 64K e3 merge sort-select", _topk_select_kernel,
          dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=1,
-              EB=1024, CP=256, KP=128, CB=64, SORT=1, FNARROW=2, MERGE=1, BC=64, **common), 4,
+              EB=1024, CP=256, FNARROW=2, MERGE=1, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
         ("topk_select 1M", _topk_select_kernel,
          dict(HAS_KV=False, F=2, GP=8192, P=_P, ONE_PLANE=True, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=0,
-              EB=1024, CP=1024, KP=512, CB=16, SORT=1, FNARROW=1, MERGE=1, BC=64, **common), 4,
+              EB=1024, CP=1024, FNARROW=1, MERGE=1, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
         ("topk_select kv", _topk_select_kernel,
          dict(HAS_KV=True, F=1, GP=1024, P=_P, ONE_PLANE=False, STEPS=32, NARROW=0, BS=32, BN=64, EXACT=False, E3=0,
-              EB=512, CP=256, KP=128, CB=64, SORT=0, FNARROW=0, MERGE=0, BC=64, **common), 4,
+              EB=512, CP=256, FNARROW=0, MERGE=0, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
     ]  # fmt: skip

@@ -281,13 +281,12 @@ def _topk_scan_body(
     EVEN: tl.constexpr,
     LAZY: tl.constexpr,
     CM: tl.constexpr,
-    EQ: tl.constexpr = 0,
 ):
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # EVEN (MODE 0): no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key
     # blocks load and the block tops reduce without masks. LAZY (MODE 0, LVF): the landmark values' online softmax is
-    # _softmax_lazy's. EQ (MODE 0): each block top by a plain maximum and the first key equal to it (_first_max)
-    # instead of one maximum-with-index reduction; with EVEN and LAZY the landmark values reuse the block maxima.
+    # _softmax_lazy's (2: _softmax_fma's). MODE 0 takes each block top by a plain maximum and the first key equal to
+    # it (_first_max); with EVEN and LAZY the landmark values reuse the block maxima.
     # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
     #         rows, NBLK] (plane t: the (t+1)-th largest), and where in its block the largest is -> ARG [rows, NBLK]
     #         (int8; the first such key). E3 (TOPT >= 3): also where the second largest is -> ARG plane 1.
@@ -463,22 +462,17 @@ def _topk_scan_body(
                             b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
                             b_sc = _score(b_r, b_k, PREC, UP, EXACT)
                             b_x = b_sc
-                            if EQ:
-                                b_max = tl.max(b_x, 1)
+                            b_max = tl.max(b_x, 1)
                             if LVF:
                                 b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
-                                if LAZY == 2 and EQ:
+                                if LAZY == 2:
                                     l_m, l_l, l_acc = _softmax_fma_max(
                                         b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP
                                     )
-                                elif LAZY == 2:
-                                    l_m, l_l, l_acc = _softmax_fma(b_sc, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
-                                elif LAZY and EQ:
+                                elif LAZY:
                                     l_m, l_l, l_acc = _softmax_lazy_max(
                                         b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP
                                     )
-                                elif LAZY:
-                                    l_m, l_l, l_acc = _softmax_lazy(b_sc, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
                                 else:
                                     l_m, l_l, l_acc = _softmax_step(b_sc * scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
                         else:
@@ -498,24 +492,17 @@ def _topk_scan_body(
                                     b_ls = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
                                     l_m, l_l, l_acc = _softmax_step(b_ls, b_v, l_m, l_l, l_acc, PREC, UP)
                             b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
-                            if EQ:
-                                b_max = tl.max(b_x, 1)
+                            b_max = tl.max(b_x, 1)
                         # The maximum and the first key holding it; that key dropped, the second largest (ties count
                         # as the keys they are).
                         o_k = tl.arange(0, BN)
-                        if EQ:
-                            c_i = _first_max(b_x, b_max, o_k, BN)
-                        else:
-                            b_max, c_i = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
+                        c_i = _first_max(b_x, b_max, o_k, BN)
                         b_x = tl.where(o_k[None, :] == c_i[:, None], float("-inf"), b_x)
                         sel = o_c[None, :] == j
                         if E3:
                             # The second with its position; that key dropped too, the third.
-                            if EQ:
-                                b_sec = tl.max(b_x, 1)
-                                c_2 = _first_max(b_x, b_sec, o_k, BN)
-                            else:
-                                b_sec, c_2 = tl.max(b_x, 1, return_indices=True, return_indices_tie_break_left=True)
+                            b_sec = tl.max(b_x, 1)
+                            c_2 = _first_max(b_x, b_sec, o_k, BN)
                             b_x = tl.where(o_k[None, :] == c_2[:, None], float("-inf"), b_x)
                             b_top = tl.max(b_x, 1)
                             a_thr = tl.where(sel, b_top[:, None], a_thr)
@@ -593,11 +580,11 @@ def _topk_scan_kernel(
     H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr, HAS_KV: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
     TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
-    LAZY: tl.constexpr, EQ: tl.constexpr = 0,
+    LAZY: tl.constexpr,
 ):  # fmt: skip
     # One program per (landmark tile, key chunk, batch-head): _topk_scan_body.
     _topk_scan_body(
         tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
         OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE, P,
-        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, "", EQ,
+        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, "",
     )  # fmt: skip

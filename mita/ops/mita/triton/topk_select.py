@@ -170,8 +170,7 @@ def _topk_fallback_kernel(
     R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, IDX, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, n_s, BH,
     NPROG, P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr,
     PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
-    FINAL: tl.constexpr, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr,
-    FNARROW: tl.constexpr,
+    FINAL: tl.constexpr, CP: tl.constexpr, FNARROW: tl.constexpr,
 ):  # fmt: skip
     # The long-row top-k's fallback (refinement passes, recount, ordered emit: _topk_scan_body's modes 1-3) in one
     # launch of NPROG persistent programs (no more than the SMs hold at once, so all are resident; 1 under the
@@ -183,7 +182,7 @@ def _topk_fallback_kernel(
     # The refinement stops after the first pass whose state has every fallback row done (the recount and the
     # ordered emit then read the slot after it), so a row that settles in a few passes costs a few barriers.
     # FINAL (with the select kernel): after one more barrier the programs also select the fallback rows' top-k
-    # (_final_row; CP, KP, CB, SORT, FNARROW as the final kernel's), so no final kernel follows.
+    # (_final_row; CP, FNARROW as the final kernel's), so no final kernel follows.
     pid = tl.program_id(0)
     n_fb = 0
     for r0 in range(0, nrows, RB):
@@ -230,20 +229,19 @@ def _topk_fallback_kernel(
             for r_i in range(pid, nrows, NPROG):
                 row = r_i + tl.zeros([], tl.int64)
                 if tl.load(OFF + row) > CAP:
-                    _final_row(CAND, IDX, row, CAP, ksel, CAP, CP, KP, CB, SORT, FNARROW, ".cg")
+                    _final_row(CAND, IDX, row, CAP, ksel, CAP, CP, FNARROW, ".cg")
 
 
 @triton.jit
 def _final_row(
-    CAND, IDX, row, LIM, KSEL, CAP, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr,
-    NARROW: tl.constexpr, CM: tl.constexpr,
+    CAND, IDX, row, LIM, KSEL, CAP, CP: tl.constexpr, NARROW: tl.constexpr, CM: tl.constexpr,
 ):  # fmt: skip
     # Row row's KSEL largest packed entries among the first min(LIM, CAP) of its candidate list (score desc, index
     # asc; fewer when the list holds fewer valid keys; the entries past them read as empty), their key indices
     # ascending, then -1. The selection (NARROW 0 / 1): the threshold key t (_kth_largest_key, over the whole range
     # or the list's own), then, unless every entry at t is taken, the lowest indices among them (the same helper on
     # the low word); NARROW 2: the KSEL-th largest packed entry from one descending sort. The order: one sort of
-    # the list (SORT) or ranks from pairwise comparisons. CM: the list's cache modifier (".cg" where other programs
+    # the list. CM: the list's cache modifier (".cg" where other programs
     # of the same launch wrote it).
     o_c = tl.arange(0, CP)
     c = tl.load(CAND + row * CAP + o_c, mask=o_c < tl.minimum(LIM, CAP), other=_EMPTY, cache_modifier=CM)
@@ -272,31 +270,15 @@ def _final_row(
             lo2 = _kth_largest_key(c_low, m_tie, n_tie, 0, 4294967296, 32)
         sel = m_gt | (m_tie & (c_low >= lo2))
     base = IDX + row * KSEL
-    if SORT:
-        # The chosen indices ascending by one sort of the list (the others as INT32_MAX, after them), then -1.
-        srt = tl.sort(tl.where(sel, (0xFFFFFFFF - c_low).to(tl.int32), 2147483647), 0)
-        tl.store(base + o_c, tl.where(o_c < n_sel, srt, -1), mask=o_c < KSEL)
-    else:
-        # Compact the n_sel chosen indices into the output row (list order), then write each at its rank.
-        pos = tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(base + pos, (0xFFFFFFFF - c_low).to(tl.int32), mask=sel)
-        tl.debug_barrier()
-        o_k = tl.arange(0, KP)
-        x = tl.load(base + o_k, mask=o_k < n_sel, other=2147483647)
-        rank = tl.zeros([KP], tl.int32)
-        for j0 in range(0, n_sel, CB):
-            o_i = j0 + tl.arange(0, CB)
-            x_j = tl.load(base + o_i, mask=o_i < n_sel, other=2147483647)
-            rank += tl.sum((x_j[None, :] < x[:, None]).to(tl.int32), 1)
-        tl.debug_barrier()
-        tl.store(base + rank, x, mask=o_k < n_sel)
-        tl.store(base + o_k, tl.full([KP], -1, tl.int32), mask=(o_k >= n_sel) & (o_k < KSEL))
+    # The chosen indices ascending by one sort of the list (the others as INT32_MAX, after them), then -1.
+    srt = tl.sort(tl.where(sel, (0xFFFFFFFF - c_low).to(tl.int32), 2147483647), 0)
+    tl.store(base + o_c, tl.where(o_c < n_sel, srt, -1), mask=o_c < KSEL)
 
 
 @triton.jit
 def _topk_final_kernel(
-    CAND, IDX, KSEL, CAP, PM, PL, PACC, VT, LSE, OFF, M, NC, CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr,
-    SORT: tl.constexpr, NARROW: tl.constexpr, MERGE: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+    CAND, IDX, KSEL, CAP, PM, PL, PACC, VT, LSE, OFF, M, NC, CP: tl.constexpr,
+    NARROW: tl.constexpr, MERGE: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     FB_ONLY: tl.constexpr,
 ):  # fmt: skip
     # One row per program: the top-k of its candidate list (_final_row). MERGE: the row's landmark values from their
@@ -309,7 +291,7 @@ def _topk_final_kernel(
     if FB_ONLY:
         take = tl.load(OFF + row) > CAP
     if take:
-        _final_row(CAND, IDX, row, CAP, KSEL, CAP, CP, KP, CB, SORT, NARROW, "")
+        _final_row(CAND, IDX, row, CAP, KSEL, CAP, CP, NARROW, "")
 
 
 @triton.jit
@@ -381,7 +363,7 @@ def _topk_select_kernel(
     SN, nrows, NC, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr, P: tl.constexpr,
     ONE_PLANE: tl.constexpr, STEPS: tl.constexpr, NARROW: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr, EB: tl.constexpr,
-    CP: tl.constexpr, KP: tl.constexpr, CB: tl.constexpr, SORT: tl.constexpr, FNARROW: tl.constexpr,
+    CP: tl.constexpr, FNARROW: tl.constexpr,
     MERGE: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     # The start, count + emit and final kernels of one row in one program (SCAN_CONFIG["fused_select"]): the start
@@ -404,4 +386,4 @@ def _topk_select_kernel(
     if n <= CAP:
         # The list's entries were written by this program's threads: make them visible to all of them.
         tl.debug_barrier()
-        _final_row(CAND, IDX, row, n, ksel, CAP, CP, KP, CB, SORT, FNARROW, "")
+        _final_row(CAND, IDX, row, n, ksel, CAP, CP, FNARROW, "")
