@@ -10,6 +10,7 @@ from mita.layers.base import AttentionBase
 from mita.layers.full import nonempty_key_padding_mask
 from mita.registry import register_attention
 
+
 # Entries of one chunk's [B, H, c, M] score / mask tensors (2^28: 0.5 GiB of bf16 scores); sets the automatic
 # query chunk, so a training step at Long Range Arena or DeiT sizes is one chunk.
 CHUNK_ELEMENTS = 1 << 28
@@ -32,30 +33,6 @@ def masked_sdpa(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
-def triton_selects(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the keys are selected by the Triton top-k kernels (CUDA, a head dim and dtype they take)."""
-    if not (q.is_cuda and k.dtype == q.dtype):
-        return False
-    from mita.ops.mita.triton import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
-
-    return q.dtype in SUPPORTED_DTYPES and q.shape[-1] in SUPPORTED_HEAD_DIMS
-
-
-def selected_keys(q: torch.Tensor, k: torch.Tensor, topk: int, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """[B, H, N, topk] int64 indices of each query's ``topk`` highest-scoring valid keys (ties to the lower index)
-    by the Triton top-k kernels (``mita.ops.mita.triton.exact_topk``, queries as the rows), without the dense
-    [N, M] score tensor. ``topk`` <= M; a row with fewer valid keys repeats key 0 in its spare slots (the caller
-    masks padded keys). ``key_padding_mask`` [B, M] must leave every sequence a valid key."""
-    from mita.ops.mita.triton import exact_topk
-
-    B, H, N, d = q.shape
-    valid = None
-    if key_padding_mask is not None:
-        valid = (~key_padding_mask)[:, None, :].expand(B, H, -1).reshape(B * H, -1)
-    idx = exact_topk(q.reshape(B * H, N, d), k, valid, topk)
-    return idx.view(B, H, N, topk).clamp_min(0).long()
-
-
 def topk_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -69,12 +46,11 @@ def topk_attention(
 ) -> torch.Tensor:
     """Each query attends, with one softmax, to its own ``topk`` highest-scoring valid keys.
 
-    The keys are selected without gradient: on CUDA by the Triton top-k kernels (:func:`selected_keys`, no dense
-    score tensor), elsewhere from dense scores with ``torch.topk`` (ties broken by ``torch.topk``). The attention
-    over the selected keys is one masked SDPA call per chunk of queries, so working memory is
-    O(B * H * chunk * M). With ``topk >=`` the number of valid keys the result equals full softmax attention. The
-    selection is not differentiated (as in the paper); gradients flow through the selected scores and values.
-    No host synchronisation.
+    Scores are computed densely (quadratic time) to select the keys, without gradient; the attention over the
+    selected keys is one masked SDPA call per chunk of queries, so working memory is O(B * H * chunk * M).
+    With ``topk >=`` the number of valid keys the result equals full softmax attention. The selection is not
+    differentiated (as in the paper); gradients flow through the selected scores and values. Ties are broken by
+    ``torch.topk``. No host synchronisation.
 
     Args:
         q, k, v: [B, H, N, d] (k and v may have a different length M from q).
@@ -95,25 +71,20 @@ def topk_attention(
     kk = min(topk, n_keys)
     chunk = query_chunk(B * H, N, n_keys, chunk_size)
     key_padding_mask = nonempty_key_padding_mask(key_padding_mask)
-    with torch.no_grad():
-        chosen = selected_keys(q, k, kk, key_padding_mask) if triton_selects(q, k) else None
     outputs = []
-    for start, q_chunk in zip(range(0, N, chunk), q.split(chunk, dim=-2)):
+    for q_chunk in q.split(chunk, dim=-2):
         with torch.no_grad():
-            if chosen is None:
-                # [B, H, c, M]
-                scores = q_chunk @ k.transpose(-2, -1)
-                if key_padding_mask is not None:
-                    scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-                idx = scores.topk(kk, dim=-1).indices
-                del scores
-            else:
-                idx = chosen[:, :, start : start + q_chunk.shape[-2]]
+            # [B, H, c, M]
+            scores = q_chunk @ k.transpose(-2, -1)
+            if key_padding_mask is not None:
+                scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+            idx = scores.topk(kk, dim=-1).indices
             # Additive bias: 0 on the selected keys, -inf elsewhere (SDPA runs a float mask faster than a bool one).
-            bias = q_chunk.new_full((B, H, q_chunk.shape[-2], n_keys), float("-inf")).scatter_(-1, idx, 0.0)
+            bias = torch.full_like(scores, float("-inf"), dtype=q.dtype).scatter_(-1, idx, 0.0)
             # Padded keys score -inf, so they are picked only when fewer than kk keys are valid; drop them then.
             if key_padding_mask is not None:
                 bias.masked_fill_(key_padding_mask[:, None, None, :], float("-inf"))
+            del scores
         outputs.append(masked_sdpa(q_chunk, k, v, bias, scale, dropout_p))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 

@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import Attention as TimmAttention
 
 from mita.layers.moba import block_ids_1d, block_ids_2d, moba_attention
-from mita.layers import topk as topk_module
-from mita.layers.topk import selected_keys, topk_attention
+from mita.layers.topk import topk_attention
 from mita.registry import create_attention
 
 BASELINES = ["full", "agent", "agent_minus", "moba", "topk", "linear"]
@@ -236,49 +235,6 @@ def test_topk_selects_the_k_best_keys():
     torch.testing.assert_close(
         topk_attention(q, k, v, 1, key_padding_mask=mask), v.gather(2, best[..., None].expand(-1, -1, -1, 8))
     )
-
-
-@pytest.mark.parametrize("n_queries,n_keys,kk", [(40, 40, 7), (6, 600, 24)])
-def test_topk_triton_selection_is_the_stable_top_k(n_queries, n_keys, kk):
-    """The Triton selection (queries as the rows of exact_topk; the on-chip kernel at 40 keys, the long-row passes
-    at 600) picks each query's kk best valid keys, ties to the lower index, on padded sequences."""
-    g = torch.Generator().manual_seed(n_keys)
-    # Integer-valued inputs: exact scores with many ties, so the tie rule is checked too.
-    q = torch.randint(-2, 3, (2, 2, n_queries, 32), generator=g).float()
-    k = torch.randint(-2, 3, (2, 2, n_keys, 32), generator=g).float()
-    mask = torch.zeros(2, n_keys, dtype=torch.bool)
-    mask[1, n_keys // 2 :] = True
-    scores = (q.double() @ k.double().transpose(-2, -1)).masked_fill(mask[:, None, None, :], float("-inf"))
-    # Stable descending order: larger score first, then the lower index.
-    order = torch.sort(-scores, dim=-1, stable=True).indices[..., :kk]
-    got = selected_keys(q, k, kk, mask)
-    assert got.shape == (2, 2, n_queries, kk) and got.dtype == torch.long
-    assert torch.equal(got.sort(-1).values, order.sort(-1).values)
-
-
-@pytest.mark.gpu
-def test_topk_attention_on_cuda_matches_the_dense_selection(monkeypatch):
-    """On CUDA the Triton selection picks the keys an fp32 dense top-k picks (up to order flips of near-equal
-    scores at the k-th place) and gives the dense torch.topk path's outputs and gradients within bf16 rounding (the
-    LRA ListOps shape, with padding)."""
-    g = torch.Generator(device="cuda").manual_seed(3)
-    q, k, v = (torch.randn(4, 2, 2000, 32, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
-    mask = torch.zeros(4, 2000, dtype=torch.bool, device="cuda")
-    mask[1, 1500:] = True
-    mask[2, 60:] = True
-    scores = (q.float() @ k.float().transpose(-2, -1)).masked_fill(mask[:, None, None, :], float("-inf"))
-    want = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, scores.topk(96, dim=-1).indices, True)
-    got = torch.zeros_like(want).scatter_(-1, selected_keys(q, k, 96, mask), True)
-    assert (got ^ want).float().mean().item() < 1e-4
-    do = torch.randn_like(q)
-    runs = []
-    for fast in (True, False):
-        monkeypatch.setattr(topk_module, "triton_selects", lambda q, k, fast=fast: fast)
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out = topk_attention(*leaves, 96, key_padding_mask=mask)
-        runs.append([out.float(), *(t.float() for t in torch.autograd.grad(out, leaves, do))])
-    for name, a, b in zip(["out", "dq", "dk", "dv"], *runs):
-        assert ((a - b).norm() / b.norm()).item() < 2e-2, name
 
 
 def moba_reference(q, k, v, block_ids, num_blocks, topk_blocks, mask):

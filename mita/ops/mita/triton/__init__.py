@@ -4,9 +4,7 @@ Public names: :func:`triton_mita` (the operator on the fused kernels, same contr
 :func:`triton_mita_pooled` and :func:`pooled_short_supported` (2D landmarks pooled inside the short path's autograd
 node), :func:`supports` (whether the backend can run a call), :func:`triton_entry` (the backend function
 ``mita_attention`` registers as "triton") and :func:`interpreting` (whether ``TRITON_INTERPRET`` is set). The bf16
-landmark pooling kernels are the public functions of :mod:`mita.ops.mita.triton.pool`; :func:`exact_topk` (per
-row, the indices of the k highest-scoring valid keys, ties to the lower index) also serves per-query top-k
-attention (mita/layers/topk.py).
+landmark pooling kernels are the public functions of :mod:`mita.ops.mita.triton.pool`.
 
 Importing this package needs no Triton (``supports`` then says so): the kernel modules load on the first use of a
 name that needs them (an ``ImportError`` there when Triton is missing).
@@ -19,9 +17,7 @@ from mita.ops.mita.triton.launch import interpreting
 
 _OP_NAMES = ("pooled_short_supported", "triton_mita", "triton_mita_pooled")
 
-__all__ = [
-    "SUPPORTED_DTYPES", "SUPPORTED_HEAD_DIMS", "exact_topk", "interpreting", "supports", "triton_entry", *_OP_NAMES
-]  # fmt: skip
+__all__ = ["SUPPORTED_DTYPES", "SUPPORTED_HEAD_DIMS", "interpreting", "supports", "triton_entry", *_OP_NAMES]
 
 
 def __getattr__(name: str):
@@ -30,10 +26,5 @@ def __getattr__(name: str):
         from mita.ops.mita.triton import op
 
         value = globals()[name] = getattr(op, name)  # later lookups are plain attributes
-        return value
-    if name == "exact_topk":
-        from mita.ops.mita.triton import topk
-
-        value = globals()[name] = topk.exact_topk
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
