@@ -7,8 +7,14 @@ is a dual encoder: one shared encoder for both documents, the head on ``[x1, x2,
 
 The attention is built with :func:`mita.registry.create_attention` with ``grid_size=None``,
 ``num_prefix_tokens=0`` and its class's ``sequence_options``, so layers that pool (MiTA landmarks, Agent
-agents, MoBA blocks) work on 1D segments of the valid tokens; the padding mask goes to every layer. Inputs are
-right-padded.
+agents, MoBA blocks) work on 1D segments of the valid tokens; the padding mask goes to every layer.
+
+Padding may sit anywhere (the pixel tasks mask black pixels, as the PyTorch ports do): the encoder first moves
+each sequence's valid tokens to the front, in order, each keeping its own position embedding, and cuts the batch
+to its longest valid sequence rounded up to ``pad_multiple``. On right-padded input this changes no output
+(every layer masks padded keys and the pooling skips padded queries) and spends no work on padding; with padding
+inside a row, layers that group neighbouring tokens (landmarks, agents, MoBA blocks) group neighbouring valid
+tokens.
 """
 
 from __future__ import annotations
@@ -48,6 +54,31 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+def compact_padding(
+    x: torch.Tensor, key_padding_mask: torch.Tensor, multiple: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Valid tokens first, trailing padding cut.
+
+    Args:
+        x: [B, N] token ids.
+        key_padding_mask: [B, N] bool, True = padding, anywhere in a row.
+        multiple: the kept length is the longest row's valid count rounded up to this (few distinct shapes),
+            at most N.
+
+    Returns:
+        (tokens [B, L], positions [B, L] (each token's index in x), padding mask [B, L], or None when no kept
+        token is padding).
+    """
+    N = x.shape[1]
+    counts = (~key_padding_mask).sum(dim=1)
+    longest, shortest = torch.stack([counts.max(), counts.min()]).tolist()
+    length = min(N, -(-max(longest, 1) // multiple) * multiple)
+    # A stable sort of the mask puts each row's valid tokens first, in their order.
+    order = torch.sort(key_padding_mask.to(torch.uint8), dim=1, stable=True).indices[:, :length]
+    mask = None if shortest >= length else key_padding_mask.gather(1, order)
+    return x.gather(1, order), order, mask
+
+
 def build_attention(name: str, dim: int, num_heads: int, **kwargs) -> nn.Module:
     """A registered attention laid out for 1D sequences: no grid, no prefix tokens, and the class's own
     ``sequence_options`` (MiTA: ``landmark_layout="1d"``, whatever the attention config group says, whose default
@@ -77,6 +108,8 @@ class LRAEncoder(nn.Module):
         attn_drop: dropout on attention probabilities (0: MiTA's kernels have none, so every row uses none).
         head_dim: hidden width of the classifier head (128).
         dual: retrieval dual encoder (two inputs, head on ``[x1, x2, x1 * x2, x1 - x2]``).
+        pad_multiple: padded batches are cut to their longest valid sequence rounded up to this
+            (:func:`compact_padding`).
         init: ``"pytorch"`` (the ports' initialisation: token and position embeddings N(0, 0.02), every other
             layer as its constructor leaves it, i.e. PyTorch's default for ``nn.Linear``) or ``"trunc_normal"``
             (every Linear truncated-normal std 0.02, zero bias: the ViT convention; used by the 2026-11-30 GPU
@@ -98,12 +131,16 @@ class LRAEncoder(nn.Module):
         attn_drop: float = 0.0,
         head_dim: int = 128,
         dual: bool = False,
+        pad_multiple: int = 64,
         init: str = "pytorch",
     ) -> None:
         super().__init__()
         if init not in ("pytorch", "trunc_normal"):
             raise ValueError(f"init must be 'pytorch' or 'trunc_normal', got {init!r}")
+        if pad_multiple < 1:
+            raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
         self.max_length = max_length
+        self.pad_multiple = pad_multiple
         self.dual = dual
         name, options = split_attention_spec(attention, attention_kwargs)
         self.attention = name
@@ -135,8 +172,8 @@ class LRAEncoder(nn.Module):
         """Pooled features of one batch of sequences.
 
         Args:
-            x: [B, N] token ids, right-padded, N <= max_length.
-            key_padding_mask: [B, N] bool, True = padding (None: no padding).
+            x: [B, N] token ids, N <= max_length.
+            key_padding_mask: [B, N] bool, True = padding, anywhere (None: no padding).
 
         Returns:
             [B, dim] mean of the final token features over the valid tokens.
@@ -144,8 +181,11 @@ class LRAEncoder(nn.Module):
         B, N = x.shape
         if N > self.max_length:
             raise ValueError(f"sequence length {N} exceeds max_length {self.max_length}")
-        pos = torch.arange(N, device=x.device)
-        h = self.drop(self.embed(x) + self.pos_embed(pos)[None])
+        if key_padding_mask is None:
+            pos = torch.arange(N, device=x.device)[None]
+        else:
+            x, pos, key_padding_mask = compact_padding(x, key_padding_mask, self.pad_multiple)
+        h = self.drop(self.embed(x) + self.pos_embed(pos))
         for block in self.blocks:
             h = block(h, key_padding_mask)
         h = self.norm(h)

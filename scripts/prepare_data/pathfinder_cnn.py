@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
-    parts = PathfinderDataModule(str(args.root), difficulty=args.difficulty, seed=0).load()
+    parts = PathfinderDataModule(str(args.root), difficulty=args.difficulty, seed=0, zero_is_padding=False).load()
     xtr, ytr = images(parts["train"], device)
     xva, yva = images(parts["val"], device)
     model = make_cnn().to(device)

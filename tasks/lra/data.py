@@ -1,7 +1,10 @@
 """Long Range Arena data: the five tasks read from the google-research ``lra_release`` files on local disk.
 
 Every example becomes a right-padded token sequence with a padding mask (True = padding) that the encoder
-carries to every attention layer. Token 0 is padding in every task; real tokens start at 1.
+carries to every attention layer. Token 0 is padding in every task; real tokens start at 1. The pixel tasks
+(Image, Pathfinder) follow the PyTorch ports' rule by default: a pixel's token is its 8-bit value, so black pixels
+(value 0) are padding too (``zero_is_padding``); the encoder then attends among the other pixels only, each at
+its own position (mita.models.lra).
 
 | task | files under ``root`` | tokens |
 | ListOps | ``basic_{train,val,test}.tsv`` (header ``Source<TAB>Target``) | 15-symbol vocabulary |
@@ -65,6 +68,13 @@ def byte_tokens(text: str | bytes, max_length: int) -> np.ndarray:
     """UTF-8 bytes + 1 (0 is padding), truncated to ``max_length``."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     return np.frombuffer(data[:max_length], dtype=np.uint8).astype(np.int16) + 1
+
+
+def pixel_tokens(pixels: np.ndarray, zero_is_padding: bool) -> torch.Tensor:
+    """Token ids of 8-bit pixels: the value itself when ``zero_is_padding`` (the PyTorch ports' rule: their
+    padding mask is ``token != 0``, so black pixels are masked out of attention and pooling), else value + 1
+    (every pixel a real token)."""
+    return torch.from_numpy(pixels.astype(np.int16) + (0 if zero_is_padding else 1))
 
 
 class TokenDataset(Dataset):
@@ -350,15 +360,19 @@ class ImageDataModule(LRADataModule):
     """CIFAR-10 as sequences of 1024 grayscale 8-bit pixel tokens (LRA Image), 10 classes.
 
     Reads the python-pickle release ``cifar-10-batches-py`` (``root`` or ``root/cifar-10-batches-py``);
-    a seeded ``val_size`` images of the 50K training images are held out (45K/5K/10K).
+    a seeded ``val_size`` images of the 50K training images are held out (45K/5K/10K). ``zero_is_padding``: see
+    :func:`pixel_tokens`.
     """
 
     num_classes = 10
     vocab_size = 257
 
-    def __init__(self, root: str, max_length: int = 1024, val_size: int = 5000, **kwargs) -> None:
+    def __init__(
+        self, root: str, max_length: int = 1024, val_size: int = 5000, zero_is_padding: bool = True, **kwargs
+    ) -> None:
         super().__init__(root, max_length, **kwargs)
         self.val_size = val_size
+        self.zero_is_padding = zero_is_padding
 
     def _batches(self, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         base = self.root / "cifar-10-batches-py" if (self.root / "cifar-10-batches-py").is_dir() else self.root
@@ -376,11 +390,11 @@ class ImageDataModule(LRADataModule):
         x, y = self._batches([f"data_batch_{i}" for i in range(1, 6)])
         tx, ty = self._batches(["test_batch"])
         val_idx, train_idx = seeded_split(len(x), [self.val_size / len(x), 1 - self.val_size / len(x)], self.seed)
-        tok = torch.from_numpy(x.astype(np.int16) + 1)
+        tok = pixel_tokens(x, self.zero_is_padding)
         return {
             "train": TokenDataset(tok[train_idx], y[train_idx]),
             "val": TokenDataset(tok[val_idx], y[val_idx]),
-            "test": TokenDataset(torch.from_numpy(tx.astype(np.int16) + 1), ty),
+            "test": TokenDataset(pixel_tokens(tx, self.zero_is_padding), ty),
         }
 
 
@@ -408,6 +422,7 @@ class PathfinderDataModule(LRADataModule):
             ``curv_baseline``.
         binarize: None (the recipe: every grey level is its own token) or a fraction of 255: pixels above it
             become 255, the others 0 (a diagnostic of how the grey levels affect learning; never a table row).
+        zero_is_padding: black pixels are padding (the recipe; see :func:`pixel_tokens`).
     """
 
     num_classes = 2
@@ -419,9 +434,11 @@ class PathfinderDataModule(LRADataModule):
         max_length: int = 1024,
         difficulty: str = "curv_contour_length_14",
         binarize: float | None = None,
+        zero_is_padding: bool = True,
         **kwargs,
     ) -> None:
         super().__init__(root, max_length, **kwargs)
+        self.zero_is_padding = zero_is_padding
         if binarize is not None and not 0.0 <= binarize < 1.0:
             raise ValueError(f"binarize must be None or a fraction in [0, 1), got {binarize!r}")
         self.difficulty = difficulty
@@ -455,7 +472,7 @@ class PathfinderDataModule(LRADataModule):
         pixels = np.stack(pixels)
         if self.binarize is not None:
             pixels = np.where(pixels > self.binarize * 255, 255, 0).astype(np.uint8)
-        tok = torch.from_numpy(pixels.astype(np.int16) + 1)
+        tok = pixel_tokens(pixels, self.zero_is_padding)
         y = np.asarray(labels)
         parts = seeded_split(len(y), [0.8, 0.1, 0.1], self.seed)
         return {name: TokenDataset(tok[idx], y[idx]) for name, idx in zip(("train", "val", "test"), parts)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mita.models.lra import LRAEncoder
+from mita.models.lra import LRAEncoder, compact_padding
 
 ATTENTIONS = {
     "full": {},
@@ -43,6 +43,61 @@ def test_padding_invariance(name: str) -> None:
     torch.testing.assert_close(a, noisy, atol=1e-5, rtol=1e-5)
     # The test can fail: without the mask the padded batch gives other logits.
     assert not torch.allclose(model(more_tokens, None), a, atol=1e-3)
+
+
+def _scattered(b: int, n: int, p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens with padding anywhere (as black pixels are in Pathfinder), every row keeping some valid tokens."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(b, n, generator=g) < p
+    mask[:, 0] = False
+    tokens = torch.randint(1, 16, (b, n), generator=g)
+    return tokens.masked_fill(mask, 0), mask
+
+
+def test_compact_padding_moves_valid_tokens_first_and_cuts() -> None:
+    x = torch.tensor([[0, 3, 0, 4, 5, 0, 0, 0], [6, 0, 7, 0, 0, 0, 0, 0]])
+    tokens, pos, mask = compact_padding(x, x == 0, 2)
+    assert torch.equal(tokens, torch.tensor([[3, 4, 5, 0], [6, 7, 0, 0]]))
+    # Valid tokens keep their order and their positions in x; the cut is the longest row (3) rounded up to 2.
+    assert pos[0, :3].tolist() == [1, 3, 4] and pos[1, :2].tolist() == [0, 2]
+    assert torch.equal(mask, torch.tensor([[False, False, False, True], [False, False, True, True]]))
+    # Nothing left to mask: no mask; never longer than the input.
+    full = torch.ones(2, 5, dtype=torch.long)
+    tokens, pos, mask = compact_padding(full, full == 0, 4)
+    assert mask is None and torch.equal(pos, torch.arange(5).expand(2, 5))
+
+
+def test_scattered_padding_full_attention_matches_masked_dense_encoder() -> None:
+    """The compacted encoder computes what the ports' encoder computes on the whole sequence: attention over the
+    unmasked tokens at their own positions, pooled over them."""
+    torch.manual_seed(0)
+    model = LRAEncoder(16, 96, 3, attention="full").eval()
+    tokens, mask = _scattered(3, 96, 0.8, seed=3)
+    with torch.no_grad():
+        got = model.encode(tokens, mask)
+        h = model.embed(tokens) + model.pos_embed(torch.arange(96))[None]
+        for block in model.blocks:
+            h = block(h, mask)
+        h = model.norm(h)
+        valid = (~mask).float()[..., None]
+        want = (h * valid).sum(1) / valid.sum(1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTIONS))
+def test_scattered_padding_and_cut_length(name: str) -> None:
+    """With padding inside rows, the cut length (pad_multiple) and the padded positions' contents change nothing."""
+    torch.manual_seed(0)
+    model = LRAEncoder(16, 96, 10, attention=name, attention_kwargs=ATTENTIONS[name], pad_multiple=64).eval()
+    tokens, mask = _scattered(3, 96, 0.6, seed=4)
+    with torch.no_grad():
+        a = model(tokens, mask)
+        model.pad_multiple = 1
+        b = model(tokens, mask)
+        noisy = model(tokens.masked_fill(mask, 7), mask)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a, noisy, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(model(tokens, None), a, atol=1e-3)
 
 
 def test_mita_layers_are_1d_over_valid_tokens() -> None:

@@ -74,18 +74,23 @@ def test_retrieval_pairs_keep_order(tmp_path) -> None:
     assert first.startswith("first document 1") and second == "second 1"
 
 
-def test_image_cifar_grayscale_tokens(tmp_path) -> None:
-    dm = ImageDataModule(str(write_cifar(tmp_path / "cifar")), val_size=4, batch_size=2)
+@pytest.mark.parametrize("zero_is_padding", [True, False])
+def test_image_cifar_grayscale_tokens(tmp_path, zero_is_padding: bool) -> None:
+    root = str(write_cifar(tmp_path / "cifar"))
+    dm = ImageDataModule(root, val_size=4, batch_size=2, zero_is_padding=zero_is_padding)
     dm.setup()
     assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [16, 4, 4]
     batch = next(iter(dm.test_dataloader()))
-    assert batch["x"].shape == (2, 1024) and not batch["key_padding_mask"].any()
+    assert batch["x"].shape == (2, 1024)
     import pickle
 
     with open(tmp_path / "cifar" / "cifar-10-batches-py" / "test_batch", "rb") as f:
         raw = pickle.load(f, encoding="bytes")
     rgb = raw[b"data"][0].reshape(3, 32, 32).transpose(1, 2, 0)
-    assert torch.equal(batch["x"][0], torch.from_numpy(rgb_to_gray(rgb).reshape(-1).astype(np.int64) + 1))
+    gray = torch.from_numpy(rgb_to_gray(rgb).reshape(-1).astype(np.int64))
+    # The ports' rule: a pixel's token is its value and black pixels are padding; else every pixel is value + 1.
+    assert torch.equal(batch["x"][0], gray if zero_is_padding else gray + 1)
+    assert torch.equal(batch["key_padding_mask"][0], gray == 0 if zero_is_padding else torch.zeros(1024, dtype=bool))
     assert batch["label"][0].item() == raw[b"labels"][0]
 
 
@@ -96,7 +101,13 @@ def test_pathfinder_skips_empty_image_and_splits(tmp_path) -> None:
     sizes = [len(dm.datasets[s]) for s in ("train", "val", "test")]
     assert sizes == [16, 2, 2]
     batch = next(iter(dm.val_dataloader()))
-    assert batch["x"].shape == (2, 1024) and batch["x"].min() >= 1
+    assert batch["x"].shape == (2, 1024)
+    # Black pixels are padding (the ports' rule); the ink and the markers are tokens at their own positions.
+    assert batch["key_padding_mask"].any(dim=1).all() and (~batch["key_padding_mask"]).any(dim=1).all()
+    assert torch.equal(batch["key_padding_mask"], batch["x"] == 0)
+    dense = PathfinderDataModule(str(tmp_path / "pathfinder32"), seed=0, zero_is_padding=False)
+    dense.setup()
+    torch.testing.assert_close(dense.datasets["val"].tokens, dm.datasets["val"].tokens + 1)
     other = PathfinderDataModule(str(tmp_path / "pathfinder32"), seed=1)
     other.setup()
     assert not torch.equal(other.datasets["val"].tokens, dm.datasets["val"].tokens)
@@ -104,9 +115,9 @@ def test_pathfinder_skips_empty_image_and_splits(tmp_path) -> None:
 
 def test_pathfinder_binarize_thresholds_the_grey_levels(tmp_path) -> None:
     root = str(write_pathfinder(tmp_path / "pathfinder32", n=21))
-    grey = PathfinderDataModule(root, seed=0)
+    grey = PathfinderDataModule(root, seed=0, zero_is_padding=False)
     grey.setup()
-    two = PathfinderDataModule(root, seed=0, binarize=0.3)
+    two = PathfinderDataModule(root, seed=0, binarize=0.3, zero_is_padding=False)
     two.setup()
     g, b = grey.datasets["train"].tokens, two.datasets["train"].tokens
     assert set(b.unique().tolist()) <= {1, 256}
