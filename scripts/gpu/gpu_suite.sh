@@ -5,6 +5,8 @@
 # with the slowest tests listed. The log goes to OUT/<date>-<commit>.log, the form results/gpu_tests/ keeps.
 #
 #   MITA_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/gpu_suite.sh OUT [WORKERS] [TIMEOUT_S]
+#
+# WAIT_PIDS="pid ...": processes of the same call that use the GPU; the timing tests start once they have ended.
 set -o pipefail
 out=${1:?usage: gpu_suite.sh OUT [WORKERS] [TIMEOUT_S]}
 workers=${2:-12}
@@ -23,6 +25,7 @@ start=$(date +%s)
 pt="python3 -m pytest tests -q -p no:cacheprovider -rfE"
 timeout "$limit" $pt -m "gpu and not exclusive" -n "$workers" --dist loadgroup --durations=15 >>"$log" 2>&1
 rc=$?
+for p in ${WAIT_PIDS:-}; do while kill -0 "$p" 2>/dev/null; do sleep 1; done; done
 echo "# exclusive (alone on the GPU)" >>"$log"
 timeout 120 $pt -m "gpu and exclusive" >>"$log" 2>&1
 rc2=$?
