@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import multiprocessing as mp
 import os
 import random
 import statistics
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,9 +255,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--baseline", action="store_true",
                         help="generate nothing: report the first-operator rule's accuracy on each split of --out")
+    parser.add_argument("--baseline-json", type=Path, default=None,
+                        help="with --baseline: also write the numbers, with the command and date, to this file")
     args = parser.parse_args(argv)
     if args.baseline:
-        print(format_baseline(first_operator_baseline(args.out)))
+        stats = first_operator_baseline(args.out)
+        print(format_baseline(stats))
+        if args.baseline_json:
+            given = argv if argv is not None else sys.argv[1:]
+            record = {
+                "command": "python scripts/prepare_data/listops.py " + " ".join(given),
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "splits": stats,
+            }
+            args.baseline_json.write_text(json.dumps(record, indent=1) + "\n")
         return
 
     total = args.train + args.val + args.test

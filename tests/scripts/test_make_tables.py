@@ -371,3 +371,15 @@ def test_import_copies_qualifying_records_with_their_files_and_indexes_relative_
     index = write_index(target).read_text().splitlines()
     assert index[0].startswith("experiment,date,metric,value")
     assert len(index) == 2 and index[1].split(",")[-1] == rel.as_posix()
+
+
+def test_listops_rule_note_reads_the_record(tmp_path: Path) -> None:
+    splits = {"train": {"n": 7, "first_operator": 5 / 7, "majority": 3 / 7},
+              "val": {"n": 4, "first_operator": 0.75, "majority": 0.25},
+              "test": {"n": 4, "first_operator": 0.5, "majority": 0.25}}
+    path = tmp_path / "rule.json"
+    path.write_text(json.dumps({"command": "python x --baseline", "date": "2026-12-04T16:05:32Z", "splits": splits}))
+    note = "\n".join(make_tables.listops_rule_note(path))
+    assert "71.43 on our train split, 75.00 on val and 50.00 on test" in note
+    assert "(2026-12-04, `python x --baseline`)" in note
+    assert make_tables.listops_rule_note(tmp_path / "missing.json") == []

@@ -228,6 +228,10 @@ def test_listops_first_operator_baseline_on_hand_written_splits(tmp_path: Path, 
     listops.main(["--out", str(tmp_path), "--baseline"])
     out = capsys.readouterr().out.splitlines()
     assert out[1].split() == ["test", "n=", "4", "first-operator", "rule", "50.00%", "majority", "class", "25.00%"]
+    # The JSON record feeds Table D's ListOps note (scripts/make_tables.py).
+    listops.main(["--out", str(tmp_path), "--baseline", "--baseline-json", str(tmp_path / "rule.json")])
+    rec = json.loads((tmp_path / "rule.json").read_text())
+    assert rec["splits"] == stats and "--baseline-json" in rec["command"]
 
 
 def test_pathfinder_cnn_check_reads_the_split_and_reports(pathfinder_dir: Path, capsys) -> None:
