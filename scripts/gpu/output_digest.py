@@ -7,6 +7,7 @@ the float64 sums printed beside it are the comparison.
 
     python scripts/gpu/output_digest.py > after.jsonl
     python scripts/gpu/output_digest.py --compare before.jsonl after.jsonl   # one line per case, exit 1 on a change
+    python scripts/gpu/output_digest.py --from 8 > rest.jsonl   # cases x dtypes from the 9th on (a split run)
 """
 
 from __future__ import annotations
@@ -78,13 +79,15 @@ def compare(before: str, after: str) -> bool:
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--compare":
         sys.exit(0 if compare(sys.argv[2], sys.argv[3]) else 1)
-    for case in CASES:
-        for dtype in DTYPES:
-            first, second = run(case, dtype), run(case, dtype)
-            d1, d2 = digest(first), digest(second)
-            sums = [round(t.double().sum().item(), 6) for t in first]
-            print(json.dumps({"case": case, "dtype": str(dtype).split(".")[-1], "sha": d1,
-                              "deterministic": d1 == d2, "sums_out_dq_dk_dv": sums}), flush=True)
+    start = int(sys.argv[2]) if len(sys.argv) == 3 and sys.argv[1] == "--from" else 0
+    for i, (case, dtype) in enumerate((c, t) for c in CASES for t in DTYPES):
+        if i < start:
+            continue
+        first, second = run(case, dtype), run(case, dtype)
+        d1, d2 = digest(first), digest(second)
+        sums = [round(t.double().sum().item(), 6) for t in first]
+        print(json.dumps({"case": case, "dtype": str(dtype).split(".")[-1], "sha": d1,
+                          "deterministic": d1 == d2, "sums_out_dq_dk_dv": sums}), flush=True)
 
 
 if __name__ == "__main__":
