@@ -29,7 +29,7 @@ from mita.ops.mita.triton.landmark_values import _lv_bwd_dr_kernel, _lv_dkdv_blo
 from mita.ops.mita.triton.launch import fast
 from mita.ops.mita.triton.plan import RoutingPlan
 
-# The backward kernels launch with the compiler's register choice (caps timed no better: notes, run 16).
+# The backward kernels launch with the compiler's register choice (caps timed no better: notes/kernels-notes.md).
 
 
 @triton.jit

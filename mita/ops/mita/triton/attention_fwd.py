@@ -154,7 +154,7 @@ def _mita_fwd_kernel(
 # route_stream (CUDA only; CUDA graphs capture the fork and join): 3: the routing in order, the plan's kernels on a
 # second stream beside the top-k after its block-top pass; 0: everything in order. Without padding (and S = 1, block
 # sizes dividing m and k) the forward's loads and scores skip their masks (FULL); its online softmax is _softmax_fma.
-# Measurements: notes/kernels-notes.md (runs 14, 15, 18, 22).
+# Measurements: notes/kernels-notes.md.
 FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None, maxnreg=None, bm_infer=None, route_stream=3)
 
 

@@ -317,7 +317,7 @@ def triton_fwd(
 
     No argument has a default: with torch 2.11, a call that leaves a defaulted argument out (as a traced graph does
     when the value equals the default) reaches the autograd wrapper one argument short, so the backward's gradient
-    list no longer matched the inputs under inductor (fixed after run 16 call 4 found it on the GPU)."""
+    list no longer matched the inputs under inductor (found on the GPU)."""
     if short:
         o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
         if not shared:  # small_fwd hands back r and lse there: outputs may not alias inputs or each other

@@ -231,8 +231,8 @@ _PLAN_CHUNK = 8192
 # scatter programs of _PLAN_WARPS warps in steps of _PLAN_STEP rows (at most 2^15; ranks among equal experts from
 # a [step, step] comparison), writing the tile table in blocks of about _PLAN_TILE_ENTRIES (tile, expert) pairs
 # (fewer registers, more programs resident); expert counts by histograms of up to _PLAN_COUNT_STEP rows; offsets
-# over blocks of _PLAN_EXPERTS experts, _PLAN_OFFSETS_BLOCK counts per step (8 experts: more programs; run 17, B 1,
-# H 2: the offsets kernel 12 -> 5 us at 64K and 256K, 13 -> 5 us at 1M; 16: 7-8 us; 32 before).
+# over blocks of _PLAN_EXPERTS experts, _PLAN_OFFSETS_BLOCK counts per step (8 experts: more programs; on the H200 the
+# offsets kernel took 5 us at 64K to 1M against 7-8 us with 16 and 12-13 us with 32).
 _PLAN_ROWS = 1024
 _PLAN_PROGRAMS = 2048
 _PLAN_STEP = 64

@@ -7,7 +7,7 @@ landmarks' layout (``[G, H, m, d]`` for heads interleaved with channels, else ``
 ``dx[g, n] = sum_i w[n, i] g[g, i]`` with float32 weights (1/9 is not a bf16 number) and float32 products, rounded
 once into x's dtype. The PyTorch formulation it replaces took a float32-output GEMM (a slow generic kernel), and in
 the backward a float32 GEMM, a float32 [G, N, C] buffer and a cast: about 0.2 ms of a DeiT-S layer's 2 ms on the
-H200 (run 11).
+H200 (notes/kernels-notes.md).
 """
 
 from __future__ import annotations
@@ -158,9 +158,8 @@ def pool_bwd(g: torch.Tensor, weights_t: torch.Tensor, heads: int, dtype: torch.
 # ----------------------------------------------------------------------------------------------------------------
 
 # Rows per step of the 1D pooling kernel, its warps, and loads without masks where the steps divide the segments.
-# Run 18 on the H200 (scripts/bench/pool_bench.py, CUDA graphs, B 1, H 2, d 64, one process): 128 rows at 8 warps
-# 0.0161 / 0.0284 / 0.0717 ms -> 0.0163 / 0.0241 / 0.0703 at 64K / 256K / 1M against 64 rows at 4 warps; unmasked
-# loads level (0.0161 / 0.0286 / 0.0727 masked).
+# 128 rows at 8 warps were level with or faster than 64 rows at 4 warps from 64K to 1M on the H200, unmasked loads
+# level with masked ones (notes/kernels-notes.md).
 CONFIG["fwd1d"] = dict(BL=128, num_warps=8, unmasked=1)
 
 

@@ -23,7 +23,7 @@ from mita.ops.mita.triton.launch import fast, interpreting
 
 # The routing kernel's tile (queries bm x landmarks bs) and warps; None: by S (route_topk). For GPU A/B runs
 # (scripts/bench/ab_scan.py --sweep route.bm=64,128); every value gives the same routes.
-# Loads go without masks where N and m are multiples of the tiles (EVEN; run 18).
+# Loads go without masks where N and m are multiples of the tiles (EVEN).
 # persistent (S = 1, one landmark tile, unmasked): programs per SM of a persistent routing kernel, each looping over
 # query tiles with the landmark tile loaded once (0: one program per query tile), used where each program takes at
 # most persistent_max tiles; stages: that loop's pipelining.

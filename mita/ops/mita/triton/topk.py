@@ -39,8 +39,8 @@ SMALL_N = 512
 _SMALL_BYTES = 1 << 16
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
-# Long-row top-k settings (measurements behind each default: notes/kernels-notes.md, runs 9-22 and "Moved from the
-# code"). bn: keys per step (at most 128: where a block's maximum sits is kept as an int8); bs: landmarks per tile
+# Long-row top-k settings (measurements behind each default: notes/kernels-notes.md). bn: keys per step (at most
+# 128: where a block's maximum sits is kept as an int8); bs: landmarks per tile
 # (None: 64 for d <= 64, else 32); num_warps: warps of the passes that score keys (one setting for all: the passes
 # that score keys again must reproduce the block-top pass's scores to the bit). block_top t > 1: the block-top pass
 # keeps the t largest scores of each key block and the start threshold is the kk-th largest of all of them (None: 2

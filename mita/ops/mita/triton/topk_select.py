@@ -41,7 +41,7 @@ def _kth_largest_key(key, valid, kk, LO: tl.constexpr, HI: tl.constexpr, STEPS: 
     # fewer than kk entries are valid, HI - 1 when kk <= 0 (int64). With STEPS < 32 the bisection stops early: t is
     # then that key rounded down to a multiple of 2^(32 - STEPS) above LO (HI - 2^(32 - STEPS) when kk <= 0), still
     # with count(key >= t) >= kk: a lower bound, as the long-row top-k's start threshold may be. (A radix select by
-    # four 8-bit tl.histogram rounds was slower on the H200: run 13.)
+    # four 8-bit tl.histogram rounds was slower on the H200.)
     # With int32 keys (LO = -2^31) every midpoint fits int32 (mid < hi <= 2^31), so the entries are compared as
     # int32: no int64 copy of the keys (registers, hence programs per SM).
     t = tl.full([], LO, tl.int64)
