@@ -127,14 +127,19 @@ class _Tables:
         self.pad = pad = reach
         self.side = side = n + 2 * pad
         self.area = side * side
-        win = 2 * reach + 1
 
         seed_theta = [d * np.pi / 180 for d in range(-180, 180)]
         # Growth moves: pixels on a circle of radius paddle_length + margin, one sample per pixel of arc.
         radius = p.paddle_length + p.margin
         arc = np.arange(0, 360, 360.0 / (2 * radius * np.pi)) * np.pi / 180
-        moves = sorted(set(zip(np.floor(radius * np.sin(arc)).astype(int).tolist(),
-                               np.floor(radius * np.cos(arc)).astype(int).tolist())))
+        moves = sorted(
+            set(
+                zip(
+                    np.floor(radius * np.sin(arc)).astype(int).tolist(),
+                    np.floor(radius * np.cos(arc)).astype(int).tolist(),
+                )
+            )
+        )
         self.moves = np.array(moves, dtype=np.int64)
         move_theta = [float(np.arctan2(dy, dx)) for dy, dx in moves]
         theta = np.array(seed_theta + move_theta)
@@ -144,8 +149,9 @@ class _Tables:
         stride = float(p.paddle_length + 2 * p.margin)
         self.stride = np.stack([stride * np.sin(theta), stride * np.cos(theta)], 1)
         back = [t + np.pi if t + np.pi < np.pi else t - np.pi for t in seed_theta]
-        self.seed_head = np.stack([float(p.paddle_length) * np.sin(seed_theta),
-                                   float(p.paddle_length) * np.cos(seed_theta)], 1)
+        self.seed_head = np.stack(
+            [float(p.paddle_length) * np.sin(seed_theta), float(p.paddle_length) * np.cos(seed_theta)], 1
+        )
         self.seed_pivot = np.stack([float(radius) * np.sin(back), float(radius) * np.cos(back)], 1)
 
         # Continuity weight of each move after each orientation.
@@ -158,26 +164,29 @@ class _Tables:
         inks, foots = zip(*(_paddle_stamps(t, p) for t in drawn))
         inks, foots = np.stack(inks), np.stack(foots)
 
-        def sparse(stamps: np.ndarray, keep) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        def sparse(stamps: np.ndarray, keep, levels: bool = False) -> tuple[np.ndarray, ...]:
             sel = [np.flatnonzero(keep(st.ravel())) for st in stamps]
             width = max(len(s) for s in sel)
             off = np.zeros((len(stamps), width), dtype=np.int64)
-            val = np.zeros((len(stamps), width))
+            val = np.zeros((len(stamps), width), dtype=np.uint8 if levels else np.float64)
             dy = np.zeros((len(stamps), width), dtype=np.int64)
             dx = np.zeros((len(stamps), width), dtype=np.int64)
             for i, s in enumerate(sel):
                 # Short lists are padded with their first pixel: a repeated index then writes one value.
                 s = np.concatenate([s, np.repeat(s[:1], width - len(s))])
                 off[i] = rel[s]
-                val[i] = stamps[i].ravel()[s].astype(np.float64) / 255
+                val[i] = stamps[i].ravel()[s] if levels else stamps[i].ravel()[s].astype(np.float64) / 255
                 dy[i] = ry.ravel()[s]
                 dx[i] = rx.ravel()[s]
             return off, val, dy, dx
 
+        # Masks hold the footprints' uint8 levels k (value k / 255, exactly the reference's floats).
         self.ink = sparse(inks, lambda v: v > 0)
-        self.foot = sparse(foots, lambda v: v > 0)
+        self.foot = sparse(foots, lambda v: v > 0, levels=True)
         # Only footprint pixels of at least 0.8 can reach the 1.8 collision level over a mask of at most 1.
         self.hard = sparse(foots, lambda v: v >= 200)[:2]
+        # Mask levels above 0.3 (busy for seeding): ``ceil(value - 0.3) != 0``.
+        self.busy = next(k for k in range(256) if math.ceil(k / 255 - 0.3) != 0)
 
         # Seeding kernels: the footprint of a seed paddle cut to (L + m) * 2 + 1 pixels with its start one pixel
         # past the kernel's anchor; pixels of full value count.
@@ -207,12 +216,11 @@ class _Tables:
 
         # Starting mask: the image border; the in-image pixels as flat canvas positions.
         base = np.zeros((side, side))
-        base[pad : pad + n, pad : pad + n] = 0.0
         base[pad : pad + p.padding, pad : pad + n] = 1.0
         base[pad + n - p.padding : pad + n, pad : pad + n] = 1.0
         base[pad : pad + n, pad : pad + p.padding] = 1.0
         base[pad : pad + n, pad + n - p.padding : pad + n] = 1.0
-        self.blank = base.ravel()
+        self.blank = (base.ravel() * 255).astype(np.uint8)
         self.pixels = ((yy + pad) * side + xx + pad).ravel()
 
         # First target tail: free pixels of the border plus a band of 2 * seed_distance, dilated by the kernel.
@@ -254,22 +262,37 @@ def _marker_images(p: Params) -> np.ndarray:
     return out
 
 
-def _stamp_max(tb: _Tables, canvas: np.ndarray, rows: np.ndarray, where: np.ndarray, ids: np.ndarray,
-               table: tuple, scale: float = 1.0) -> None:
+def _stamp_max(
+    tb: _Tables,
+    canvas: np.ndarray,
+    rows: np.ndarray,
+    where: np.ndarray,
+    ids: np.ndarray,
+    table: tuple,
+    scale: float = 1.0,
+) -> None:
     """Raise ``canvas`` (flat, rows of ``tb.area``) to the stamps ``ids`` at pixels ``where`` ([k, 2]) of ``rows``,
     dropping the parts outside the image."""
     off, val, dy, dx = table
     y = where[:, 0:1] + dy[ids]
     x = where[:, 1:2] + dx[ids]
     n = tb.side - 2 * tb.pad
-    v = np.where((y >= 0) & (y < n) & (x >= 0) & (x < n), val[ids] * scale, 0.0)
+    v = val[ids] if scale == 1.0 else val[ids] * scale
+    v = np.where((y >= 0) & (y < n) & (x >= 0) & (x < n), v, 0).astype(canvas.dtype, copy=False)
     idx = (rows * tb.area + tb.flat(where))[:, None] + off[ids]
     flat = canvas.reshape(-1)
     flat[idx] = np.maximum(flat[idx], v)
 
 
-def _grow(tb: _Tables, p: Params, masks: np.ndarray, rows: np.ndarray, pivot: np.ndarray, orient: np.ndarray,
-          rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _grow(
+    tb: _Tables,
+    p: Params,
+    masks: np.ndarray,
+    rows: np.ndarray,
+    pivot: np.ndarray,
+    orient: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One growth step for walkers on canvases ``rows`` -> (placed, new pivot, new orientation id, new head)."""
     n = p.size
     k = len(rows)
@@ -278,7 +301,7 @@ def _grow(tb: _Tables, p: Params, masks: np.ndarray, rows: np.ndarray, pivot: np
     inside = ((cand >= 0) & (cand < n)).all(-1)
     flat = masks.reshape(-1)
     at = (rows * tb.area)[:, None] + tb.flat(np.clip(cand, 0, n - 1))
-    near = flat[at[..., None] + tb.cross].max(-1)
+    near = flat[at[..., None] + tb.cross].max(-1) / 255
     weight = np.where(inside, (1 - near) * tb.bend[orient], 0.0)
     total = weight.sum(1)
     ok = total >= 1e-4
@@ -288,7 +311,7 @@ def _grow(tb: _Tables, p: Params, masks: np.ndarray, rows: np.ndarray, pivot: np
     ids = 360 + pick
     off, val = tb.hard
     heads = at[np.arange(k)[:, None], pick]
-    level = (flat[heads[..., None] + off[ids]] + val[ids]).max(-1)
+    level = (flat[heads[..., None] + off[ids]] / 255 + val[ids]).max(-1)
     free = level < 1.8
     placed = ok & free.any(1)
     first = free.argmax(1)
@@ -302,15 +325,20 @@ def _targets(tb: _Tables, p: Params, count: int, rng: np.random.Generator) -> di
     got: list[dict[str, np.ndarray]] = []
     have = 0
     while have < count:
-        k = max(64, 40 * (count - have))
+        k = min(max(64, 40 * (count - have)), 16384)
         heading = tb.first_headings[rng.integers(0, len(tb.first_headings), k)]
         pick = (rng.random(k) * np.array([len(tb.first_tails[d]) for d in heading])).astype(np.int64)
         t1 = np.array([tb.first_tails[d][i] for d, i in zip(heading, pick)], dtype=np.int64)
         tail1 = np.stack([t1 // n, t1 % n], 1)
         heading2 = rng.integers(0, 360, k)
         angle = rng.integers(0, 360, k) * np.pi / 180
-        tail2 = np.stack([np.round(tail1[:, 0] + p.seed_distance * np.sin(angle)),
-                          np.round(tail1[:, 1] + p.seed_distance * np.cos(angle))], 1).astype(np.int64)
+        tail2 = np.stack(
+            [
+                np.round(tail1[:, 0] + p.seed_distance * np.sin(angle)),
+                np.round(tail1[:, 1] + p.seed_distance * np.cos(angle)),
+            ],
+            1,
+        ).astype(np.int64)
         tails = np.stack([tail1, tail2], 1)
         orient = np.stack([heading, heading2], 1)
         heads = _ceil_shift(tails, tb.seed_head[orient])
@@ -357,9 +385,9 @@ def _distractors(tb: _Tables, p: Params, masks: np.ndarray, rng: np.random.Gener
             if len(rows) == 0:
                 continue
             heading = heading[rows]
-            busy = masks[rows][:, tb.pixels] > 0.3
+            busy = masks[rows][:, tb.pixels] >= tb.busy
             roomy = (~busy).sum(1) >= 0.01 * n * n
-            hit = masks[rows[:, None, None], tb.pixels[None, None, :] + tb.kernel[heading][:, :, None]] > 0.3
+            hit = masks[rows[:, None, None], tb.pixels[None, None, :] + tb.kernel[heading][:, :, None]] >= tb.busy
             free = ~hit.any(1)
             have = free.sum(1)
             keep = roomy & (have > 0)
@@ -397,8 +425,9 @@ def _distractors(tb: _Tables, p: Params, masks: np.ndarray, rng: np.random.Gener
     return placed_snakes
 
 
-def make_batch(labels: np.ndarray, rng: np.random.Generator, p: Params = Params(),
-               distractors: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def make_batch(
+    labels: np.ndarray, rng: np.random.Generator, p: Params = Params(), distractors: bool = True
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Images for ``labels`` -> ([k, size, size] uint8, record).
 
     The record holds per image ``tails`` and ``heads`` ([k, 2, 2], pixel (y, x) of each target snake's ends),
@@ -432,8 +461,14 @@ def make_batch(labels: np.ndarray, rng: np.random.Generator, p: Params = Params(
     span = img.max((1, 2), keepdims=True) - lo
     scaled = (img - lo) * (255.0 / np.where(span == 0, 1.0, span))
     out = (scaled.clip(0, 255) + 0.5).astype(np.uint8)
-    record = dict(tails=made["tails"], heads=made["heads"], markers=np.stack([o, t], 1), origin=origin,
-                  targets=tgt, distractors=dis)
+    record = dict(
+        tails=made["tails"],
+        heads=made["heads"],
+        markers=np.stack([o, t], 1),
+        origin=origin,
+        targets=tgt,
+        distractors=dis,
+    )
     return out, record
 
 
