@@ -19,8 +19,13 @@ and vectorised over many candidate images at once. Everything lives on the 32 x 
   Lanczos-resized) at most 1, combined by maximum and min-max scaled to uint8 (Lanczos ringing inks ~34% of pixels).
 - Label 1: markers on the tail and head of one target snake; label 0: the tail of one and the head of the other.
 
-Speed (2 cores, PNG writing included, ``--n 4000 --workers 1``): about 400 images/s per core; see the tests for the
-statistics that are checked.
+Checked against an emulation of the reference code (3,000 images each): marker-position kNN accuracy 0.64-0.66
+(reference 0.65), ink fraction 0.341 (0.342), mean pixel 20.2 (20.2), tails of the first snake in the same 3 x 3
+pixels with the same shares. Paddle and marker stamps, seeding sets and heading rejections, growth weights and the
+collision test equal those of the reference functions (run with OpenCV) on every heading and on random masks.
+
+Speed: 4,000 images with PNG writing (``--n 4000 --workers 1``) in 9.1 s on one process (about 440 images/s per
+core) while another job loaded both cores of a 2-core machine (load 3).
 
 Output::
 
@@ -180,11 +185,14 @@ class _Tables:
                 dx[i] = rx.ravel()[s]
             return off, val, dy, dx
 
-        # Masks hold the footprints' uint8 levels k (value k / 255, exactly the reference's floats).
+        # Masks hold the footprints' uint8 levels k; the reference keeps them as float32(k / 255), and its 1.8
+        # collision test depends on that rounding for a few level pairs.
+        self.value = np.float32(np.arange(256) / 255).astype(np.float64)
         self.ink = sparse(inks, lambda v: v > 0)
         self.foot = sparse(foots, lambda v: v > 0, levels=True)
         # Only footprint pixels of at least 0.8 can reach the 1.8 collision level over a mask of at most 1.
-        self.hard = sparse(foots, lambda v: v >= 200)[:2]
+        off, lev = sparse(foots, lambda v: v >= 200, levels=True)[:2]
+        self.hard = off, self.value[lev]
         # Mask levels above 0.3 (busy for seeding): ``ceil(value - 0.3) != 0``.
         self.busy = next(k for k in range(256) if math.ceil(k / 255 - 0.3) != 0)
 
@@ -277,7 +285,8 @@ def _stamp_max(
     y = where[:, 0:1] + dy[ids]
     x = where[:, 1:2] + dx[ids]
     n = tb.side - 2 * tb.pad
-    v = val[ids] if scale == 1.0 else val[ids] * scale
+    # Ink is held in float32 by the reference (uint8 / 255 times the contrast, then stored in a float32 image).
+    v = val[ids] if canvas.dtype == np.uint8 else (val[ids] * scale).astype(np.float32)
     v = np.where((y >= 0) & (y < n) & (x >= 0) & (x < n), v, 0).astype(canvas.dtype, copy=False)
     idx = (rows * tb.area + tb.flat(where))[:, None] + off[ids]
     flat = canvas.reshape(-1)
@@ -301,7 +310,7 @@ def _grow(
     inside = ((cand >= 0) & (cand < n)).all(-1)
     flat = masks.reshape(-1)
     at = (rows * tb.area)[:, None] + tb.flat(np.clip(cand, 0, n - 1))
-    near = flat[at[..., None] + tb.cross].max(-1) / 255
+    near = tb.value[flat[at[..., None] + tb.cross].max(-1)]
     weight = np.where(inside, (1 - near) * tb.bend[orient], 0.0)
     total = weight.sum(1)
     ok = total >= 1e-4
@@ -311,7 +320,7 @@ def _grow(
     ids = 360 + pick
     off, val = tb.hard
     heads = at[np.arange(k)[:, None], pick]
-    level = (flat[heads[..., None] + off[ids]] / 255 + val[ids]).max(-1)
+    level = (tb.value[flat[heads[..., None] + off[ids]]] + val[ids]).max(-1)
     free = level < 1.8
     placed = ok & free.any(1)
     first = free.argmax(1)
@@ -325,7 +334,7 @@ def _targets(tb: _Tables, p: Params, count: int, rng: np.random.Generator) -> di
     got: list[dict[str, np.ndarray]] = []
     have = 0
     while have < count:
-        k = min(max(64, 40 * (count - have)), 16384)
+        k = min(max(64, 40 * (count - have)), 2048)
         heading = tb.first_headings[rng.integers(0, len(tb.first_headings), k)]
         pick = (rng.random(k) * np.array([len(tb.first_tails[d]) for d in heading])).astype(np.int64)
         t1 = np.array([tb.first_tails[d][i] for d, i in zip(heading, pick)], dtype=np.int64)
