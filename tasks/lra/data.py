@@ -144,8 +144,9 @@ class LRADataModule(L.LightningDataModule):
         max_length: sequence length (longer inputs are truncated).
         batch_size: per-device batch size.
         num_workers: DataLoader workers.
-        pad_to: ``"max"`` pads every batch to ``max_length`` (static shapes, the LRA convention) or ``"batch"``
-            pads to the longest sequence of the batch (faster; the encoder is padding-invariant).
+        pad_to: ``"max"`` pads every batch to ``max_length`` (the LRA convention) or ``"batch"`` to the longest
+            sequence of the batch. The LRA encoder cuts each batch to its longest valid sequence (rounded up to its
+            ``pad_multiple``) either way, so this only changes the size of what the loader hands over.
         seed: seed of the splits the release does not fix.
         limit: keep at most this many examples per split (smoke tests and short runs); None keeps all.
         num_classes, vocab_size: optional, as written in the data config for the model to read
