@@ -154,3 +154,19 @@ def test_attention_config_mapping_gets_1d_layout() -> None:
     assert attn.landmark_layout == "1d" and attn.routing_only and attn.k == 4
     tokens, mask = _batch([20, 9], 24)
     assert model(tokens, mask).shape == (2, 2)
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTIONS))
+def test_all_padding_row_stays_finite(name: str) -> None:
+    """A row with no valid token (an all-black image under the pixel rule) gives finite logits and leaves the other
+    rows as they are alone."""
+    torch.manual_seed(0)
+    model = LRAEncoder(16, 96, 3, attention=name, attention_kwargs=ATTENTIONS[name]).eval()
+    tokens, mask = _scattered(3, 96, 0.5, seed=5)
+    mask[1] = True
+    tokens = tokens.masked_fill(mask, 0)
+    with torch.no_grad():
+        out = model(tokens, mask)
+        alone = model(tokens[2:], mask[2:])
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[2:], alone, atol=1e-5, rtol=1e-5)
