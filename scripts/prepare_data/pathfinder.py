@@ -481,11 +481,6 @@ def make_batch(
     return out, record
 
 
-def make_image(label: int, rng: np.random.Generator, p: Params = Params()) -> np.ndarray:
-    """One [size, size] uint8 Pathfinder image (label 1: both markers on one snake)."""
-    return make_batch(np.array([label]), rng, p)[0][0]
-
-
 def metadata_line(batch: int, index: int, label: int, p: Params) -> str:
     """The release's metadata line for one image (space separated; label in field 4)."""
     return (
