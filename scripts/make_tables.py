@@ -279,7 +279,14 @@ def read_flops(path: Path) -> dict[str, dict[str, str]]:
 def _commit(rec: dict[str, Any]) -> str:
     git = rec.get("git") or {}
     commit = (git.get("commit") or "?")[:8] + ("+dirty" if git.get("dirty") else "")
-    return commit + (" (stamped)" if git.get("source") == "stamped" else "")
+    commit += " (stamped)" if git.get("source") == "stamped" else ""
+    # A run continued across commits lists the earlier ones its processes ran (None: not recorded).
+    earlier = []
+    for c in rec.get("segment_commits") or []:
+        short = (c or "?")[:8]
+        if c != git.get("commit") and short not in earlier:
+            earlier.append(short)
+    return commit + (f", earlier segments at {', '.join(earlier)}" if earlier else "")
 
 
 def _wall(rec: dict[str, Any]) -> str:
@@ -589,7 +596,7 @@ def listops_rule_note(path: Path) -> list[str]:
     acc = {name: 100 * split["first_operator"] for name, split in rec["splits"].items()}
     return [
         "",
-        "ListOps yardstick: the rule \"predict the most frequent training label of the root operator\" (it reads one",
+        'ListOps yardstick: the rule "predict the most frequent training label of the root operator" (it reads one',
         f"token) scores {acc['train']:.2f} on our train split, {acc['val']:.2f} on val and {acc['test']:.2f} on test",
         f"({rec['date'][:10]}, `{rec['command']}`). The ListOps rows' test means lie within 1.1 points of that",
         "rule, and their best-validation accuracies near its val score, so the rows learned about what the rule",
@@ -676,7 +683,9 @@ def main() -> None:
         "--readme", default=str(REPO / "README.md"), help="README whose generated-tables block to update ('' for none)"
     )
     parser.add_argument(
-        "--import", dest="import_dir", metavar="DIR",
+        "--import",
+        dest="import_dir",
+        metavar="DIR",
         help="first copy the records under DIR (e.g. outputs/runs) that may fill a row into --records",
     )
     args = parser.parse_args()

@@ -106,20 +106,25 @@ class ThroughputMonitor(Callback):
 class RunClock(Callback):
     """The run's wall time over all its processes, and a clean stop at a wall-clock deadline.
 
-    The time spent so far and the number of processes the run has taken are saved in every checkpoint, so a run
-    continued with ``resume=auto`` reports its whole training time. With a ``deadline`` (Unix time), training
-    stops after the first optimiser step that ends past it; the caller then saves a checkpoint to continue from.
+    The time spent so far, the number of processes the run has taken and the commit each of them ran are saved
+    in every checkpoint, so a run continued with ``resume=auto`` reports its whole training time and every commit
+    that trained it. With a ``deadline`` (Unix time), training stops after the first optimiser step that ends
+    past it; the caller then saves a checkpoint to continue from.
 
     Args:
         start: Unix time at which this process started the run.
         deadline: Unix time to stop training at, or None.
+        commit: the commit this process runs (None if unknown).
     """
 
-    def __init__(self, start: float, deadline: float | None = None) -> None:
+    def __init__(self, start: float, deadline: float | None = None, commit: str | None = None) -> None:
         self.start = float(start)
         self.deadline = None if deadline is None else float(deadline)
         self.before = 0.0
         self.segments = 1
+        self.commit = commit
+        # The commit of every process of the run, this one last (None where a checkpoint did not say).
+        self.commits: list[str | None] = [commit]
         self.stopped = False
 
     def elapsed(self) -> float:
@@ -127,11 +132,16 @@ class RunClock(Callback):
         return self.before + time.time() - self.start
 
     def state_dict(self) -> dict[str, Any]:
-        return {"elapsed": self.elapsed(), "segments": self.segments}
+        return {"elapsed": self.elapsed(), "segments": self.segments, "commits": list(self.commits)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.before = float(state_dict.get("elapsed", 0.0))
-        self.segments = int(state_dict.get("segments", 1)) + 1
+        earlier = int(state_dict.get("segments", 1))
+        self.segments = earlier + 1
+        commits = list(state_dict.get("commits") or [])
+        # Checkpoints written before commits were kept: the earlier processes' commits are unknown.
+        commits = ([None] * (earlier - len(commits)) + commits)[-earlier:] if earlier else []
+        self.commits = [*commits, self.commit]
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if self.deadline is not None and time.time() >= self.deadline:

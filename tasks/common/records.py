@@ -131,6 +131,7 @@ def write_record(
     best: float | None = None,
     smoke: bool = False,
     segments: int = 1,
+    segment_commits: list[str | None] | None = None,
 ) -> Path:
     """Write ``<results_dir>/<experiment>/<date>-<hash>.json`` and append a line to ``<results_dir>/index.csv``.
 
@@ -150,6 +151,8 @@ def write_record(
         best: the best value of the reported metric seen during training (already scaled), if tracked.
         smoke: True for runs on tiny data (never shown in tables).
         segments: processes the training ran in (1 + the number of resumes from a checkpoint).
+        segment_commits: the commit each of those processes ran, in order (None where unknown); by default the
+            earlier ones are unknown and the last is this process's.
 
     Returns:
         Path of the JSON record.
@@ -160,6 +163,9 @@ def write_record(
     if report and report.get("key") in metrics and metrics[report["key"]] is not None:
         value = float(metrics[report["key"]]) * float(report.get("scale", 1.0))
     hw = hardware()
+    git = git_state()
+    if segment_commits is None:
+        segment_commits = [None] * (segments - 1) + [git["commit"]]
     record = {
         "experiment": experiment,
         "paper": _plain(paper) if paper else None,
@@ -169,7 +175,7 @@ def write_record(
         "command": "python -m tasks.run " + " ".join(overrides),
         "argv": sys.argv,
         "overrides": overrides,
-        "git": git_state(),
+        "git": git,
         "hardware": dict(hw, world_size=world_size, summary=hardware_summary(hw, world_size)),
         "versions": versions(),
         "date": date,
@@ -177,6 +183,7 @@ def write_record(
         "epochs": epochs,
         "wall_time_s": round(wall_time_s, 2),
         "segments": segments,
+        "segment_commits": list(segment_commits),
         "concurrency": concurrency(),
         "output_dir": output_dir,
         "config": _plain(config),

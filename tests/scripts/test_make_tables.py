@@ -34,6 +34,7 @@ def record(
     source: str | None = "git",
     max_epochs: int = -1,
     epochs: int = 3,
+    segment_commits: list[str | None] | None = None,
 ) -> dict[str, Any]:
     """A run record with the keys ``tasks.common.records.write_record`` writes (and the optional new ones)."""
     overrides = [f"experiment={experiment}"] if overrides is None else overrides
@@ -60,7 +61,8 @@ def record(
         "steps": steps,
         "epochs": epochs,
         "wall_time_s": wall_time_s,
-        "segments": 1,
+        "segments": len(segment_commits) if segment_commits else 1,
+        "segment_commits": segment_commits or [commit],
         "output_dir": "/somewhere/outputs/" + experiment,
         "config": {"seed": 0, "trainer": {"max_steps": max_steps, "max_epochs": max_epochs}},
         "concurrency": concurrency,
@@ -260,6 +262,13 @@ def test_stamped_commit_is_marked(runs, tmp_path):
     assert "01234567 (stamped)" in row(table(tmp_path), "lra/listops-full")
 
 
+def test_run_continued_across_commits_names_the_earlier_ones(runs, tmp_path):
+    last = "0123456789abcdef0123456789abcdef01234567"
+    write(runs, record("lra/listops-full", 37.0, segment_commits=[None, "feedbeef" * 5, "feedbeef" * 5, last]))
+    cell = row(table(tmp_path), "lra/listops-full")
+    assert "01234567, earlier segments at ?, feedbeef" in cell
+
+
 def test_time_cell_prefers_the_run_and_marks_estimates():
     estimate = {"estimate_h": "0.25", "hardware": "NVIDIA H200", "date": "2026-11-30T10:00:00Z"}
     assert make_tables.time_cell([{"wall_time_s": 7200}], estimate) == "2.00 h"
@@ -374,9 +383,11 @@ def test_import_copies_qualifying_records_with_their_files_and_indexes_relative_
 
 
 def test_listops_rule_note_reads_the_record(tmp_path: Path) -> None:
-    splits = {"train": {"n": 7, "first_operator": 5 / 7, "majority": 3 / 7},
-              "val": {"n": 4, "first_operator": 0.75, "majority": 0.25},
-              "test": {"n": 4, "first_operator": 0.5, "majority": 0.25}}
+    splits = {
+        "train": {"n": 7, "first_operator": 5 / 7, "majority": 3 / 7},
+        "val": {"n": 4, "first_operator": 0.75, "majority": 0.25},
+        "test": {"n": 4, "first_operator": 0.5, "majority": 0.25},
+    }
     path = tmp_path / "rule.json"
     path.write_text(json.dumps({"command": "python x --baseline", "date": "2026-12-04T16:05:32Z", "splits": splits}))
     note = "\n".join(make_tables.listops_rule_note(path))

@@ -93,6 +93,30 @@ def test_resume_auto_continues_the_step_count(tmp_path):
     assert (out / "csv" / "metrics-before-resume-0.csv").exists() and (out / "csv" / "metrics.csv").exists()
 
 
+def test_resumed_run_records_the_commit_of_every_segment(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("MITA_COMMIT", "a" * 40)
+    run_in_process([*SMOKE, "trainer.max_steps=1", "validate=false", "record=false"], out)
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    clock = next(v for k, v in ckpt["callbacks"].items() if "RunClock" in k)
+    assert clock["segments"] == 1 and clock["commits"] == ["a" * 40]
+    monkeypatch.setenv("MITA_COMMIT", "b" * 40)
+    second = run_in_process([*SMOKE, "trainer.max_steps=2", "resume=auto", "validate=false"], out)
+    record = json.loads(Path(second["record"]).read_text())
+    assert record["segments"] == 2 and record["segment_commits"] == ["a" * 40, "b" * 40]
+    assert record["git"]["commit"] == "b" * 40
+
+
+def test_run_clock_reads_checkpoints_without_commits():
+    from tasks.common.callbacks import RunClock
+
+    clock = RunClock(0.0, commit="c")
+    clock.load_state_dict({"elapsed": 5.0, "segments": 2})
+    assert clock.segments == 3 and clock.commits == [None, None, "c"] and clock.before == 5.0
+    clock.load_state_dict({"elapsed": 5.0, "segments": 2, "commits": ["a", "b"]})
+    assert clock.commits == ["a", "b", "c"]
+
+
 def test_config_error_in_process_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         run_in_process(["experiment=synthetic/shapes-mita", "debug=smoke", "model.attention.m=100"], tmp_path / "run")
