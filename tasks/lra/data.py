@@ -105,10 +105,14 @@ def pad_batch(seqs: Sequence[np.ndarray], length: int | None) -> tuple[torch.Ten
         (tokens [B, L] long, padding mask [B, L] bool, True = padding).
     """
     length = length or max(len(s) for s in seqs)
-    tokens = torch.full((len(seqs), length), PAD, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        s = torch.as_tensor(np.asarray(s[:length], dtype=np.int64))
-        tokens[i, : len(s)] = s
+    rows = [torch.as_tensor(s[:length]) for s in seqs]
+    if all(len(r) == length for r in rows):
+        # Fixed-length rows (the pixel tasks): one copy instead of one per row.
+        tokens = torch.stack(rows).long()
+    else:
+        tokens = torch.full((len(rows), length), PAD, dtype=torch.long)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r)] = r
     return tokens, tokens == PAD
 
 

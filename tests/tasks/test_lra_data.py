@@ -9,12 +9,14 @@ import torch
 from tasks.arxiv.data import ARXIV_LABELS, ArxivDataModule
 from tasks.lra.data import (
     LISTOPS_VOCAB,
+    PAD,
     ImageDataModule,
     ListOpsDataModule,
     PathfinderDataModule,
     RetrievalDataModule,
     TextDataModule,
     listops_tokens,
+    pad_batch,
     rgb_to_gray,
 )
 from tasks.lra.fake import (
@@ -159,3 +161,23 @@ def test_arxiv_parquet_export(tmp_path) -> None:
 def test_missing_root_raises(tmp_path) -> None:
     with pytest.raises(FileNotFoundError):
         ListOpsDataModule(str(tmp_path / "nowhere")).setup()
+
+
+@pytest.mark.parametrize("length", [None, 3, 6])
+def test_pad_batch_pads_truncates_and_marks_padding(length):
+    seqs = [np.array([5, 6, 7, 8]), torch.tensor([9, 10], dtype=torch.int16), np.array([11, 12, 13, 14, 15])]
+    tokens, mask = pad_batch(seqs, length)
+    width = length or 5
+    assert tokens.dtype == torch.long and tokens.shape == (3, width)
+    for row, seq in zip(tokens.tolist(), seqs, strict=True):
+        kept = [int(v) for v in seq[:width]]
+        assert row == kept + [PAD] * (width - len(kept))
+    assert torch.equal(mask, tokens == PAD)
+
+
+def test_pad_batch_of_equal_length_rows_is_their_stack():
+    rows = torch.randint(0, 256, (4, 8), dtype=torch.int16)
+    tokens, mask = pad_batch(list(rows), 8)
+    assert tokens.dtype == torch.long and torch.equal(tokens, rows.long()) and torch.equal(mask, rows == 0)
+    tokens, _ = pad_batch(list(rows), 5)
+    assert torch.equal(tokens, rows[:, :5].long())
