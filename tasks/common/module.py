@@ -144,7 +144,6 @@ class ClassificationModule(NetModule):
         self.test_metrics = self._metrics("test/")
         self.val_loss = torchmetrics.MeanMetric()
         self.test_loss = torchmetrics.MeanMetric()
-        self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=num_classes, average="micro")
 
     def _metrics(self, prefix: str, postfix: str = "") -> torchmetrics.MetricCollection:
         metrics = {
@@ -169,8 +168,8 @@ class ClassificationModule(NetModule):
         loss = self.train_loss(logits, target)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         if self.mixup is None:
-            self.train_acc(logits.detach(), y)
-            self.log("train/acc1", self.train_acc, on_step=True, on_epoch=False)
+            # The batch's top-1 accuracy as a device tensor: no host synchronisation in the training step.
+            self.log("train/acc1", (logits.detach().argmax(-1) == y).float().mean(), on_step=True, on_epoch=False)
         return loss
 
     def _eval_step(self, batch: Any, metrics: torchmetrics.MetricCollection, loss_metric, prefix: str) -> None:

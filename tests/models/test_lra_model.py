@@ -146,6 +146,23 @@ def test_framework_module_takes_lra_batches() -> None:
     assert losses[-1] < 0.5 * losses[0]
 
 
+def test_training_step_logs_the_batch_accuracy() -> None:
+    from tasks.common.module import ClassificationModule
+
+    torch.manual_seed(0)
+    net = LRAEncoder(16, 16, 2, attention="full")
+    module = ClassificationModule(net, num_classes=2, optimizer={"name": "adamw", "lr": 3e-3}, top_k=(1,))
+    logged = {}
+    module.log = lambda name, value, **k: logged.__setitem__(name, value)
+    tokens, mask = _batch([16, 10, 12, 5, 7, 16], 16, seed=3)
+    label = torch.tensor([0, 1, 1, 0, 1, 1])
+    module.eval()  # no dropout: the two forwards below see the same logits
+    module.training_step({"x": tokens, "key_padding_mask": mask, "label": label}, 0)
+    with torch.no_grad():
+        expected = (net(tokens, mask).argmax(-1) == label).float().mean()
+    assert isinstance(logged["train/acc1"], torch.Tensor) and logged["train/acc1"].item() == expected.item()
+
+
 def test_attention_config_mapping_gets_1d_layout() -> None:
     """The attention group's mapping (2D layout by default) builds 1D MiTA layers in the sequence encoder."""
     spec = {"name": "mita", "m": 4, "k": 4, "landmark_layout": "official", "routing_only": True}

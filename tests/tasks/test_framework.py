@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -76,6 +77,9 @@ def test_smoke_run_writes_a_record_with_provenance(tmp_path):
     assert record["result"]["value"] == pytest.approx(100 * record["metrics"]["val/acc1"])
     assert (tmp_path / "run" / "csv" / "metrics.csv").exists()
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
+    with (tmp_path / "run" / "csv" / "metrics.csv").open() as f:
+        train_acc = [float(r["train/acc1"]) for r in csv.DictReader(f) if r.get("train/acc1")]
+    assert train_acc and all(0.0 <= a <= 1.0 for a in train_acc)
 
 
 def test_resume_auto_continues_the_step_count(tmp_path):
