@@ -1,6 +1,8 @@
-"""The package's shape: no module of mita/ over 800 lines, and no import cycle among mita's modules (imports
-parsed with ast, function-level ones included; ``from pkg import name`` counts as an import of ``pkg.name`` when
-that is a module, else of ``pkg``; importing a module is not counted as importing its parent packages)."""
+"""The package's shape: no module of mita/ over 800 lines, no function over 150 lines (from its def line to the end
+of its body, decorators excluded; Triton kernels and their @triton.jit helpers included), and no import cycle among
+mita's modules (imports parsed with ast, function-level ones included; ``from pkg import name`` counts as an import
+of ``pkg.name`` when that is a module, else of ``pkg``; importing a module is not counted as importing its parent
+packages)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 
 MITA = Path(__file__).resolve().parents[2] / "mita"
 MAX_LINES = 800
+MAX_FUNCTION_LINES = 150
 
 
 def _modules() -> dict[str, Path]:
@@ -107,6 +110,42 @@ def test_import_graph_sees_function_level_and_relative_imports(tmp_path):
 def test_no_module_over_800_lines():
     long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def long_functions(path: Path, limit: int) -> dict[str, int]:
+    """Qualified name -> length of each function (methods and nested functions too) in the file longer than limit."""
+    out = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef) and (n := child.end_lineno - child.lineno + 1) > limit:
+                    out[name] = n
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(), str(path)), "")
+    return out
+
+
+def test_long_functions_counts_from_the_def_line(tmp_path):
+    path = tmp_path / "m.py"
+    lines = ["@decorator", "def f():", *[f"    x{i} = {i}" for i in range(4)], "", "", "class C:", "    def g(self):"]
+    lines += ["        def h():", *[f"            x{i} = {i}" for i in range(4)]]
+    path.write_text("\n".join(lines) + "\n")
+    assert long_functions(path, 4) == {"f": 5, "C.g": 6, "C.g.h": 5}
+    assert long_functions(path, 5) == {"C.g": 6}
+
+
+def test_no_function_over_150_lines():
+    long = {
+        f"{name}.{fn}": n
+        for name, path in _modules().items()
+        for fn, n in long_functions(path, MAX_FUNCTION_LINES).items()
+    }
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
 def test_no_import_cycle_in_mita():

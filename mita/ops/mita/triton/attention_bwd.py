@@ -375,46 +375,15 @@ def _dkdv_final_kernel(
 _MATCH_MAX = 1 << 28
 
 
-def mita_bwd(
-    do,
-    q,
-    k,
-    v,
-    r,
-    vt,
-    o,
-    lse,
-    plan: RoutingPlan,
-    S: int,
-    shared: bool,
-    scale: float,
-    sscale: float,
-    key_valid=None,
-    lv_lse=None,
-):
-    """Fused backward, landmark values' backward included.
-
-    Args:
-        do, q, k, v, o: ``[BH, N, d]`` or ``[B, H, N, d]``; q, k, v in one layout (``heads_layout``), o as
-            :func:`mita_fwd` gives it (a copy when not), do any layout of o's shape with a contiguous last dim
-            (read in place with its own strides, ``grad_layouts``; a copy otherwise);
-            r, vt: ``[BH, m, d]``; lse: the forward's ``[BH, N]`` log2 LSE.
-        key_valid: ``[BH, N]`` bool or None; lv_lse: the landmark values' ``[BH, m]`` log2 LSE (with ``shared``).
-
-    Returns:
-        ``(dq, dk, dv, dr)`` in the dtypes of q, k, v, r (one rounding each: everything is summed in float32 first);
-        dq, dk, dv contiguous, shaped as q.
-    """
-    lay = heads_layout(q, k, v)
+def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared, scale, sscale, bn, bs, prec, up):
+    """dq (``_mita_bwd_dq_kernel``) -> (dq ``[BH, N, d]`` in q's dtype, delta ``[BH, N]`` float32 that the kernel
+    writes for the dk, dv and shared kernels)."""
     BH, m, D = r.shape
     N = q.shape[-2]
     ksel = plan.idx.shape[-1]
     nrows = N * S
     T = plan.tile_e.shape[1]
-    bn, bs = _blocks(m, ksel, D)
-    prec, up = _prec(q.dtype), _upcast(q.dtype)
     dev = q.device
-    o, do, dlay = grad_layouts(o, do)
     direct = S == 1
     delta = torch.empty(BH, N, device=dev, dtype=torch.float32)
     dq = q.new_empty(BH, N, D) if direct else torch.empty(BH, nrows, D, device=dev, dtype=torch.float32)
@@ -458,7 +427,15 @@ def mita_bwd(
     )
     if not direct:
         dq = dq.view(BH, N, S, D).sum(dim=2).to(q.dtype)
-    # Routed keys/values: one row per (expert, slot), then a per-key reduction in a fixed order.
+    return dq, delta
+
+
+def _bwd_dkdv_routed(do, q, k, v, lse, delta, plan: RoutingPlan, lay, dlay, S, scale, bn, prec, up):
+    """dk, dv of every routed (expert, slot), each in its own float32 row (``_mita_bwd_dkdv_routed_kernel``) ->
+    (dk_e, dv_e) ``[BH, m ksel, d]``."""
+    BH, m, ksel = plan.idx.shape
+    N, D = q.shape[-2], q.shape[-1]
+    dev = q.device
     bmk = 32 if D <= 64 else 16
     L = m * ksel
     dk_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
@@ -478,7 +455,7 @@ def mita_bwd(
         N,
         m,
         ksel,
-        nrows,
+        N * S,
         *lay,
         *dlay,
         scale,
@@ -491,63 +468,86 @@ def mita_bwd(
         UP=up,
         num_warps=4,
     )
+    return dk_e, dv_e
+
+
+def _key_lists(idx: torch.Tensor, N: int):
+    """How the per-key reduction finds a key's (expert, slot) rows -> (csr, ptr, perm, kp): by matching each key block
+    against every expert's index list (csr False; ptr and perm are idx, unused), or through a CSR list from a stable
+    sort (ptr ``[BH, N + 1]``, perm ``[BH, m ksel]`` int32) when that costs more than ``_MATCH_MAX``; kp: the
+    matching's padded list length."""
+    BH, m, ksel = idx.shape
     kp = max(16, _next_pow2(ksel))
     csr = BH * N * m * kp > _MATCH_MAX
     if csr:
-        flat = plan.idx.view(BH, L).long()
+        flat = idx.view(BH, m * ksel).long()
         flat = torch.where(flat < 0, N, flat)
         sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
-        ar = torch.arange(N + 1, device=dev, dtype=sorted_idx.dtype)
+        ar = torch.arange(N + 1, device=idx.device, dtype=sorted_idx.dtype)
         ptr = torch.searchsorted(sorted_idx.contiguous(), ar.expand(BH, N + 1).contiguous()).to(torch.int32)
         perm = perm.to(torch.int32).contiguous()
     else:
-        ptr = perm = plan.idx
-    if shared:
-        bms = 64 if D <= 64 else 32
-        n_sblk = _cdiv(m, bs)
-        # Enough query chunks to fill the GPU; partial sums are reduced in a fixed order.
-        n_chunk = max(1, min(_cdiv(N, 4 * bms), _cdiv(512, n_sblk * BH)))
-        chunk = _cdiv(_cdiv(N, n_chunk), bms) * bms
-        n_chunk = _cdiv(N, chunk)
-        dr = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
-        dvt = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
-        fast(_mita_bwd_shared_kernel)[(n_sblk, n_chunk, BH)](
-            q,
-            r,
-            vt,
-            do,
-            lse,
-            delta,
-            dr,
-            dvt,
-            N,
-            m,
-            chunk,
-            *lay,
-            *dlay,
-            sscale,
-            sscale * LOG2E,
-            D=D,
-            BM=bms,
-            BS=bs,
-            PREC=prec,
-            UP=up,
-            num_warps=4,
-        )
-        dr = dr[:, 0] if n_chunk == 1 else dr.sum(1)
-        dvt = (dvt[:, 0] if n_chunk == 1 else dvt.sum(1)).to(r.dtype)
-        lv_delta = (dvt.float() * vt.float()).sum(-1).contiguous()
-    else:
-        dvt = lv_delta = lv_lse = vt
-    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else delta
+        ptr = perm = idx
+    return csr, ptr, perm, kp
+
+
+def _bwd_shared(do, q, r, vt, lse, delta, lay, dlay, sscale, bs, prec, up):
+    """The shared expert's dR and d(landmark values) (``_mita_bwd_shared_kernel``: partial sums per query chunk,
+    summed in order) -> (dr float32, dvt in r's dtype, lv_delta ``[BH, m]`` float32)."""
+    BH, m, D = r.shape
+    N = q.shape[-2]
+    dev = q.device
+    bms = 64 if D <= 64 else 32
+    n_sblk = _cdiv(m, bs)
+    # Enough query chunks to fill the GPU; partial sums are reduced in a fixed order.
+    n_chunk = max(1, min(_cdiv(N, 4 * bms), _cdiv(512, n_sblk * BH)))
+    chunk = _cdiv(_cdiv(N, n_chunk), bms) * bms
+    n_chunk = _cdiv(N, chunk)
+    dr = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
+    dvt = torch.empty(BH, n_chunk, m, D, device=dev, dtype=torch.float32)
+    fast(_mita_bwd_shared_kernel)[(n_sblk, n_chunk, BH)](
+        q,
+        r,
+        vt,
+        do,
+        lse,
+        delta,
+        dr,
+        dvt,
+        N,
+        m,
+        chunk,
+        *lay,
+        *dlay,
+        sscale,
+        sscale * LOG2E,
+        D=D,
+        BM=bms,
+        BS=bs,
+        PREC=prec,
+        UP=up,
+        num_warps=4,
+    )
+    dr = dr[:, 0] if n_chunk == 1 else dr.sum(1)
+    dvt = (dvt[:, 0] if n_chunk == 1 else dvt.sum(1)).to(r.dtype)
+    lv_delta = (dvt.float() * vt.float()).sum(-1).contiguous()
+    return dr, dvt, lv_delta
+
+
+def _bwd_dkdv_final(
+    dk_e, dv_e, idx, perm, ptr, r, k, v, kv, dvt, lv_lse, lv_delta, lay, csr, kp, lbs, shared, has_kv, scale, prec, up
+):
+    """dk, dv in k's and v's dtypes: each key's routed rows summed in a fixed order, the landmark values' part added
+    with ``shared`` (``_dkdv_final_kernel``)."""
+    BH, m, ksel = idx.shape
+    N, D = k.shape[-2], k.shape[-1]
     dk = k.new_empty(BH, N, D)
     dv = v.new_empty(BH, N, D)
     bk = 32
-    lbs = int(min(64 if D <= 64 else 32, max(16, _next_pow2(m))))
     fast(_dkdv_final_kernel)[(_cdiv(N, bk), BH)](
         dk_e,
         dv_e,
-        plan.idx,
+        idx,
         perm,
         ptr,
         r,
@@ -562,13 +562,13 @@ def mita_bwd(
         N,
         m,
         ksel,
-        L,
+        m * ksel,
         *lay,
         scale,
         scale * LOG2E,
         CSR=csr,
         LV=shared,
-        HAS_KV=key_valid is not None,
+        HAS_KV=has_kv,
         D=D,
         BK=bk,
         KP=kp,
@@ -577,36 +577,97 @@ def mita_bwd(
         UP=up,
         num_warps=4,
     )
+    return dk, dv
+
+
+def _bwd_lv_dr(r, k, v, kv, dvt, lv_lse, lv_delta, lay, lbs, has_kv, scale, prec, up):
+    """dR of the landmark values (``_lv_bwd_dr_kernel``: partials per key chunk, summed in order), float32."""
+    BH, m, D = r.shape
+    N = k.shape[-2]
+    nc, ch = _n_chunks(N, m, _cdiv(m, lbs), BH, 64)
+    dr_lv = torch.empty(BH, nc, m, D, device=r.device, dtype=torch.float32)
+    fast(_lv_bwd_dr_kernel)[(_cdiv(m, lbs), nc, BH)](
+        r,
+        k,
+        v,
+        kv,
+        dvt,
+        lv_lse,
+        lv_delta,
+        dr_lv,
+        N,
+        m,
+        ch,
+        *lay,
+        scale,
+        scale * LOG2E,
+        HAS_KV=has_kv,
+        D=D,
+        BS=lbs,
+        BN=64,
+        PREC=prec,
+        UP=up,
+        num_warps=4,
+    )
+    return dr_lv[:, 0] if nc == 1 else dr_lv.sum(1)
+
+
+def mita_bwd(
+    do,
+    q,
+    k,
+    v,
+    r,
+    vt,
+    o,
+    lse,
+    plan: RoutingPlan,
+    S: int,
+    shared: bool,
+    scale: float,
+    sscale: float,
+    key_valid=None,
+    lv_lse=None,
+):
+    """Fused backward, landmark values' backward included.
+
+    Args:
+        do, q, k, v, o: ``[BH, N, d]`` or ``[B, H, N, d]``; q, k, v in one layout (``heads_layout``), o as
+            :func:`mita_fwd` gives it (a copy when not), do any layout of o's shape with a contiguous last dim
+            (read in place with its own strides, ``grad_layouts``; a copy otherwise);
+            r, vt: ``[BH, m, d]``; lse: the forward's ``[BH, N]`` log2 LSE.
+        key_valid: ``[BH, N]`` bool or None; lv_lse: the landmark values' ``[BH, m]`` log2 LSE (with ``shared``).
+
+    Returns:
+        ``(dq, dk, dv, dr)`` in the dtypes of q, k, v, r (one rounding each: everything is summed in float32 first);
+        dq, dk, dv contiguous, shaped as q.
+    """
+    lay = heads_layout(q, k, v)
+    BH, m, D = r.shape
+    N = q.shape[-2]
+    bn, bs = _blocks(m, plan.idx.shape[-1], D)
+    prec, up = _prec(q.dtype), _upcast(q.dtype)
+    o, do, dlay = grad_layouts(o, do)
+    dq, delta = _bwd_dq(do, q, k, v, r, vt, o, lse, plan, lay, dlay, S, shared, scale, sscale, bn, bs, prec, up)
+    # Routed keys/values: one row per (expert, slot), then a per-key reduction in a fixed order.
+    dk_e, dv_e = _bwd_dkdv_routed(do, q, k, v, lse, delta, plan, lay, dlay, S, scale, bn, prec, up)
+    csr, ptr, perm, kp = _key_lists(plan.idx, N)
+    if shared:
+        dr, dvt, lv_delta = _bwd_shared(do, q, r, vt, lse, delta, lay, dlay, sscale, bs, prec, up)
+    else:
+        dvt = lv_delta = lv_lse = vt
+    kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else delta
+    has_kv = key_valid is not None
+    lbs = int(min(64 if D <= 64 else 32, max(16, _next_pow2(m))))
+    dk, dv = _bwd_dkdv_final(
+        dk_e, dv_e, plan.idx, perm, ptr, r, k, v, kv, dvt, lv_lse, lv_delta, lay, csr, kp, lbs, shared, has_kv, scale,
+        prec, up,
+    )  # fmt: skip
     # The per-entry rows are summed into dk, dv: free them (and the CSR list) before the dR partials.
     del dk_e, dv_e, perm, ptr
     if shared:
         # dR of the landmark values (dR partials per key chunk, summed in order) joins the shared expert's dR.
-        nc, ch = _n_chunks(N, m, _cdiv(m, lbs), BH, 64)
-        dr_lv = torch.empty(BH, nc, m, D, device=dev, dtype=torch.float32)
-        fast(_lv_bwd_dr_kernel)[(_cdiv(m, lbs), nc, BH)](
-            r,
-            k,
-            v,
-            kv,
-            dvt,
-            lv_lse,
-            lv_delta,
-            dr_lv,
-            N,
-            m,
-            ch,
-            *lay,
-            scale,
-            scale * LOG2E,
-            HAS_KV=key_valid is not None,
-            D=D,
-            BS=lbs,
-            BN=64,
-            PREC=prec,
-            UP=up,
-            num_warps=4,
-        )
-        dr = (dr + (dr_lv[:, 0] if nc == 1 else dr_lv.sum(1))).to(r.dtype)
+        dr = (dr + _bwd_lv_dr(r, k, v, kv, dvt, lv_lse, lv_delta, lay, lbs, has_kv, scale, prec, up)).to(r.dtype)
     else:
         dr = torch.zeros_like(r)
     return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr

@@ -21,6 +21,8 @@ The kernels are in ``topk_scan.py`` (passes that score keys) and ``topk_select.p
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from mita.ops.mita.triton.common import LOG2E, _cdiv, _next_pow2, _prec, _sm_count, _upcast, heads_layout, regs_cap
@@ -122,6 +124,159 @@ def _valid_counts(key_valid: torch.Tensor, ksel: int) -> torch.Tensor:
     return key_valid.sum(-1).clamp(max=ksel).to(torch.int32)
 
 
+class _ScanPlan(NamedTuple):
+    """Geometry and settings of the long-row path, from SCAN_CONFIG and the shapes (``_scan_plan``)."""
+
+    bn: int  # keys per block
+    bs: int  # landmarks per tile
+    n_s: int  # landmark tiles
+    NB: int  # key blocks per row
+    topt: int  # block tops the start threshold reads
+    planes: int  # block tops the block-top pass keeps
+    e3: int  # emit_top 3
+    steps: int  # bisection steps of the start threshold
+    lvf: bool  # landmark values from the block-top pass
+    lv_lazy: int  # the landmark values' online softmax (SCAN_CONFIG lv_lazy)
+    G: int  # key chunks per row
+    CH: int  # keys per chunk
+    cap: int  # candidate-list length
+    rows: int  # BH * M
+    bg: int  # key blocks per step of the block-top pass
+    bb: int  # key blocks per step of the count + emit pass
+    even: bool  # the block-top pass without masks
+    fused: bool  # fused_select
+
+
+def _scan_plan(BH: int, M: int, N: int, D: int, ksel: int, cap: int | None, has_kv: bool, lvf: bool) -> _ScanPlan:
+    """The long-row path's settings (SCAN_CONFIG checked), tiles and key chunks."""
+    bn = SCAN_CONFIG["bn"]
+    bs = SCAN_CONFIG["bs"] or (64 if D <= 64 else 32)
+    n_s = _cdiv(M, bs)
+    NB = _cdiv(N, bn)
+    topt = SCAN_CONFIG.get("block_top")
+    topt = int(topt) if topt is not None else (2 if NB * 2 <= _START_ENTRIES else 1)
+    if topt < 1 or topt > bn:
+        raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
+    e_top = SCAN_CONFIG.get("emit_top")
+    e_top = int(e_top) if e_top is not None else _emit_top(N, ksel, bn)
+    if e_top not in (2, 3):
+        raise ValueError(f"SCAN_CONFIG['emit_top'] must be 2, 3 or None, got {e_top}")
+    e3 = int(e_top == 3)
+    steps = int(SCAN_CONFIG["start_steps"])
+    if not 12 <= steps <= 32:
+        raise ValueError(f"SCAN_CONFIG['start_steps'] must be in [12, 32], got {steps}")
+    if not 16 <= bn <= 128:
+        raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
+    lv_lazy = SCAN_CONFIG["lv_lazy"]
+    if lv_lazy is None:
+        # 2 was faster at 64K and 256K; 1M was not timed with it and keeps 1.
+        lv_lazy = 2 if N <= 1 << 18 else 1
+    if lv_lazy not in (0, 1, 2):
+        raise ValueError(f"SCAN_CONFIG['lv_lazy'] must be 0, 1, 2 or None, got {lv_lazy}")
+    G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
+    if lvf:
+        if int(SCAN_CONFIG["lv_div"]) < 1:
+            raise ValueError(f"SCAN_CONFIG['lv_div'] must be >= 1, got {SCAN_CONFIG['lv_div']}")
+        G = max(1, min(G, N // (int(SCAN_CONFIG["lv_div"]) * M)))
+    CH = _cdiv(_cdiv(N, G), bn) * bn
+    G = _cdiv(N, CH)
+    cap = _next_pow2(max(cap or 2 * ksel, ksel, 64))
+    _final_narrow(cap)
+    # Key blocks per step of the block-top pass (bg) and of the sparse count + emit pass (bb), at most a chunk's.
+    bg = min(8, _next_pow2(CH // bn))
+    bb = SCAN_CONFIG["emit_bb"] or max(2, min(32, _next_pow2(CH // bn)))
+    if bb & (bb - 1) or not 2 <= bb <= 32:
+        raise ValueError(f"SCAN_CONFIG['emit_bb'] must be a power of 2 in [2, 32] or None, got {bb}")
+    # The block-top pass without masks: no padding, whole landmark tiles, whole steps of bg blocks in every chunk.
+    even = not has_kv and M % bs == 0 and N % CH == 0 and CH % (bn * bg) == 0
+    # Block tops: plane t = each key block's (t+1)-th largest score per row (at least two planes, three with emit_top
+    # 3: the count + emit pass reads them).
+    planes = max(topt, 2 + e3)
+    return _ScanPlan(
+        bn=bn, bs=bs, n_s=n_s, NB=NB, topt=topt, planes=planes, e3=e3, steps=steps, lvf=lvf, lv_lazy=lv_lazy, G=G,
+        CH=CH, cap=cap, rows=BH * M, bg=bg, bb=bb, even=even, fused=bool(SCAN_CONFIG["fused_select"]),
+    )  # fmt: skip
+
+
+class _ScanBuffers(NamedTuple):
+    """The long-row path's device buffers (``_scan_buffers``)."""
+
+    cmax: torch.Tensor
+    arg: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+    done: torch.Tensor
+    off: torch.Tensor
+    cnt: torch.Tensor
+    cand: torch.Tensor
+    idx: torch.Tensor
+    pm: torch.Tensor
+    pl: torch.Tensor
+    pacc: torch.Tensor
+    vv: torch.Tensor
+    lv_scale: float
+
+
+def _scan_buffers(p: _ScanPlan, r: torch.Tensor, ksel: int, lv: tuple | None) -> _ScanBuffers:
+    """Allocate the long-row path's buffers (each written by a kernel before it is read)."""
+    BH, M, D = r.shape
+    dev, rows, G = r.device, p.rows, p.G
+    # Block tops: planes [rows, NB] of scores, and where in the block the largest is (with emit_top 3 also the
+    # second).
+    cmax = torch.empty(p.planes, rows, p.NB, device=dev, dtype=torch.float32)
+    arg = torch.empty(1 + p.e3, rows, p.NB, device=dev, dtype=torch.int8)
+    # State slot i = (lo, hi, done) of each row before refinement pass i; slot _PASSES: the final state.
+    lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
+    hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
+    done = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int32)
+    # Per row: the atomic slot counter of the candidate list (ends as the count of keys >= the start threshold);
+    # then the persistent fallback kernel's barrier counter.
+    off = torch.empty(rows + 1, device=dev, dtype=torch.int32)
+    # Refinement counts [passes, rows, P], then the per-chunk counts of the fallback rows [rows, G, 2].
+    cnt = torch.empty(_PASSES * rows * _P + rows * G * 2, device=dev, dtype=torch.int32)
+    cand = torch.empty(rows, p.cap, device=dev, dtype=torch.int64)
+    idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
+    if p.lvf:
+        # The landmark values' split-key partials, one per (key chunk, landmark), merged by the final selection.
+        pm = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
+        pl = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
+        pacc = torch.empty(BH, G, M, D, device=dev, dtype=torch.float32)
+        vv, lv_scale = lv[0], lv[1] * LOG2E
+    else:
+        pm = pl = pacc = vv = r
+        lv_scale = 1.0
+    return _ScanBuffers(cmax, arg, lo, hi, done, off, cnt, cand, idx, pm, pl, pacc, vv, lv_scale)
+
+
+def _topk_small(r, k, kv, kk, key_valid, ksel: int, lay, NP: int, prec, up) -> torch.Tensor:
+    """Short rows: the on-chip top-k (``_topk_small_kernel``), one program per (16 landmarks, head)."""
+    BH, M, D = r.shape
+    N = k.shape[-2]
+    idx = torch.empty(BH, M, ksel, device=r.device, dtype=torch.int32)
+    bs = 16
+    fast(_topk_small_kernel)[(_cdiv(M, bs), BH)](
+        r,
+        k,
+        kv,
+        kk,
+        idx,
+        N,
+        M,
+        ksel,
+        *lay,
+        HAS_KV=key_valid is not None,
+        D=D,
+        BS=bs,
+        NP=NP,
+        KP=max(16, _next_pow2(ksel)),
+        PREC=prec,
+        UP=up,
+        EXACT=interpreting(),
+        num_warps=4 if NP <= 256 else 8,
+    )
+    return idx
+
+
 def exact_topk(
     r: torch.Tensor,
     k: torch.Tensor,
@@ -165,172 +320,97 @@ def exact_topk(
     BH, M, D = r.shape
     N = k.shape[-2]
     lay = heads_layout(k) if lv is None else heads_layout(k, lv[0])
-    dev = r.device
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     prec, up = _prec(r.dtype), _upcast(r.dtype)
     # Without padding every row keeps ksel keys: no count tensor (the kernels take ksel).
     kk = _valid_counts(key_valid, ksel) if key_valid is not None else r
     NP = max(16, _next_pow2(N))
     if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
-        idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
-        bs = 16
-        fast(_topk_small_kernel)[(_cdiv(M, bs), BH)](
-            r,
-            k,
-            kv,
-            kk,
-            idx,
-            N,
-            M,
-            ksel,
-            *lay,
-            HAS_KV=key_valid is not None,
-            D=D,
-            BS=bs,
-            NP=NP,
-            KP=max(16, _next_pow2(ksel)),
-            PREC=prec,
-            UP=up,
-            EXACT=interpreting(),
-            num_warps=4 if NP <= 256 else 8,
-        )
+        idx = _topk_small(r, k, kv, kk, key_valid, ksel, lay, NP, prec, up)
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
-    bn = SCAN_CONFIG["bn"]
-    bs = SCAN_CONFIG["bs"] or (64 if D <= 64 else 32)
-    n_s = _cdiv(M, bs)
-    NB = _cdiv(N, bn)
-    topt = SCAN_CONFIG.get("block_top")
-    topt = int(topt) if topt is not None else (2 if NB * 2 <= _START_ENTRIES else 1)
-    if topt < 1 or topt > bn:
-        raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
-    e_top = SCAN_CONFIG.get("emit_top")
-    e_top = int(e_top) if e_top is not None else _emit_top(N, ksel, bn)
-    if e_top not in (2, 3):
-        raise ValueError(f"SCAN_CONFIG['emit_top'] must be 2, 3 or None, got {e_top}")
-    e3 = int(e_top == 3)
-    steps = int(SCAN_CONFIG["start_steps"])
-    if not 12 <= steps <= 32:
-        raise ValueError(f"SCAN_CONFIG['start_steps'] must be in [12, 32], got {steps}")
-    if not 16 <= bn <= 128:
-        raise ValueError(f"SCAN_CONFIG['bn'] must be in [16, 128], got {bn}")
-    lvf = lv is not None
-    lv_lazy = SCAN_CONFIG["lv_lazy"]
-    if lv_lazy is None:
-        # 2 was faster at 64K and 256K; 1M was not timed with it and keeps 1.
-        lv_lazy = 2 if N <= 1 << 18 else 1
-    if lv_lazy not in (0, 1, 2):
-        raise ValueError(f"SCAN_CONFIG['lv_lazy'] must be 0, 1, 2 or None, got {lv_lazy}")
-    G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
-    if lvf:
-        if int(SCAN_CONFIG["lv_div"]) < 1:
-            raise ValueError(f"SCAN_CONFIG['lv_div'] must be >= 1, got {SCAN_CONFIG['lv_div']}")
-        G = max(1, min(G, N // (int(SCAN_CONFIG["lv_div"]) * M)))
-    CH = _cdiv(_cdiv(N, G), bn) * bn
-    G = _cdiv(N, CH)
-    cap = _next_pow2(max(cap or 2 * ksel, ksel, 64))
-    _final_narrow(cap)
-    rows = BH * M
-    grid = (n_s, G, BH)
-    # Key blocks per step of the block-top pass (bg) and of the sparse count + emit pass (bb), at most a chunk's.
-    bg = min(8, _next_pow2(CH // bn))
-    bb = SCAN_CONFIG["emit_bb"] or max(2, min(32, _next_pow2(CH // bn)))
-    if bb & (bb - 1) or not 2 <= bb <= 32:
-        raise ValueError(f"SCAN_CONFIG['emit_bb'] must be a power of 2 in [2, 32] or None, got {bb}")
-    common = dict(HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(), P=_P)
-    # The block-top pass without masks: no padding, whole landmark tiles, whole steps of bg blocks in every chunk.
-    even = key_valid is None and M % bs == 0 and N % CH == 0 and CH % (bn * bg) == 0
+    p = _scan_plan(BH, M, N, D, ksel, cap, key_valid is not None, lv is not None)
+    common = dict(HAS_KV=key_valid is not None, D=D, BS=p.bs, BN=p.bn, PREC=prec, UP=up, EXACT=interpreting(), P=_P)
+    b = _scan_buffers(p, r, ksel, lv)
 
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
 
-    # Block tops: plane t = each key block's (t+1)-th largest score per row (at least two planes, three with emit_top
-    # 3: the count + emit pass reads them), and where in the block the largest is (with emit_top 3 also the second).
-    planes = max(topt, 2 + e3)
-    cmax = torch.empty(planes, rows, NB, device=dev, dtype=torch.float32)
-    arg = torch.empty(1 + e3, rows, NB, device=dev, dtype=torch.int8)
-    # State slot i = (lo, hi, done) of each row before refinement pass i; slot _PASSES: the final state.
-    lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
-    hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
-    done = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int32)
-    # Per row: the atomic slot counter of the candidate list (ends as the count of keys >= the start threshold);
-    # then the persistent fallback kernel's barrier counter.
-    off = torch.empty(rows + 1, device=dev, dtype=torch.int32)
-    # Refinement counts [passes, rows, P], then the per-chunk counts of the fallback rows [rows, G, 2].
-    cnt = torch.empty(_PASSES * rows * _P + rows * G * 2, device=dev, dtype=torch.int32)
-    cand = torch.empty(rows, cap, device=dev, dtype=torch.int64)
-    idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
-    if lvf:
-        # The landmark values' split-key partials, one per (key chunk, landmark), merged below.
-        pm = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
-        pl = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
-        pacc = torch.empty(BH, G, M, D, device=dev, dtype=torch.float32)
-        vv, lv_scale = lv[0], lv[1] * LOG2E
-    else:
-        pm = pl = pacc = vv = r
-        lv_scale = 1.0
-
     def scan(mode, i_pass=0):
-        fast(_topk_scan_kernel)[grid](
-            r, k, kv, kk, lo, hi, done, cmax, arg, cnt, off, cand, vv, pm, pl, pacc, lv_scale, N, M, CH, G, NB, cap,
-            ksel, *lay, rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=planes if mode == 0 else 1, BB=bb,
-            BG=bg if mode == 0 else 1, E3=e3 if mode in (0, 4) else 0, LVF=lvf and mode == 0,
-            EVEN=even and mode == 0, LAZY=int(lv_lazy) if lvf and mode == 0 else 0,
+        fast(_topk_scan_kernel)[(p.n_s, p.G, BH)](
+            r, k, kv, kk, b.lo, b.hi, b.done, b.cmax, b.arg, b.cnt, b.off, b.cand, b.vv, b.pm, b.pl, b.pacc, b.lv_scale,
+            N, M, p.CH, p.G, p.NB, p.cap, ksel, *lay, p.rows, i_pass,
+            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=p.planes if mode == 0 else 1, BB=p.bb,
+            BG=p.bg if mode == 0 else 1, E3=p.e3 if mode in (0, 4) else 0, LVF=p.lvf and mode == 0,
+            EVEN=p.even and mode == 0, LAZY=int(p.lv_lazy) if p.lvf and mode == 0 else 0,
             **common,
             num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
 
-    run("block maxima" if not lvf else "block maxima + landmark values", lambda: scan(0))
+    run("block maxima" if not p.lvf else "block maxima + landmark values", lambda: scan(0))
     if after_scan is not None:
         after_scan()
-    # Groups of f block entries keep the start kernel's maxima in registers (<= _START_ENTRIES per row).
-    f = _next_pow2(_cdiv(NB * topt, _START_ENTRIES))
-    gp = _next_pow2(_cdiv(NB * topt, f))
-    kp = _next_pow2(ksel)
-    merge = lvf
-    if lvf:
-        vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
-        lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
+    if p.lvf:
+        vt = torch.empty(BH, M, D, device=r.device, dtype=r.dtype)
+        lse = torch.empty(BH, M, device=r.device, dtype=torch.float32)
     else:
         vt = lse = r
-    fused = bool(SCAN_CONFIG["fused_select"])
-    final_kw = dict(CP=cap)
-    if fused:
-        eb = SCAN_CONFIG["select_eb"] or max(16, min(1024, _next_pow2(NB)))
+    _select(p, b, r, k, kv, kk, vt, lse, ksel, lay, common, run, scan)
+    if stats is not None:
+        stats["cap"] = p.cap
+        stats["counts"] = b.off[: p.rows].clone()
+        stats["overflow_rows"] = (b.off[: p.rows] > p.cap).sum()
+    _fallback(p, b, r, k, kv, kk, vt, lse, ksel, lay, common, run)
+    if lv is None:
+        return b.idx
+    return b.idx, vt, lse
+
+
+def _select(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, ksel: int, lay, common: dict, run, scan) -> None:
+    """Start threshold, count + emit and top-k of the candidate lists: one per-row kernel (fused_select 1), or the
+    start kernel and the count + emit pass (0: the top-k follows the fallback, ``_fallback``)."""
+    M, N = r.shape[1], k.shape[-2]
+    # Groups of f block entries keep the start kernel's maxima in registers (<= _START_ENTRIES per row).
+    f = _next_pow2(_cdiv(p.NB * p.topt, _START_ENTRIES))
+    gp = _next_pow2(_cdiv(p.NB * p.topt, f))
+    if p.fused:
+        eb = SCAN_CONFIG["select_eb"] or max(16, min(1024, _next_pow2(p.NB)))
         if eb & (eb - 1) or eb < 16:
             raise ValueError(f"SCAN_CONFIG['select_eb'] must be a power of 2 >= 16 or None, got {eb}")
         run(
-            "start + count + emit + top-k (per row)" + (" + landmark values merge" if merge else ""),
-            lambda: fast(_topk_select_kernel)[(rows,)](
-                r, k, kv, cmax, arg, kk, lo, hi, off, cnt, cand, idx, pm, pl, pacc, vt, lse, N, M, NB * topt, NB, cap,
-                ksel, *lay, rows, G,
-                HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, ONE_PLANE=topt == 1, STEPS=steps,
-                NARROW=bool(SCAN_CONFIG["start_narrow"]), D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
-                E3=e3, EB=eb, FNARROW=_final_narrow(cap), MERGE=merge, BC=min(64, _next_pow2(G)),
-                **final_kw, num_warps=SCAN_CONFIG["num_warps"],
+            "start + count + emit + top-k (per row)" + (" + landmark values merge" if p.lvf else ""),
+            lambda: fast(_topk_select_kernel)[(p.rows,)](
+                r, k, kv, b.cmax, b.arg, kk, b.lo, b.hi, b.off, b.cnt, b.cand, b.idx, b.pm, b.pl, b.pacc, vt, lse, N,
+                M, p.NB * p.topt, p.NB, p.cap, ksel, *lay, p.rows, p.G,
+                F=f, GP=gp, ONE_PLANE=p.topt == 1, STEPS=p.steps, NARROW=bool(SCAN_CONFIG["start_narrow"]), E3=p.e3,
+                EB=eb, FNARROW=_final_narrow(p.cap), MERGE=p.lvf, BC=min(64, _next_pow2(p.G)), CP=p.cap, **common,
+                num_warps=SCAN_CONFIG["num_warps"],
             ),
         )  # fmt: skip
     else:
         run(
             "start threshold",
-            lambda: fast(_topk_start_kernel)[(rows,)](
-                cmax, kk, lo, hi, off, cnt, cand, M, NB * topt, NB, cap, ksel, rows,
-                HAS_KV=key_valid is not None, F=f, GP=gp, P=_P, CB=min(cap, 1024), ONE_PLANE=topt == 1, STEPS=steps,
+            lambda: fast(_topk_start_kernel)[(p.rows,)](
+                b.cmax, kk, b.lo, b.hi, b.off, b.cnt, b.cand, M, p.NB * p.topt, p.NB, p.cap, ksel, p.rows,
+                HAS_KV=common["HAS_KV"], F=f, GP=gp, P=_P, CB=min(p.cap, 1024), ONE_PLANE=p.topt == 1, STEPS=p.steps,
                 NARROW=bool(SCAN_CONFIG["start_narrow"]),
                 num_warps=8 if gp * f >= 4096 else 4,
             ),
         )  # fmt: skip
         # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
         run("count + emit (sparse, atomic slots)", lambda: scan(4))
-    if stats is not None:
-        stats["cap"] = cap
-        stats["counts"] = off[:rows].clone()
-        stats["overflow_rows"] = (off[:rows] > cap).sum()
-    fb_final = fused
+
+
+def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, ksel: int, lay, common: dict, run) -> None:
+    """The rows with more candidates than the list holds: refinement passes, recount and ordered emit in one launch of
+    persistent programs (which returns at once when no row needs it; with fused_select it also selects those rows'
+    top-k); without fused_select, then the top-k of every row's list."""
+    BH, M = r.shape[0], r.shape[1]
+    N = k.shape[-2]
+    dev = r.device
+    fb_final = p.fused
     fb_kw = dict(
-        P=_P, HAS_KV=key_valid is not None, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
-        RB=min(4096, _next_pow2(rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FINAL=fb_final,
-        FNARROW=_final_narrow(cap), **final_kw, num_warps=SCAN_CONFIG["num_warps"],
+        **common, RB=min(4096, _next_pow2(p.rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FINAL=fb_final,
+        FNARROW=_final_narrow(p.cap), CP=p.cap, num_warps=SCAN_CONFIG["num_warps"],
     )  # fmt: skip
     okey = (dev.index, tuple(sorted(fb_kw.items())))
     if interpreting():
@@ -338,13 +418,14 @@ def exact_topk(
     else:
         # As many programs as the SMs hold at once (_resident_per_sm; one per SM until the first launch of these
         # constexprs has compiled the kernel), so that every program is resident.
-        nprog = min(n_s * G * BH, _sm_count(dev) * _FB_RESIDENT.get(okey, 1))
+        nprog = min(p.n_s * p.G * BH, _sm_count(dev) * _FB_RESIDENT.get(okey, 1))
     if SCAN_CONFIG["fb_programs"]:
         nprog = min(nprog, int(SCAN_CONFIG["fb_programs"]))
 
     def fallback():
         compiled = fast(_topk_fallback_kernel)[(nprog,)](
-            r, k, kv, kk, lo, hi, done, cnt, off, cand, idx, N, M, CH, G, NB, cap, ksel, *lay, rows, n_s, BH, nprog,
+            r, k, kv, kk, b.lo, b.hi, b.done, b.cnt, b.off, b.cand, b.idx, N, M, p.CH, p.G, p.NB, p.cap, ksel, *lay,
+            p.rows, p.n_s, BH, nprog,
             **fb_kw,
         )  # fmt: skip
         if not interpreting() and okey not in _FB_RESIDENT and compiled is not None:
@@ -354,21 +435,19 @@ def exact_topk(
         "fallback rows (refinement, recount, ordered emit" + (", top-k" if fb_final else "") + "; persistent)",
         fallback,
     )
-    final_cap = 96 if cap <= 512 and kp >= 64 else 0
+    kp = _next_pow2(ksel)
+    final_cap = 96 if p.cap <= 512 and kp >= 64 else 0
     if not fb_final:
         run(
-            ("top-k of the fallback rows' lists" if fused else "top-k of the candidate list")
-            + (" + landmark values merge" if merge and not fused else ""),
-            lambda: fast(_topk_final_kernel)[(rows,)](
-                cand, idx, ksel, cap, pm, pl, pacc, vt, lse, off, M, G,
-                NARROW=_final_narrow(cap), MERGE=merge and not fused, D=D, BC=min(64, _next_pow2(G)),
-                FB_ONLY=fused, **final_kw, num_warps=4 if cap <= 512 else 8,
+            ("top-k of the fallback rows' lists" if p.fused else "top-k of the candidate list")
+            + (" + landmark values merge" if p.lvf and not p.fused else ""),
+            lambda: fast(_topk_final_kernel)[(p.rows,)](
+                b.cand, b.idx, ksel, p.cap, b.pm, b.pl, b.pacc, vt, lse, b.off, M, p.G,
+                NARROW=_final_narrow(p.cap), MERGE=p.lvf and not p.fused, D=common["D"], BC=min(64, _next_pow2(p.G)),
+                FB_ONLY=p.fused, CP=p.cap, num_warps=4 if p.cap <= 512 else 8,
                 **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
             ),
         )  # fmt: skip
-    if lv is None:
-        return idx
-    return idx, vt, lse
 
 
 def _compile_cases() -> list:

@@ -3,9 +3,10 @@ refinement passes of long rows.
 
 - ``_topk_small_kernel`` (rows up to ``topk.SMALL_N`` keys): one program per (16 landmarks, head) keeps the
   [landmarks, N] order keys on chip and finds the k-th largest by bisection (``_topk_select``).
-- ``_topk_scan_body`` / ``_topk_scan_kernel``: the passes over a long row's key blocks (block tops, the count +
-  emit pass, the fallback's refinement passes, recount and ordered emission), with the landmark values' split-key
-  partials computed from the block-top pass's scores (``LVF``).
+- ``_topk_scan_body`` / ``_topk_scan_kernel``: the passes over a long row's key blocks, one helper each: block tops
+  (``_scan_block_tops``), with the landmark values' split-key partials computed from the same scores (``LVF``);
+  the count + emit pass (``_scan_emit``); the fallback's refinement passes (``_scan_counts``), recount and ordered
+  emission (``_scan_band``).
 - The order-key helpers (``_order_key``, ``_pack_key``, ``_key_threshold``, ``_first_max``) and the per-row
   refinement state (``_topk_state``, ``_narrow``) these passes and the selection kernels (``topk_select``) share.
 
@@ -229,87 +230,298 @@ def _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV: tl.conste
 
 
 @triton.jit
+def _clear_lists(CAND, row, fb, CAP, BS: tl.constexpr, BN: tl.constexpr):
+    # Empty the [CAP] candidate lists of the tile's fallback rows fb [BS].
+    for c0 in range(0, CAP, BN):
+        o_e = c0 + tl.arange(0, BN)
+        tl.store(
+            CAND + row[:, None] * CAP + o_e[None, :],
+            tl.full([BS, BN], _EMPTY, tl.int64),
+            mask=fb[:, None] & (o_e < CAP)[None, :],
+        )
+
+
+@triton.jit
+def _chunk_offsets(CNT, row, need, i_g, G, nrows, MODE: tl.constexpr, P: tl.constexpr, BS: tl.constexpr,
+                   BN: tl.constexpr, CM: tl.constexpr):  # fmt: skip
+    # MODE 3: where this chunk's keys go in each row's list -> (w_hi, w_band) [BS], from the per-chunk counts of MODE 2:
+    # the earlier chunks' keys >= hi, and every chunk's keys >= hi then the earlier chunks' keys in [lo, hi). MODE 2
+    # writes nothing: zeros.
+    w_hi = tl.zeros([BS], tl.int32)
+    w_band = tl.zeros([BS], tl.int32)
+    if MODE == 3:
+        CC = CNT + _NPASS * nrows * P
+        n_hi = tl.zeros([BS], tl.int32)
+        for g0 in range(0, G, BN):
+            o_g = g0 + tl.arange(0, BN)
+            m_g = need[:, None] & (o_g < G)[None, :]
+            a_hi = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2, mask=m_g, other=0, cache_modifier=CM)
+            a_band = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2 + 1, mask=m_g, other=0, cache_modifier=CM)
+            before = (o_g < i_g)[None, :]
+            n_hi += tl.sum(a_hi, 1)
+            w_hi += tl.sum(tl.where(before, a_hi, 0), 1)
+            w_band += tl.sum(tl.where(before, a_band, 0), 1)
+        w_band += n_hi
+    return w_hi, w_band
+
+
+@triton.jit
+def _emit_rescored(b_r, K_h, KV, OFF, CAND, i_bh, row, more, t_f, b0, n1, N, CAP, SN, o_d, HAS_KV: tl.constexpr,
+                   BB: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+                   EXACT: tl.constexpr):  # fmt: skip
+    # MODE 4, the blocks b0 + j whose block tops do not settle them (more [BS, BB]: the rows that need block j): score
+    # them again (the same dot as MODE 0, so the same scores to the bit) and give every key >= t_f a slot of its list.
+    b_more = tl.max(more, 0)  # [BB]: does any row need block j scored again
+    if tl.max(b_more, 0) > 0:
+        o_c = tl.arange(0, BB)
+        for j in range(BB):
+            if tl.max(tl.where(o_c == j, b_more, 0), 0) > 0:
+                m_row = tl.max(tl.where(o_c[None, :] == j, more, 0), 1) > 0
+                o_n = (b0 + j) * BN + tl.arange(0, BN)
+                m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
+                m_c = m_row[:, None] & m_n[None, :] & (b_sc >= t_f)
+                r_slot = tl.atomic_add(OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :]), 1, mask=m_c, sem="relaxed")
+                r_packed = _pack_key(b_sc, o_n[None, :])
+                tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
+
+
+@triton.jit
+def _scan_emit(b_r, K_h, KV, CMAX, ARG, OFF, CAND, i_bh, row, need, b_tf, n0, n1, N, NBLK, CAP, PS, SN, o_d,
+               HAS_KV: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
+               BB: tl.constexpr, E3: tl.constexpr):  # fmt: skip
+    # MODE 4: every key >= the start threshold b_tf takes a slot of its row's list from the row's atomic counter OFF
+    # and is written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The list's
+    # order does not matter: the final top-k orders by the packed value. Sparse: reads the block tops of BB blocks at
+    # a time, not the keys. A block whose second largest score is below the threshold holds at most one key at or
+    # above it, its maximum, written from (CMAX, ARG) as they are; only blocks whose second score reaches it are
+    # scored again (_emit_rescored) for the rows that need it. E3: a block whose third largest score is below the
+    # threshold holds at most two such keys, also written from the block tops; only blocks with three or more are
+    # scored again.
+    t_f = b_tf[:, None]
+    for b0 in range(n0 // BN, (n1 + BN - 1) // BN, BB):
+        o_b = b0 + tl.arange(0, BB)
+        m_e = need[:, None] & (o_b < (n1 + BN - 1) // BN)[None, :]
+        e_at = row[:, None] * NBLK + o_b[None, :]
+        e_max = tl.load(CMAX + e_at, mask=m_e, other=float("-inf"))
+        e_sec = tl.load(CMAX + PS + e_at, mask=m_e, other=float("-inf"))
+        # Blocks with exactly one key >= t: their maximum (the first key holding it; unique, as the second score is
+        # below it). (The offset of masked-off lanes only keeps the pointer tile from being a broadcast, which triton
+        # 3.8 rejects for atomics.)
+        one = m_e & (e_max >= t_f) & (e_sec < t_f)
+        e_n = o_b[None, :] * BN + tl.load(ARG + e_at, mask=m_e, other=0).to(tl.int32)
+        packed = _pack_key(e_max, e_n)
+        if E3:
+            # ... and blocks with exactly two: their maximum and their second (two slots at once).
+            e_thr = tl.load(CMAX + 2 * PS + e_at, mask=m_e, other=float("-inf"))
+            two = m_e & (e_sec >= t_f) & (e_thr < t_f)
+            emit = one | two
+            slot = tl.atomic_add(
+                OFF + row[:, None] + tl.where(emit, 0, o_b[None, :]),
+                tl.where(two, 2, 1),
+                mask=emit,
+                sem="relaxed",
+            )
+            tl.store(CAND + row[:, None] * CAP + slot, packed, mask=emit & (slot < CAP))
+            e_n2 = o_b[None, :] * BN + tl.load(ARG + PS + e_at, mask=m_e, other=0).to(tl.int32)
+            packed2 = _pack_key(e_sec, e_n2)
+            tl.store(CAND + row[:, None] * CAP + slot + 1, packed2, mask=two & (slot + 1 < CAP))
+            # Blocks with three or more: score them again, for the rows that need it.
+            more = (m_e & (e_thr >= t_f)).to(tl.int32)
+        else:
+            slot = tl.atomic_add(OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed")
+            tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
+            # Blocks with two or more: score them again, for the rows that need it.
+            more = (m_e & (e_sec >= t_f)).to(tl.int32)
+        _emit_rescored(
+            b_r, K_h, KV, OFF, CAND, i_bh, row, more, t_f, b0, n1, N, CAP, SN, o_d, HAS_KV, BB, BN, PREC, UP, EXACT
+        )
+
+
+@triton.jit
+def _scan_block_tops(b_r, K_h, V, KV, CMAX, ARG, PM, PL, PACC, scale_log2, i_bh, i_g, o_j, m_j, row, o_d, n0, n1, N,
+                     M, G, NBLK, PS, H, SB, SH, SN, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                     BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, TOPT: tl.constexpr,
+                     BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
+                     LAZY: tl.constexpr):  # fmt: skip
+    # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT, rows,
+    # NBLK] (plane t: the (t+1)-th largest), and where in its block the largest is -> ARG [rows, NBLK] (int8; the first
+    # such key). E3 (TOPT >= 3): also where the second largest is -> ARG plane 1. Each block top is a plain maximum
+    # and the first key equal to it (_first_max).
+    # EVEN: no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key blocks load and
+    # the block tops reduce without masks.
+    # LVF: the same scores also give the landmark values' split-key partials of this chunk, softmax(s * scale) v as
+    # (max, sum, accumulator) in log2 units -> PM, PL [BH, G, M], PACC [BH, G, M, D] (merged by _lv_merge_kernel), so
+    # the keys are scored once for both. LAZY: their online softmax is _softmax_lazy's (2: _softmax_fma's); with EVEN
+    # and LAZY they reuse the block maxima.
+    # BG key blocks per step: their tops gather in [BS, BG] registers and are stored at once (one store per row and
+    # plane instead of one per block).
+    o_c = tl.arange(0, BG)
+    nb1 = (n1 + BN - 1) // BN
+    if LVF:
+        V_h = _head_ptr(V, i_bh, H, SB, SH)
+        l_m = tl.full([BS], float("-inf"), tl.float32)
+        l_l = tl.zeros([BS], tl.float32)
+        l_acc = tl.zeros([BS, D], tl.float32)
+    for g0 in range(n0, n1, BN * BG):
+        a_max = tl.full([BS, BG], float("-inf"), tl.float32)
+        a_sec = tl.full([BS, BG], float("-inf"), tl.float32)
+        a_arg = tl.zeros([BS, BG], tl.int32)
+        if E3:
+            a_thr = tl.full([BS, BG], float("-inf"), tl.float32)
+            a_arg2 = tl.zeros([BS, BG], tl.int32)
+        for j in range(BG):
+            n_b = g0 + j * BN
+            o_n = n_b + tl.arange(0, BN)
+            if EVEN:
+                # The same dot of the same operands as _key_block_scores: the same bits.
+                b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
+                b_sc = _score(b_r, b_k, PREC, UP, EXACT)
+                b_x = b_sc
+                b_max = tl.max(b_x, 1)
+                if LVF:
+                    b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
+                    if LAZY == 2:
+                        l_m, l_l, l_acc = _softmax_fma_max(b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                    elif LAZY:
+                        l_m, l_l, l_acc = _softmax_lazy_max(b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                    else:
+                        l_m, l_l, l_acc = _softmax_step(b_sc * scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+            else:
+                m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
+                if LVF:
+                    b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+                    if LAZY == 2:
+                        b_ls = tl.where(m_n[None, :], b_sc, float("-inf"))
+                        l_m, l_l, l_acc = _softmax_fma(b_ls, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                    elif LAZY:
+                        b_ls = tl.where(m_n[None, :], b_sc, float("-inf"))
+                        l_m, l_l, l_acc = _softmax_lazy(b_ls, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
+                    else:
+                        b_ls = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
+                        l_m, l_l, l_acc = _softmax_step(b_ls, b_v, l_m, l_l, l_acc, PREC, UP)
+                b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
+                b_max = tl.max(b_x, 1)
+            # The maximum and the first key holding it; that key dropped, the second largest (ties count as the keys
+            # they are).
+            o_k = tl.arange(0, BN)
+            c_i = _first_max(b_x, b_max, o_k, BN)
+            b_x = tl.where(o_k[None, :] == c_i[:, None], float("-inf"), b_x)
+            sel = o_c[None, :] == j
+            if E3:
+                # The second with its position; that key dropped too, the third.
+                b_sec = tl.max(b_x, 1)
+                c_2 = _first_max(b_x, b_sec, o_k, BN)
+                b_x = tl.where(o_k[None, :] == c_2[:, None], float("-inf"), b_x)
+                b_top = tl.max(b_x, 1)
+                a_thr = tl.where(sel, b_top[:, None], a_thr)
+                a_arg2 = tl.where(sel, c_2[:, None], a_arg2)
+            else:
+                b_sec = tl.max(b_x, 1)
+                b_top = b_sec
+            a_max = tl.where(sel, b_max[:, None], a_max)
+            a_sec = tl.where(sel, b_sec[:, None], a_sec)
+            a_arg = tl.where(sel, c_i[:, None], a_arg)
+            for t in tl.static_range(2 + E3, TOPT):
+                # Further planes (block_top > 2): stored per block.
+                c_n = tl.min(tl.where(b_x == b_top[:, None], o_n[None, :], N), 1)
+                b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
+                b_top = tl.max(b_x, 1)
+                tl.store(CMAX + t * PS + row * NBLK + n_b // BN, b_top, mask=m_j & (n_b < n1))
+        o_e = g0 // BN + o_c
+        e_at = row[:, None] * NBLK + o_e[None, :]
+        m_e = m_j[:, None] & (o_e < nb1)[None, :]
+        tl.store(CMAX + e_at, a_max, mask=m_e)
+        tl.store(CMAX + PS + e_at, a_sec, mask=m_e)
+        tl.store(ARG + e_at, a_arg.to(tl.int8), mask=m_e)
+        if E3:
+            tl.store(CMAX + 2 * PS + e_at, a_thr, mask=m_e)
+            tl.store(ARG + PS + e_at, a_arg2.to(tl.int8), mask=m_e)
+    if LVF:
+        o_w = (i_bh * G + i_g) * M + o_j
+        tl.store(PM + o_w, l_m, mask=m_j)
+        tl.store(PL + o_w, l_l, mask=m_j)
+        tl.store(PACC + o_w[:, None] * D + o_d[None, :], l_acc, mask=m_j[:, None])
+
+
+@triton.jit
+def _block_at_lo(b_r, K_h, KV, i_bh, N, n_b, n1, SN, o_d, need, b_lo, HAS_KV: tl.constexpr, BN: tl.constexpr,
+                 PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    # The key block at n_b scored again: (key offsets [BN], order keys [BS, BN], which keys are >= lo in the rows that
+    # need them [BS, BN]).
+    o_n = n_b + tl.arange(0, BN)
+    m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
+    b_key = _order_key(b_sc)
+    m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
+    return o_n, b_key, m_lo
+
+
+@triton.jit
+def _scan_counts(b_r, K_h, KV, i_bh, N, n0, n1, SN, o_d, need, b_lo, b_t, b_cnt, HAS_KV: tl.constexpr,
+                 P: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+                 EXACT: tl.constexpr):  # fmt: skip
+    # MODE 1: b_cnt [BS, P] plus this chunk's counts of keys >= each of the P thresholds b_t [BS, P] in [lo, hi).
+    for n_b in range(n0, n1, BN):
+        o_n, b_key, m_lo = _block_at_lo(
+            b_r, K_h, KV, i_bh, N, n_b, n1, SN, o_d, need, b_lo, HAS_KV, BN, PREC, UP, EXACT
+        )
+        if tl.sum(m_lo.to(tl.int32)) > 0:
+            for p in tl.static_range(P):
+                sel_p = (tl.arange(0, P) == p)[None, :]
+                t_p = tl.sum(tl.where(sel_p, b_t, 0), 1)
+                c_p = tl.sum((m_lo & (b_key >= t_p[:, None])).to(tl.int32), 1)
+                b_cnt += tl.where(sel_p, c_p[:, None], 0)
+    return b_cnt
+
+
+@triton.jit
+def _scan_band(b_r, K_h, KV, CAND, i_bh, row, N, n0, n1, CAP, SN, o_d, need, b_lo, b_hi, c_hi, c_band, w_hi, w_band,
+               MODE: tl.constexpr, HAS_KV: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+               EXACT: tl.constexpr):  # fmt: skip
+    # MODE 2: c_hi, c_band [BS] plus this chunk's counts of keys >= hi and of keys in [lo, hi). MODE 3: also writes
+    # those keys to the row's list from the chunk's offsets w_hi, w_band (_chunk_offsets), both in key order,
+    # truncated at CAP.
+    for n_b in range(n0, n1, BN):
+        o_n, b_key, m_lo = _block_at_lo(
+            b_r, K_h, KV, i_bh, N, n_b, n1, SN, o_d, need, b_lo, HAS_KV, BN, PREC, UP, EXACT
+        )
+        if tl.sum(m_lo.to(tl.int32)) > 0:
+            # (order key, reversed index): one int64 whose order is score desc, index asc (MODE 3 writes it).
+            packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
+            m_hi = m_lo & (b_key >= b_hi[:, None])
+            m_band = m_lo & (b_key < b_hi[:, None])
+            if MODE == 3:
+                p_hi = w_hi + c_hi
+                p_band = w_band + c_band
+                r_hi = p_hi[:, None] + tl.cumsum(m_hi.to(tl.int32), 1) - 1
+                r_band = p_band[:, None] + tl.cumsum(m_band.to(tl.int32), 1) - 1
+                pos = tl.where(m_hi, r_hi, r_band)
+                tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_lo & (pos < CAP))
+            c_hi += tl.sum(m_hi.to(tl.int32), 1)
+            c_band += tl.sum(m_band.to(tl.int32), 1)
+    return c_hi, c_band
+
+
+@triton.jit
 def _topk_scan_body(
-    i_s,
-    i_g,
-    i_bh,
-    R,
-    K,
-    KV,
-    KK,
-    LO,
-    HI,
-    DONE,
-    CMAX,
-    ARG,
-    CNT,
-    OFF,
-    CAND,
-    V,
-    PM,
-    PL,
-    PACC,
-    scale_log2,
-    N,
-    M,
-    CH,
-    G,
-    NBLK,
-    CAP,
-    ksel,
-    H,
-    SB,
-    SH,
-    SN,
-    nrows,
-    i_pass,
-    MODE: tl.constexpr,
-    P: tl.constexpr,
-    SKIP: tl.constexpr,
-    HAS_KV: tl.constexpr,
-    D: tl.constexpr,
-    BS: tl.constexpr,
-    BN: tl.constexpr,
-    PREC: tl.constexpr,
-    UP: tl.constexpr,
-    EXACT: tl.constexpr,
-    TOPT: tl.constexpr,
-    BB: tl.constexpr,
-    BG: tl.constexpr,
-    E3: tl.constexpr,
-    LVF: tl.constexpr,
-    EVEN: tl.constexpr,
-    LAZY: tl.constexpr,
-    CM: tl.constexpr,
-):
+    i_s, i_g, i_bh, R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G,
+    NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr,
+    HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+    EXACT: tl.constexpr, TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr,
+    EVEN: tl.constexpr, LAZY: tl.constexpr, CM: tl.constexpr,
+):  # fmt: skip
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
-    # EVEN (MODE 0): no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key
-    # blocks load and the block tops reduce without masks. LAZY (MODE 0, LVF): the landmark values' online softmax is
-    # _softmax_lazy's (2: _softmax_fma's). MODE 0 takes each block top by a plain maximum and the first key equal to
-    # it (_first_max); with EVEN and LAZY the landmark values reuse the block maxima.
-    # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT,
-    #         rows, NBLK] (plane t: the (t+1)-th largest), and where in its block the largest is -> ARG [rows, NBLK]
-    #         (int8; the first such key). E3 (TOPT >= 3): also where the second largest is -> ARG plane 1.
-    # MODE 4: every key >= lo (slot 0) takes a slot of its row's list from the row's atomic counter OFF and is
-    #         written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The
-    #         list's order does not matter: the final top-k orders by the packed value. Sparse: reads the block
-    #         tops of BB blocks at a time, not the keys. A block whose second largest score is below the
-    #         threshold holds at most one key at or above it, its maximum, written from (CMAX, ARG) as they are;
-    #         only blocks whose second score reaches it are scored again (the same dot as MODE 0, so the same
-    #         scores to the bit) for the rows that need it. E3: a block whose third largest score is below the
-    #         threshold holds at most two such keys, also written from the block tops; only blocks with three or
-    #         more are scored again.
-    # LVF (MODE 0): the same scores also give the landmark values' split-key partials of this chunk, softmax(s *
-    #         scale) v as (max, sum, accumulator) in log2 units -> PM, PL [BH, G, M], PACC [BH, G, M, D] (merged by
-    #         _lv_merge_kernel), so the keys are scored once for both.
+    # MODE 0: the block tops of the chunk's key blocks (and with LVF the landmark values' partials): _scan_block_tops.
+    # MODE 4: every key >= the start threshold (slot 0) into its row's candidate list: _scan_emit.
     # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
-    # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P].
+    # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P]
+    #         (_scan_counts).
     # MODE 2: final state (slot i_pass: _NPASS, or the pass after the last one the persistent kernel ran), empty
-    #         candidate lists, per key chunk the count of keys >= hi and of keys
-    #         in [lo, hi) -> CNT tail [rows, G, 2].
+    #         candidate lists, per key chunk the count of keys >= hi and of keys in [lo, hi) -> CNT tail [rows, G, 2]
+    #         (_scan_band).
     # MODE 3: from the final state (slot i_pass), write the candidates (>= hi first, then [lo, hi), both in key
-    #         order, truncated at CAP).
-    # SKIP (modes 1-3): landmark tiles without a fallback row do nothing.
+    #         order, truncated at CAP) (_scan_band).
+    # SKIP (modes 1-3): landmark tiles without a fallback row do nothing. CM: cache modifier of the loads of what
+    # other programs of the same launch wrote (".cg" in the persistent fallback kernel).
     o_d = tl.arange(0, D)
     o_j = i_s * BS + tl.arange(0, BS)
     m_j = o_j < M
@@ -340,13 +552,7 @@ def _topk_scan_body(
                 )
                 need = fb
                 if i_g == 0:
-                    for c0 in range(0, CAP, BN):
-                        o_e = c0 + tl.arange(0, BN)
-                        tl.store(
-                            CAND + row[:, None] * CAP + o_e[None, :],
-                            tl.full([BS, BN], _EMPTY, tl.int64),
-                            mask=fb[:, None] & (o_e < CAP)[None, :],
-                        )
+                    _clear_lists(CAND, row, fb, CAP, BS, BN)
             else:
                 b_lo64 = tl.load(LO + i_pass * nrows + row, mask=m_j, other=0, cache_modifier=CM)
                 b_hi64 = tl.load(HI + i_pass * nrows + row, mask=m_j, other=0, cache_modifier=CM)
@@ -363,204 +569,25 @@ def _topk_scan_body(
         if MODE == 2 or MODE == 3:
             c_hi = tl.zeros([BS], tl.int32)
             c_band = tl.zeros([BS], tl.int32)
-        if MODE == 3:
-            # This chunk's write offsets: the counts of the earlier chunks (keys >= hi of all chunks come first).
-            CC = CNT + _NPASS * nrows * P
-            w_hi = tl.zeros([BS], tl.int32)
-            w_band = tl.zeros([BS], tl.int32)
-            n_hi = tl.zeros([BS], tl.int32)
-            for g0 in range(0, G, BN):
-                o_g = g0 + tl.arange(0, BN)
-                m_g = need[:, None] & (o_g < G)[None, :]
-                a_hi = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2, mask=m_g, other=0, cache_modifier=CM)
-                a_band = tl.load(CC + (row[:, None] * G + o_g[None, :]) * 2 + 1, mask=m_g, other=0, cache_modifier=CM)
-                before = (o_g < i_g)[None, :]
-                n_hi += tl.sum(a_hi, 1)
-                w_hi += tl.sum(tl.where(before, a_hi, 0), 1)
-                w_band += tl.sum(tl.where(before, a_band, 0), 1)
-            w_band += n_hi
+            w_hi, w_band = _chunk_offsets(CNT, row, need, i_g, G, nrows, MODE, P, BS, BN, CM)
         if active:
             b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
             K_h = _head_ptr(K, i_bh, H, SB, SH)
             PS = (i_bh * 0 + nrows) * NBLK  # plane stride of CMAX (int64: rows x blocks may pass 2^31)
             if MODE == 4:
-                t_f = b_tf[:, None]
-                for b0 in range(n0 // BN, (n1 + BN - 1) // BN, BB):
-                    o_b = b0 + tl.arange(0, BB)
-                    m_e = need[:, None] & (o_b < (n1 + BN - 1) // BN)[None, :]
-                    e_at = row[:, None] * NBLK + o_b[None, :]
-                    e_max = tl.load(CMAX + e_at, mask=m_e, other=float("-inf"))
-                    e_sec = tl.load(CMAX + PS + e_at, mask=m_e, other=float("-inf"))
-                    # Blocks with exactly one key >= t: their maximum (the first key holding it; unique, as the
-                    # second score is below it). (The offset of masked-off lanes only keeps the pointer tile from
-                    # being a broadcast, which triton 3.8 rejects for atomics.)
-                    one = m_e & (e_max >= t_f) & (e_sec < t_f)
-                    e_n = o_b[None, :] * BN + tl.load(ARG + e_at, mask=m_e, other=0).to(tl.int32)
-                    packed = _pack_key(e_max, e_n)
-                    if E3:
-                        # ... and blocks with exactly two: their maximum and their second (two slots at once).
-                        e_thr = tl.load(CMAX + 2 * PS + e_at, mask=m_e, other=float("-inf"))
-                        two = m_e & (e_sec >= t_f) & (e_thr < t_f)
-                        emit = one | two
-                        slot = tl.atomic_add(
-                            OFF + row[:, None] + tl.where(emit, 0, o_b[None, :]),
-                            tl.where(two, 2, 1),
-                            mask=emit,
-                            sem="relaxed",
-                        )
-                        tl.store(CAND + row[:, None] * CAP + slot, packed, mask=emit & (slot < CAP))
-                        e_n2 = o_b[None, :] * BN + tl.load(ARG + PS + e_at, mask=m_e, other=0).to(tl.int32)
-                        packed2 = _pack_key(e_sec, e_n2)
-                        tl.store(CAND + row[:, None] * CAP + slot + 1, packed2, mask=two & (slot + 1 < CAP))
-                        # Blocks with three or more: score them again, for the rows that need it.
-                        more = (m_e & (e_thr >= t_f)).to(tl.int32)
-                    else:
-                        slot = tl.atomic_add(
-                            OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed"
-                        )
-                        tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
-                        # Blocks with two or more: score them again, for the rows that need it.
-                        more = (m_e & (e_sec >= t_f)).to(tl.int32)
-                    b_more = tl.max(more, 0)  # [BB]: does any row need block j scored again
-                    if tl.max(b_more, 0) > 0:
-                        o_c = tl.arange(0, BB)
-                        for j in range(BB):
-                            if tl.max(tl.where(o_c == j, b_more, 0), 0) > 0:
-                                m_row = tl.max(tl.where(o_c[None, :] == j, more, 0), 1) > 0
-                                o_n = (b0 + j) * BN + tl.arange(0, BN)
-                                m_n, b_sc = _key_block_scores(
-                                    b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT
-                                )
-                                m_c = m_row[:, None] & m_n[None, :] & (b_sc >= t_f)
-                                r_slot = tl.atomic_add(
-                                    OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :]), 1, mask=m_c, sem="relaxed"
-                                )
-                                r_packed = _pack_key(b_sc, o_n[None, :])
-                                tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
+                _scan_emit(
+                    b_r, K_h, KV, CMAX, ARG, OFF, CAND, i_bh, row, need, b_tf, n0, n1, N, NBLK, CAP, PS, SN, o_d,
+                    HAS_KV, BN, PREC, UP, EXACT, BB, E3,
+                )  # fmt: skip
             if MODE == 0:
-                # BG key blocks per step: their tops gather in [BS, BG] registers and are stored at once (one store
-                # per row and plane instead of one per block).
-                o_c = tl.arange(0, BG)
-                nb1 = (n1 + BN - 1) // BN
-                if LVF:
-                    V_h = _head_ptr(V, i_bh, H, SB, SH)
-                    l_m = tl.full([BS], float("-inf"), tl.float32)
-                    l_l = tl.zeros([BS], tl.float32)
-                    l_acc = tl.zeros([BS, D], tl.float32)
-                for g0 in range(n0, n1, BN * BG):
-                    a_max = tl.full([BS, BG], float("-inf"), tl.float32)
-                    a_sec = tl.full([BS, BG], float("-inf"), tl.float32)
-                    a_arg = tl.zeros([BS, BG], tl.int32)
-                    if E3:
-                        a_thr = tl.full([BS, BG], float("-inf"), tl.float32)
-                        a_arg2 = tl.zeros([BS, BG], tl.int32)
-                    for j in range(BG):
-                        n_b = g0 + j * BN
-                        o_n = n_b + tl.arange(0, BN)
-                        if EVEN:
-                            # The same dot of the same operands as _key_block_scores: the same bits.
-                            b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
-                            b_sc = _score(b_r, b_k, PREC, UP, EXACT)
-                            b_x = b_sc
-                            b_max = tl.max(b_x, 1)
-                            if LVF:
-                                b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :])
-                                if LAZY == 2:
-                                    l_m, l_l, l_acc = _softmax_fma_max(
-                                        b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP
-                                    )
-                                elif LAZY:
-                                    l_m, l_l, l_acc = _softmax_lazy_max(
-                                        b_sc, b_max, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP
-                                    )
-                                else:
-                                    l_m, l_l, l_acc = _softmax_step(b_sc * scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
-                        else:
-                            m_n, b_sc = _key_block_scores(
-                                b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT
-                            )
-                            if LVF:
-                                b_v = tl.load(V_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None],
-                                              other=0.0)  # fmt: skip
-                                if LAZY == 2:
-                                    b_ls = tl.where(m_n[None, :], b_sc, float("-inf"))
-                                    l_m, l_l, l_acc = _softmax_fma(b_ls, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
-                                elif LAZY:
-                                    b_ls = tl.where(m_n[None, :], b_sc, float("-inf"))
-                                    l_m, l_l, l_acc = _softmax_lazy(b_ls, scale_log2, b_v, l_m, l_l, l_acc, PREC, UP)
-                                else:
-                                    b_ls = tl.where(m_n[None, :], b_sc * scale_log2, float("-inf"))
-                                    l_m, l_l, l_acc = _softmax_step(b_ls, b_v, l_m, l_l, l_acc, PREC, UP)
-                            b_x = tl.where(m_j[:, None] & m_n[None, :], b_sc, float("-inf"))
-                            b_max = tl.max(b_x, 1)
-                        # The maximum and the first key holding it; that key dropped, the second largest (ties count
-                        # as the keys they are).
-                        o_k = tl.arange(0, BN)
-                        c_i = _first_max(b_x, b_max, o_k, BN)
-                        b_x = tl.where(o_k[None, :] == c_i[:, None], float("-inf"), b_x)
-                        sel = o_c[None, :] == j
-                        if E3:
-                            # The second with its position; that key dropped too, the third.
-                            b_sec = tl.max(b_x, 1)
-                            c_2 = _first_max(b_x, b_sec, o_k, BN)
-                            b_x = tl.where(o_k[None, :] == c_2[:, None], float("-inf"), b_x)
-                            b_top = tl.max(b_x, 1)
-                            a_thr = tl.where(sel, b_top[:, None], a_thr)
-                            a_arg2 = tl.where(sel, c_2[:, None], a_arg2)
-                        else:
-                            b_sec = tl.max(b_x, 1)
-                            b_top = b_sec
-                        a_max = tl.where(sel, b_max[:, None], a_max)
-                        a_sec = tl.where(sel, b_sec[:, None], a_sec)
-                        a_arg = tl.where(sel, c_i[:, None], a_arg)
-                        for t in tl.static_range(2 + E3, TOPT):
-                            # Further planes (block_top > 2): stored per block.
-                            c_n = tl.min(tl.where(b_x == b_top[:, None], o_n[None, :], N), 1)
-                            b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
-                            b_top = tl.max(b_x, 1)
-                            tl.store(CMAX + t * PS + row * NBLK + n_b // BN, b_top, mask=m_j & (n_b < n1))
-                    o_e = g0 // BN + o_c
-                    e_at = row[:, None] * NBLK + o_e[None, :]
-                    m_e = m_j[:, None] & (o_e < nb1)[None, :]
-                    tl.store(CMAX + e_at, a_max, mask=m_e)
-                    tl.store(CMAX + PS + e_at, a_sec, mask=m_e)
-                    tl.store(ARG + e_at, a_arg.to(tl.int8), mask=m_e)
-                    if E3:
-                        tl.store(CMAX + 2 * PS + e_at, a_thr, mask=m_e)
-                        tl.store(ARG + PS + e_at, a_arg2.to(tl.int8), mask=m_e)
-                if LVF:
-                    o_w = (i_bh * G + i_g) * M + o_j
-                    tl.store(PM + o_w, l_m, mask=m_j)
-                    tl.store(PL + o_w, l_l, mask=m_j)
-                    tl.store(PACC + o_w[:, None] * D + o_d[None, :], l_acc, mask=m_j[:, None])
-            if MODE != 4 and MODE != 0:
-                for n_b in range(n0, n1, BN):
-                    o_n = n_b + tl.arange(0, BN)
-                    m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
-                    b_key = _order_key(b_sc)
-                    m_lo = need[:, None] & m_n[None, :] & (b_key >= b_lo[:, None])
-                    if tl.sum(m_lo.to(tl.int32)) > 0:
-                        # (order key, reversed index): one int64 whose order is score desc, index asc.
-                        packed = (b_key.to(tl.int64) << 32) + (0xFFFFFFFF - o_n.to(tl.int64))[None, :]
-                        if MODE == 1:
-                            for p in tl.static_range(P):
-                                sel_p = (tl.arange(0, P) == p)[None, :]
-                                t_p = tl.sum(tl.where(sel_p, b_t, 0), 1)
-                                c_p = tl.sum((m_lo & (b_key >= t_p[:, None])).to(tl.int32), 1)
-                                b_cnt += tl.where(sel_p, c_p[:, None], 0)
-                        else:
-                            m_hi = m_lo & (b_key >= b_hi[:, None])
-                            m_band = m_lo & (b_key < b_hi[:, None])
-                            if MODE == 3:
-                                p_hi = w_hi + c_hi
-                                p_band = w_band + c_band
-                                r_hi = p_hi[:, None] + tl.cumsum(m_hi.to(tl.int32), 1) - 1
-                                r_band = p_band[:, None] + tl.cumsum(m_band.to(tl.int32), 1) - 1
-                                pos = tl.where(m_hi, r_hi, r_band)
-                                tl.store(CAND + row[:, None] * CAP + pos, packed, mask=m_lo & (pos < CAP))
-                            c_hi += tl.sum(m_hi.to(tl.int32), 1)
-                            c_band += tl.sum(m_band.to(tl.int32), 1)
+                _scan_block_tops(
+                    b_r, K_h, V, KV, CMAX, ARG, PM, PL, PACC, scale_log2, i_bh, i_g, o_j, m_j, row, o_d, n0, n1, N, M,
+                    G, NBLK, PS, H, SB, SH, SN, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BG, E3, LVF, EVEN, LAZY,
+                )  # fmt: skip
             if MODE == 1:
+                b_cnt = _scan_counts(
+                    b_r, K_h, KV, i_bh, N, n0, n1, SN, o_d, need, b_lo, b_t, b_cnt, HAS_KV, P, BN, PREC, UP, EXACT
+                )
                 o_p2 = tl.arange(0, P)
                 tl.atomic_add(
                     CNT + (i_pass * nrows + row)[:, None] * P + o_p2[None, :],
@@ -568,6 +595,11 @@ def _topk_scan_body(
                     mask=need[:, None],
                     sem="relaxed",
                 )
+            if MODE == 2 or MODE == 3:
+                c_hi, c_band = _scan_band(
+                    b_r, K_h, KV, CAND, i_bh, row, N, n0, n1, CAP, SN, o_d, need, b_lo, b_hi, c_hi, c_band, w_hi,
+                    w_band, MODE, HAS_KV, BN, PREC, UP, EXACT,
+                )  # fmt: skip
             if MODE == 2:
                 CC2 = CNT + _NPASS * nrows * P
                 tl.store(CC2 + (row * G + i_g) * 2, c_hi, mask=need)
