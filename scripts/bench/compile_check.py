@@ -47,7 +47,7 @@ _I32 = {"IDX", "ROWS", "STARTS", "TILE_E", "TILE_RS", "TILE_RE", "ROUTE", "PERM"
 _I64 = {"LO", "HI", "CAND"}
 _I8 = {"KV", "ARG"}
 _FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}
-_INT_SCALARS = {"NQB", "N", "M", "KSEL", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "NBLK", "CAP", "NC"}
+_INT_SCALARS = {"NQB", "N", "M", "TOPK", "NROWS", "T", "L", "NR", "BMQ", "CH", "G", "NB", "NBLK", "CAP", "NC"}
 _INT_SCALARS |= {"H", "SB", "SH", "SN", "DSB", "DSH", "DSN"}  # heads_layout (q, k, v; the upstream gradient)
 
 

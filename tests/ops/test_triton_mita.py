@@ -35,11 +35,11 @@ from mita.ops.mita.triton import short as ts  # noqa: E402
 from mita.ops.mita.triton import short_bwd as tsb  # noqa: E402
 from mita.ops.mita.triton import topk as ttk  # noqa: E402
 from mita.ops.mita.triton import topk_scan as tks  # noqa: E402
-from mita.ops.mita.triton import topk_select as tksel  # noqa: E402
+from mita.ops.mita.triton import topk_select as tsel  # noqa: E402
 
 if not _CUDA and type(afwd._mita_fwd_kernel).__name__ != "InterpretedFunction":
     # Imported earlier without the interpreter: reload the kernel modules, each after the ones it imports from.
-    for _mod in (tc, tks, tlv, tksel, ttk, trt, afwd, tplan, abwd, ts, tsb, tp, tmop):
+    for _mod in (tc, tks, tlv, tsel, ttk, trt, afwd, tplan, abwd, ts, tsb, tp, tmop):
         importlib.reload(_mod)
 
 DEV = "cuda" if _CUDA else "cpu"

@@ -32,11 +32,11 @@ from mita.ops.mita.triton import short as ts  # noqa: E402
 from mita.ops.mita.triton import short_bwd as tsb  # noqa: E402
 from mita.ops.mita.triton import topk as ttk  # noqa: E402
 from mita.ops.mita.triton import topk_scan as tks  # noqa: E402
-from mita.ops.mita.triton import topk_select as tksel  # noqa: E402
+from mita.ops.mita.triton import topk_select as tsel  # noqa: E402
 
 if not _CUDA and type(trt._route_kernel).__name__ != "InterpretedFunction":
     # Imported earlier without the interpreter: reload the kernel modules, each after the ones it imports from.
-    for _mod in (tc, tks, tlv, tksel, ttk, trt, afwd, tplan, abwd, ts, tsb, tp, tmop):
+    for _mod in (tc, tks, tlv, tsel, ttk, trt, afwd, tplan, abwd, ts, tsb, tp, tmop):
         importlib.reload(_mod)
 
 DEV = "cuda" if _CUDA else "cpu"
@@ -47,11 +47,11 @@ def _ints(shape, lo, hi, seed, dtype=torch.float32):
     return torch.randint(lo, hi, shape, generator=g).to(DEV, dtype)
 
 
-def _ref_topk(r, k, valid, ksel):
+def _ref_topk(r, k, valid, topk):
     sc = r.double() @ k.double().transpose(1, 2)
     if valid is not None:
         sc = sc.masked_fill(~valid[:, None, :], float("-inf"))
-    idx = stable_topk_indices(sc, ksel)
+    idx = stable_topk_indices(sc, topk)
     if valid is not None:
         ok = torch.gather(valid[:, None, :].expand_as(sc), 2, idx)
         idx = torch.where(ok, idx, -1)
@@ -120,9 +120,9 @@ def _same_sets(a, b):
 
 @pytest.mark.parametrize("path", ["small", "long"])
 @pytest.mark.parametrize(
-    "N,M,d,ksel,span,pad", [(70, 5, 32, 9, 2, False), (150, 20, 32, 40, 3, True), (130, 4, 64, 130, 1, True)]
+    "N,M,d,topk,span,pad", [(70, 5, 32, 9, 2, False), (150, 20, 32, 40, 3, True), (130, 4, 64, 130, 1, True)]
 )
-def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
+def test_exact_topk_matches_stable_sort(path, N, M, d, topk, span, pad):
     BH = 2
     r = _ints((BH, M, d), -span, span + 1, 1, torch.bfloat16)
     k = _ints((BH, N, d), -span, span + 1, 2, torch.bfloat16)
@@ -131,10 +131,10 @@ def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
         valid = torch.ones(BH, N, dtype=torch.bool, device=DEV)
         valid[0, N // 3 :] = False
         valid[1, :5] = False
-    kw = dict(small_max_n=0, cap=max(64, tc._next_pow2(ksel))) if path == "long" else {}
-    got = ttk.exact_topk(r, k, valid, ksel, **kw)
-    assert got.shape == (BH, M, ksel) and got.dtype == torch.int32
-    assert _same_sets(got, _ref_topk(r, k, valid, ksel))
+    kw = dict(small_max_n=0, cap=max(64, tc._next_pow2(topk))) if path == "long" else {}
+    got = ttk.exact_topk(r, k, valid, topk, **kw)
+    assert got.shape == (BH, M, topk) and got.dtype == torch.int32
+    assert _same_sets(got, _ref_topk(r, k, valid, topk))
     # Ascending valid indices first, then -1.
     key = torch.where(got < 0, 1 << 30, got.long())
     assert torch.equal(key, key.sort(-1).values)
@@ -143,13 +143,13 @@ def test_exact_topk_matches_stable_sort(path, N, M, d, ksel, span, pad):
 def test_exact_topk_long_rows_massive_ties_and_refinement(block_top, topk_path):
     # Many keys tie with the k-th score and the candidate list is short: the refinement passes must narrow the
     # threshold to the k-th key itself and the emitting pass must keep the lowest-index ties.
-    BH, N, M, d, ksel = 1, 200, 3, 32, 20
+    BH, N, M, d, topk = 1, 200, 3, 32, 20
     r = _ints((BH, M, d), 0, 2, 3)
     k = _ints((BH, N, d), 0, 2, 4)
     k[:, 50:180] = k[:, 10:11]
-    got = ttk.exact_topk(r, k, None, ksel, small_max_n=0, cap=64)
-    assert _same_sets(got, _ref_topk(r, k, None, ksel))
-    assert _same_sets(ttk.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
+    got = ttk.exact_topk(r, k, None, topk, small_max_n=0, cap=64)
+    assert _same_sets(got, _ref_topk(r, k, None, topk))
+    assert _same_sets(ttk.exact_topk(r, k, None, topk), _ref_topk(r, k, None, topk))
 
 
 def test_exact_topk_long_rows_start_from_block_maxima(block_top):
@@ -165,7 +165,7 @@ def test_exact_topk_long_rows_start_from_block_maxima(block_top):
 def test_exact_topk_long_rows_count_first_then_refine_some_rows(block_top, topk_path):
     # One landmark tile mixes rows the count pass settles (random scores) with a row it cannot: its start (the
     # 4th largest block maximum) is a level 600 keys reach, above which only two keys lie, so it is refined.
-    N, M, d, ksel = 1024, 5, 32, 4
+    N, M, d, topk = 1024, 5, 32, 4
     g = torch.Generator().manual_seed(21)
     r = torch.randn(1, M, d, generator=g)
     e1 = torch.zeros(d)
@@ -177,8 +177,8 @@ def test_exact_topk_long_rows_count_first_then_refine_some_rows(block_top, topk_
     k[0, 300, 0] = 3.0
     k[0, 900, 0] = 3.0
     r, k = r.to(DEV), k.to(DEV)
-    got = ttk.exact_topk(r, k, None, ksel, small_max_n=0, cap=64)
-    assert _same_sets(got, _ref_topk(r, k, None, ksel))
+    got = ttk.exact_topk(r, k, None, topk, small_max_n=0, cap=64)
+    assert _same_sets(got, _ref_topk(r, k, None, topk))
 
 
 def _mixed_rows_inputs(N, d):
@@ -211,18 +211,18 @@ def _mixed_rows_padding(N):
 
 @pytest.mark.parametrize("pad", [False, True])
 def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad, block_top, topk_path):
-    N, d, ksel = 700, 32, 8
+    N, d, topk = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = _mixed_rows_padding(N) if pad else None
-    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
-    ref = _ref_topk(r, k, valid, ksel)
+    got = ttk.exact_topk(r, k, valid, topk, small_max_n=0, cap=64)
+    ref = _ref_topk(r, k, valid, topk)
     assert _same_sets(got, ref)
     key = torch.where(got < 0, 1 << 30, got.long())
     assert torch.equal(key, key.sort(-1).values)
 
 
 def test_exact_topk_long_rows_fewer_valid_keys_than_k(block_top):
-    # 70 keys in long-row mode, ksel 40, one head with 25 valid keys: all 25 (ascending) then -1.
+    # 70 keys in long-row mode, topk 40, one head with 25 valid keys: all 25 (ascending) then -1.
     r = _ints((2, 3, 32), -1, 2, 11)
     k = _ints((2, 70, 32), -1, 2, 12)
     valid = torch.ones(2, 70, dtype=torch.bool, device=DEV)
@@ -254,12 +254,12 @@ def test_exact_topk_long_rows_launches(triton_launches, topk_path_all):
 def test_exact_topk_fallback_rows_top_k_in_fallback_kernel(triton_launches, pad):
     """With the select kernel, the fallback rows' top-k is selected inside the persistent fallback kernel (no final
     kernel): the reference's result on rows that mix list-fitting and overflowing candidates."""
-    N, d, ksel = 700, 32, 8
+    N, d, topk = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = _mixed_rows_padding(N) if pad else None
-    ref = _ref_topk(r, k, valid, ksel)
+    ref = _ref_topk(r, k, valid, topk)
     st: dict = {}
-    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
+    got = ttk.exact_topk(r, k, valid, topk, small_max_n=0, cap=64, stats=st)
     assert int(st["overflow_rows"]) > 0
     assert _same_sets(got, ref)
     names = [n for n in triton_launches if n.startswith("_topk")]
@@ -278,7 +278,7 @@ def _float_inputs(BH, M, N, d, seed, rho=0.0):
 
 
 @pytest.mark.parametrize(
-    "N,M,ksel,cap,rho,pad,emit_top,eb",
+    "N,M,topk,cap,rho,pad,emit_top,eb",
     [
         pytest.param(2000, 8, 16, None, 0.0, False, None, None, marks=pytest.mark.slow),
         (4096, 8, 32, None, 0.0, True, 2, 16),
@@ -287,7 +287,7 @@ def _float_inputs(BH, M, N, d, seed, rho=0.0):
     ],
     ids=["iid", "pad_e2_steps", "cap_k_overflow", "correlated"],
 )
-def test_exact_topk_select_kernel_matches_three_kernels(monkeypatch, N, M, ksel, cap, rho, pad, emit_top, eb):
+def test_exact_topk_select_kernel_matches_three_kernels(monkeypatch, N, M, topk, cap, rho, pad, emit_top, eb):
     """The per-row select kernel (start, count + emit from the block tops with blocks scored again, top-k) against
     the start + count + emit + final kernels on real-valued scores: the same selection and the same count of keys
     at or above each row's start, bitwise; overflowing rows (cap = k, correlated keys) take the fallback then the
@@ -307,7 +307,7 @@ def test_exact_topk_select_kernel_matches_three_kernels(monkeypatch, N, M, ksel,
         monkeypatch.setitem(ttk.SCAN_CONFIG, "fused_select", fused)
         st: dict = {}
         out[fused] = (
-            ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=cap, stats=st),
+            ttk.exact_topk(r, k, valid, topk, small_max_n=0, cap=cap, stats=st),
             st["counts"].cpu(),
             int(st["overflow_rows"]),
         )
@@ -316,7 +316,7 @@ def test_exact_topk_select_kernel_matches_three_kernels(monkeypatch, N, M, ksel,
     assert out[1][2] == out[0][2]
     if cap is not None or rho:
         assert out[1][2] > 0, "expected rows that overflow the candidate list"
-    assert _same_sets(out[1][0], _ref_topk(r.float(), k.float(), valid, ksel))
+    assert _same_sets(out[1][0], _ref_topk(r.float(), k.float(), valid, topk))
 
 
 def test_exact_topk_select_eb_out_of_range(monkeypatch):
@@ -357,31 +357,31 @@ def test_exact_topk_start_steps_lower_bound(monkeypatch, pad, narrow):
     or above it in every row, never fewer than k), the same exact selection. Integer scores over a wide range (few
     ties, large magnitudes) make the low bits of the threshold matter: at 12 steps some rows overflow the list
     and take the refinement passes."""
-    N, M, ksel = 2100, 6, 8
+    N, M, topk = 2100, 6, 8
     r = _ints((2, M, 32), -40, 41, 31)
     k = _ints((2, N, 32), -40, 41, 32)
     valid = None
     if pad:
         valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
         valid[1, 1500:] = False
-    ref = _ref_topk(r, k, valid, ksel)
+    ref = _ref_topk(r, k, valid, topk)
     counts = {}
     monkeypatch.setitem(ttk.SCAN_CONFIG, "start_narrow", min(narrow, 1))
     monkeypatch.setitem(ttk.SCAN_CONFIG, "final_narrow", narrow)
     for steps in (32, 24, 12):
         monkeypatch.setitem(ttk.SCAN_CONFIG, "start_steps", steps)
         st = {}
-        got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
+        got = ttk.exact_topk(r, k, valid, topk, small_max_n=0, cap=64, stats=st)
         assert _same_sets(got, ref), steps
         counts[steps] = st["counts"].cpu()
-    assert (counts[32] >= ksel).all()
+    assert (counts[32] >= topk).all()
     assert (counts[24] >= counts[32]).all() and (counts[12] >= counts[24]).all()
     assert (counts[12] > counts[32]).any(), counts
     # 32 steps: the exact kk-th largest block top, whichever range the bisection starts from.
     monkeypatch.setitem(ttk.SCAN_CONFIG, "start_steps", 32)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "start_narrow", 1 - min(narrow, 1))
     st = {}
-    ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64, stats=st)
+    ttk.exact_topk(r, k, valid, topk, small_max_n=0, cap=64, stats=st)
     assert torch.equal(st["counts"].cpu(), counts[32])
 
 
@@ -392,22 +392,22 @@ def test_exact_topk_final_narrow_edge_rows(monkeypatch, narrow):
     than k, none, and massive ties; negative and positive scores in one row."""
     monkeypatch.setitem(ttk.SCAN_CONFIG, "final_narrow", narrow)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "start_narrow", min(narrow, 1))
-    N, M, ksel = 700, 4, 6
+    N, M, topk = 700, 4, 6
     r = _ints((3, M, 32), -3, 4, 41)
     k = _ints((3, N, 32), -3, 4, 42)
     k[2, 100:600] = k[2, 50:51]  # head 2: most keys tie
     valid = torch.ones(3, N, dtype=torch.bool, device=DEV)
     valid[0, 1:] = False  # one valid key
     valid[1, 4:] = False  # fewer than k
-    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0)
-    assert _same_sets(got, _ref_topk(r, k, valid, ksel))
+    got = ttk.exact_topk(r, k, valid, topk, small_max_n=0)
+    assert _same_sets(got, _ref_topk(r, k, valid, topk))
     assert (got[0, :, 1:] == -1).all() and (got[1, :, 4:] == -1).all()
     key = torch.where(got < 0, 1 << 30, got.long())
     assert torch.equal(key, key.sort(-1).values)  # ascending valid indices, then -1
     valid[1] = False  # none
-    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0)
+    got = ttk.exact_topk(r, k, valid, topk, small_max_n=0)
     assert (got[1] == -1).all()
-    assert _same_sets(got, _ref_topk(r, k, valid, ksel))
+    assert _same_sets(got, _ref_topk(r, k, valid, topk))
 
 
 def test_exact_topk_whole_tiles_of_tied_candidates():
@@ -485,11 +485,11 @@ def test_exact_topk_block_top_start(monkeypatch, bt, pad):
     ties below the top keys), on integer scores with many ties across blocks, and on correlated tokens, with and
     without padding; on the correlated tokens it leaves fewer rows for the refinement passes than block maxima."""
     monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", bt)
-    N, d, ksel = 700, 32, 8
+    N, d, topk = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = _mixed_rows_padding(N) if pad else None
-    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0, cap=64)
-    assert _same_sets(got, _ref_topk(r, k, valid, ksel))
+    got = ttk.exact_topk(r, k, valid, topk, small_max_n=0, cap=64)
+    assert _same_sets(got, _ref_topk(r, k, valid, topk))
     key = torch.where(got < 0, 1 << 30, got.long())
     assert torch.equal(key, key.sort(-1).values)
     r2 = _ints((2, 6, 32), -2, 3, 17, torch.bfloat16)
@@ -632,8 +632,8 @@ def test_landmark_values_forward_backward(N, M, d, dtype, pad):
         assert e < 2 * tol, e
 
 
-@pytest.mark.parametrize("N,M,d,ksel,span,pad", [(700, 5, 32, 40, 2, True), (1100, 3, 64, 64, 3, False)])
-def test_exact_topk_final_orders(N, M, d, ksel, span, pad):
+@pytest.mark.parametrize("N,M,d,topk,span,pad", [(700, 5, 32, 40, 2, True), (1100, 3, 64, 64, 3, False)])
+def test_exact_topk_final_orders(N, M, d, topk, span, pad):
     """The final selection orders the chosen indices by one tl.sort of the list: the reference's rows, ascending,
     then -1 where a row has fewer valid keys than k (rows with all, some and no valid keys; integer scores with
     many ties)."""
@@ -644,8 +644,8 @@ def test_exact_topk_final_orders(N, M, d, ksel, span, pad):
         valid = torch.ones(3, N, dtype=torch.bool, device=DEV)
         valid[1, 20:] = False  # 20 valid keys < k
         valid[2] = False
-    got = ttk.exact_topk(r, k, valid, ksel, small_max_n=0)
-    ref = _ref_topk(r, k, valid, ksel)
+    got = ttk.exact_topk(r, k, valid, topk, small_max_n=0)
+    ref = _ref_topk(r, k, valid, topk)
     want = torch.where(ref < 0, 1 << 30, ref.long()).sort(-1).values
     assert torch.equal(torch.where(got < 0, 1 << 30, got.long()).cpu(), want.cpu())
 
@@ -656,7 +656,7 @@ def _lse_ref(r, k, valid, scale):
 
 # fused 0 (the separate landmark-value pass) is not the default: in the slow selection.
 @pytest.mark.parametrize(
-    "N,M,d,ksel,dtype,pad,small",
+    "N,M,d,topk,dtype,pad,small",
     [
         (1025, 16, 64, 8, torch.float32, False, 0),
         (700, 20, 32, 16, torch.bfloat16, True, 0),
@@ -664,7 +664,7 @@ def _lse_ref(r, k, valid, scale):
         (90, 7, 32, 9, torch.float32, True, 512),  # the on-chip top-k, then the separate landmark values
     ],
 )
-def test_exact_topk_with_landmark_values(poison, monkeypatch, N, M, d, ksel, dtype, pad, small):
+def test_exact_topk_with_landmark_values(poison, monkeypatch, N, M, d, topk, dtype, pad, small):
     """exact_topk(lv=...): the same selection as without it, and the landmark values and their LSE, from the
     block-top pass's scores (merged in the select kernel) or, on the on-chip path, from the separate split-key
     pass. Fully padded rows give zeros, -inf."""
@@ -678,9 +678,9 @@ def test_exact_topk_with_landmark_values(poison, monkeypatch, N, M, d, ksel, dty
         valid = torch.rand(BH, N, generator=g).to(DEV) > 0.3
         valid[1] = False
     scale = d**-0.5
-    idx, vt, lse = ttk.exact_topk(r, k, valid, ksel, lv=(v, scale), small_max_n=small)
-    assert torch.equal(idx, ttk.exact_topk(r, k, valid, ksel, small_max_n=small))
-    assert _same_sets(idx, _ref_topk(r, k, valid, ksel))
+    idx, vt, lse = ttk.exact_topk(r, k, valid, topk, lv=(v, scale), small_max_n=small)
+    assert torch.equal(idx, ttk.exact_topk(r, k, valid, topk, small_max_n=small))
+    assert _same_sets(idx, _ref_topk(r, k, valid, topk))
     ref = _lv_ref(r, k, v, valid, scale)
     assert vt.dtype == dtype and vt.shape == (BH, M, d) and torch.isfinite(vt).all()
     tol = 1e-5 if dtype == torch.float32 else 1e-2
@@ -769,14 +769,14 @@ def test_exact_topk_landmark_values_fused_launches(monkeypatch, triton_launches,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("N,M,ksel", [(1000, 25, 25), (4097, 32, 64), (65536, 128, 128), (262144, 64, 256)])
-def test_gpu_exact_topk_and_route(N, M, ksel):
+@pytest.mark.parametrize("N,M,topk", [(1000, 25, 25), (4097, 32, 64), (65536, 128, 128), (262144, 64, 256)])
+def test_gpu_exact_topk_and_route(N, M, topk):
     r = _ints((2, M, 64), -3, 4, N, torch.bfloat16)
     k = _ints((2, N, 64), -3, 4, N + 1, torch.bfloat16)
     valid = torch.ones(2, N, dtype=torch.bool, device=DEV)
     valid[1, N // 2 :] = False
-    assert _same_sets(ttk.exact_topk(r, k, valid, ksel), _ref_topk(r, k, valid, ksel))
-    assert _same_sets(ttk.exact_topk(r, k, None, ksel), _ref_topk(r, k, None, ksel))
+    assert _same_sets(ttk.exact_topk(r, k, valid, topk), _ref_topk(r, k, valid, topk))
+    assert _same_sets(ttk.exact_topk(r, k, None, topk), _ref_topk(r, k, None, topk))
     got = trt.route_topk(k, r, 2)
     ref = stable_topk_indices(k.double() @ r.double().transpose(1, 2), 2)
     assert torch.equal(got.view(2, N, 2).long(), ref)

@@ -51,7 +51,7 @@ def _mita_bwd_dq_kernel(
     DQ,
     N,
     M,
-    KSEL,
+    TOPK,
     NROWS,
     T,
     H,
@@ -118,9 +118,9 @@ def _mita_bwd_dq_kernel(
                 b_dp = _dot(b_do, tl.trans(b_vt), PREC, UP)
                 b_ds = b_p * (b_dp - b_delta[:, None])
                 b_dq += _dot(b_ds.to(b_r.dtype), b_r, PREC, UP) * sscale
-        for j0 in range(0, KSEL, BN):
+        for j0 in range(0, TOPK, BN):
             o_j = j0 + tl.arange(0, BN)
-            b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
+            b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_j, mask=o_j < TOPK, other=-1)
             m_j = b_idx >= 0
             o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
             # [BN, D]
@@ -157,7 +157,7 @@ def _mita_bwd_dkdv_routed_kernel(
     DV,
     N,
     M,
-    KSEL,
+    TOPK,
     NROWS,
     H,
     SB,
@@ -180,8 +180,8 @@ def _mita_bwd_dkdv_routed_kernel(
     i_bh = tl.program_id(2).to(tl.int64)
     o_d = tl.arange(0, D)
     o_j = i_j * BN + tl.arange(0, BN)
-    m_jin = o_j < KSEL
-    b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=m_jin, other=-1)
+    m_jin = o_j < TOPK
+    b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_j, mask=m_jin, other=-1)
     m_j = b_idx >= 0
     o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
     # [BN, D]
@@ -212,7 +212,7 @@ def _mita_bwd_dkdv_routed_kernel(
         b_dpt = _dot(b_v, tl.trans(b_do), PREC, UP)
         b_dst = b_pt * (b_dpt - b_delta[None, :])
         b_dk += _dot(b_dst.to(b_q.dtype), b_q, PREC, UP)
-    o_w = (i_bh * M + e) * KSEL + o_j
+    o_w = (i_bh * M + e) * TOPK + o_j
     tl.store(DK + o_w[:, None] * D + o_d[None, :], b_dk * scale, mask=m_jin[:, None])
     tl.store(DV + o_w[:, None] * D + o_d[None, :], b_dv, mask=m_jin[:, None])
 
@@ -302,7 +302,7 @@ def _dkdv_final_kernel(
     DV,
     N,
     M,
-    KSEL,
+    TOPK,
     L,
     H,
     SB,
@@ -346,11 +346,11 @@ def _dkdv_final_kernel(
         o_p = tl.arange(0, KP)
         for e in range(0, M):
             # An expert's index list holds each key at most once.
-            b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_p, mask=o_p < KSEL, other=-1)
+            b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_p, mask=o_p < TOPK, other=-1)
             hit = b_idx[None, :] == o_n[:, None]
             found = tl.sum(hit.to(tl.int32), 1) > 0
             pos = tl.sum(tl.where(hit, o_p[None, :], 0), 1)
-            o_w = ((i_bh * M + e) * KSEL + pos).to(tl.int64)[:, None] * D + o_d[None, :]
+            o_w = ((i_bh * M + e) * TOPK + pos).to(tl.int64)[:, None] * D + o_d[None, :]
             b_dk += tl.load(DKE + o_w, mask=(found & m_in)[:, None], other=0.0)
             b_dv += tl.load(DVE + o_w, mask=(found & m_in)[:, None], other=0.0)
     if LV:
@@ -371,7 +371,7 @@ def _dkdv_final_kernel(
 
 
 # Routed dk, dv rows are matched to their keys by comparing each key block with every expert's index list when
-# BH * N * m * next_pow2(ksel) is at most this; above it a CSR list from a stable sort is cheaper.
+# BH * N * m * next_pow2(topk) is at most this; above it a CSR list from a stable sort is cheaper.
 _MATCH_MAX = 1 << 28
 
 
@@ -380,7 +380,7 @@ def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared,
     writes for the dk, dv and shared kernels)."""
     BH, m, D = r.shape
     N = q.shape[-2]
-    ksel = plan.idx.shape[-1]
+    topk = plan.idx.shape[-1]
     nrows = N * S
     T = plan.tile_e.shape[1]
     dev = q.device
@@ -405,7 +405,7 @@ def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared,
         dq,
         N,
         m,
-        ksel,
+        topk,
         nrows,
         T,
         *lay,
@@ -432,15 +432,15 @@ def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared,
 
 def _bwd_dkdv_routed(do, q, k, v, lse, delta, plan: RoutingPlan, lay, dlay, S, scale, bn, prec, up):
     """dk, dv of every routed (expert, slot), each in its own float32 row (``_mita_bwd_dkdv_routed_kernel``) ->
-    (dk_e, dv_e) ``[BH, m ksel, d]``."""
-    BH, m, ksel = plan.idx.shape
+    (dk_e, dv_e) ``[BH, m topk, d]``."""
+    BH, m, topk = plan.idx.shape
     N, D = q.shape[-2], q.shape[-1]
     dev = q.device
     bmk = 32 if D <= 64 else 16
-    L = m * ksel
+    L = m * topk
     dk_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
     dv_e = torch.empty(BH, L, D, device=dev, dtype=torch.float32)
-    fast(_mita_bwd_dkdv_routed_kernel)[(_cdiv(ksel, bn), m, BH)](
+    fast(_mita_bwd_dkdv_routed_kernel)[(_cdiv(topk, bn), m, BH)](
         q,
         k,
         v,
@@ -454,7 +454,7 @@ def _bwd_dkdv_routed(do, q, k, v, lse, delta, plan: RoutingPlan, lay, dlay, S, s
         dv_e,
         N,
         m,
-        ksel,
+        topk,
         N * S,
         *lay,
         *dlay,
@@ -474,13 +474,13 @@ def _bwd_dkdv_routed(do, q, k, v, lse, delta, plan: RoutingPlan, lay, dlay, S, s
 def _key_lists(idx: torch.Tensor, N: int):
     """How the per-key reduction finds a key's (expert, slot) rows -> (csr, ptr, perm, kp): by matching each key block
     against every expert's index list (csr False; ptr and perm are idx, unused), or through a CSR list from a stable
-    sort (ptr ``[BH, N + 1]``, perm ``[BH, m ksel]`` int32) when that costs more than ``_MATCH_MAX``; kp: the
+    sort (ptr ``[BH, N + 1]``, perm ``[BH, m topk]`` int32) when that costs more than ``_MATCH_MAX``; kp: the
     matching's padded list length."""
-    BH, m, ksel = idx.shape
-    kp = max(16, _next_pow2(ksel))
+    BH, m, topk = idx.shape
+    kp = max(16, _next_pow2(topk))
     csr = BH * N * m * kp > _MATCH_MAX
     if csr:
-        flat = idx.view(BH, m * ksel).long()
+        flat = idx.view(BH, m * topk).long()
         flat = torch.where(flat < 0, N, flat)
         sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
         ar = torch.arange(N + 1, device=idx.device, dtype=sorted_idx.dtype)
@@ -539,7 +539,7 @@ def _bwd_dkdv_final(
 ):
     """dk, dv in k's and v's dtypes: each key's routed rows summed in a fixed order, the landmark values' part added
     with ``shared`` (``_dkdv_final_kernel``)."""
-    BH, m, ksel = idx.shape
+    BH, m, topk = idx.shape
     N, D = k.shape[-2], k.shape[-1]
     dk = k.new_empty(BH, N, D)
     dv = v.new_empty(BH, N, D)
@@ -561,8 +561,8 @@ def _bwd_dkdv_final(
         dv,
         N,
         m,
-        ksel,
-        m * ksel,
+        topk,
+        m * topk,
         *lay,
         scale,
         scale * LOG2E,

@@ -56,7 +56,7 @@ def _mita_fwd_kernel(
     LSE,
     N,
     M,
-    KSEL,
+    TOPK,
     NROWS,
     T,
     H,
@@ -77,7 +77,7 @@ def _mita_fwd_kernel(
     FULL: tl.constexpr,
 ):
     # The online softmax of _softmax_fma (the scale in the exponent's FMA, rescaling every block). FULL: every
-    # index list holds KSEL >= 0 entries, KSEL % BN == 0, M % BS == 0 and S == 1 (no padding), so the key blocks and
+    # index list holds TOPK >= 0 entries, TOPK % BN == 0, M % BS == 0 and S == 1 (no padding), so the key blocks and
     # shared blocks load and score without masks.
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -114,15 +114,15 @@ def _mita_fwd_kernel(
                 if not FULL:
                     b_s = tl.where(m_j[None, :] & (slot == 0)[:, None], b_s, float("-inf"))
                 b_m, b_l, b_acc = _softmax_fma(b_s, sscale_log2, b_vt, b_m, b_l, b_acc, PREC, UP)
-        for j0 in range(0, KSEL, BN):
+        for j0 in range(0, TOPK, BN):
             o_j = j0 + tl.arange(0, BN)
             if FULL:
-                o_k = tl.load(IDX + (i_bh * M + e) * KSEL + o_j).to(tl.int64)
+                o_k = tl.load(IDX + (i_bh * M + e) * TOPK + o_j).to(tl.int64)
                 # [BN, D]
                 b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :])
                 b_v = tl.load(V_h + o_k[:, None] * SN + o_d[None, :])
             else:
-                b_idx = tl.load(IDX + (i_bh * M + e) * KSEL + o_j, mask=o_j < KSEL, other=-1)
+                b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_j, mask=o_j < TOPK, other=-1)
                 m_j = b_idx >= 0
                 o_k = tl.where(m_j, b_idx, 0).to(tl.int64)
                 b_k = tl.load(K_h + o_k[:, None] * SN + o_d[None, :], mask=m_j[:, None], other=0.0)
@@ -163,9 +163,9 @@ FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None, maxnr
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _blocks(m: int, ksel: int, d: int) -> tuple[int, int]:
+def _blocks(m: int, topk: int, d: int) -> tuple[int, int]:
     cap = FWD_CONFIG["bn_max"] or (64 if d <= 64 else 32)
-    bn = int(min(cap, max(16, _next_pow2(ksel))))
+    bn = int(min(cap, max(16, _next_pow2(topk))))
     bs = int(min(cap, max(16, _next_pow2(m))))
     return bn, bs
 
@@ -208,10 +208,10 @@ def mita_fwd(q, k, v, r, vt, plan, S: int, shared: bool, scale: float, sscale: f
     lay = heads_layout(q, k, v)
     BH, m, D = r.shape
     N = q.shape[-2]
-    ksel = plan.idx.shape[-1]
+    topk = plan.idx.shape[-1]
     nrows = N * S
     T = plan.tile_e.shape[1]
-    bn, bs = _blocks(m, ksel, D)
+    bn, bs = _blocks(m, topk, D)
     direct = S == 1
     if direct:
         o = out_layout(q)
@@ -234,7 +234,7 @@ def mita_fwd(q, k, v, r, vt, plan, S: int, shared: bool, scale: float, sscale: f
         lse,
         N,
         m,
-        ksel,
+        topk,
         nrows,
         T,
         *lay,
@@ -249,7 +249,7 @@ def mita_fwd(q, k, v, r, vt, plan, S: int, shared: bool, scale: float, sscale: f
         BS=bs,
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
-        FULL=bool(full) and S == 1 and ksel % bn == 0 and m % bs == 0,
+        FULL=bool(full) and S == 1 and topk % bn == 0 and m % bs == 0,
         **_fwd_launch(plan.bm, bn, D),
     )
     if direct:

@@ -59,7 +59,7 @@ class _MiTAFn(torch.autograd.Function):
     once."""
 
     @staticmethod
-    def fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, train=True):
+    def fwd(q, k, v, r, key_valid, topk, S, shared, scale, sscale, train=True):
         """``(o, vt, lse, lv_lse, plan)``: output, landmark values (zeros without the shared expert), the attention's
         LSE, the landmark values' LSE (None without the shared expert) and the routing plan. No host sync. train:
         whether a backward may follow (it decides the plan's query tile, :func:`plan_bm_max`)."""
@@ -93,9 +93,9 @@ class _MiTAFn(torch.autograd.Function):
             if shared:
                 # softmax(R k^T s) v: split-key partials (by default from the top-k's block-top pass, which scores
                 # the same keys) and a merge; zeros for a row with no valid key, as the reference gives.
-                idx, vt, lv_lse = exact_topk(r, k, key_valid, ksel, lv=(v, scale), after_scan=after_scan)
+                idx, vt, lv_lse = exact_topk(r, k, key_valid, topk, lv=(v, scale), after_scan=after_scan)
             else:
-                idx = exact_topk(r, k, key_valid, ksel, after_scan=after_scan)
+                idx = exact_topk(r, k, key_valid, topk, after_scan=after_scan)
                 vt = torch.zeros_like(r)
                 lv_lse = None
             if side is None:
@@ -119,8 +119,8 @@ class _MiTAFn(torch.autograd.Function):
         return o, vt, lse, lv_lse, plan
 
     @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, ksel, S, shared, scale, sscale, train=True):
-        o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, train)
+    def forward(ctx, q, k, v, r, key_valid, topk, S, shared, scale, sscale, train=True):
+        o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, topk, S, shared, scale, sscale, train)
         ctx.save_for_backward(q, k, v, r, vt, o, lse, lv_lse)
         ctx.key_valid, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, plan, S, shared, scale, sscale
         return o
@@ -182,7 +182,7 @@ def triton_mita(
     m = landmarks.shape[2]
     S = experts_per_query
     BH = B * H
-    ksel = min(topk, N)
+    topk = min(topk, N)  # keys per expert: at most the row
     rf = landmarks.reshape(BH, m, D).contiguous()
     key_valid = None
     if key_padding_mask is not None:
@@ -196,12 +196,12 @@ def triton_mita(
     if torch.compiler.is_compiling():
         # Inside torch.compile: the same kernels behind two opaque custom ops (triton_fwd / triton_bwd below), no graph
         # break.
-        return torch.ops.mita.triton_fwd(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, short, train)[0]
+        return torch.ops.mita.triton_fwd(q, k, v, rf, key_valid, topk, S, shared, scale, sscale, short, train)[0]
     if short:
         # Image sizes: routing, landmark values and attention in one launch per (batch, head), see short.py.
-        return SmallMiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale)
+        return SmallMiTAFn.apply(q, k, v, rf, key_valid, topk, S, shared, scale, sscale)
     # Exact top-k per landmark, top-S routing per query, landmark values and the fused attention (_MiTAFn.fwd).
-    return _MiTAFn.apply(q, k, v, rf, key_valid, ksel, S, shared, scale, sscale, train)
+    return _MiTAFn.apply(q, k, v, rf, key_valid, topk, S, shared, scale, sscale, train)
 
 
 def pooled_short_supported(q: torch.Tensor, m: int) -> bool:
@@ -257,8 +257,8 @@ class SmallMiTAFn(torch.autograd.Function):
     autograd node and no separate pooling backward, float32 buffer or gradient sum."""
 
     @staticmethod
-    def forward(ctx, q, k, v, r, key_valid, ksel, S, shared, scale, sscale, pool=None):
-        o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
+    def forward(ctx, q, k, v, r, key_valid, topk, S, shared, scale, sscale, pool=None):
+        o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, topk, S, shared, scale, sscale)
         ctx.save_for_backward(q, k, v, r, o, lse, memb, route, vt, lvlse)
         ctx.key_valid, ctx.S, ctx.shared, ctx.scale, ctx.sscale = key_valid, S, shared, scale, sscale
         ctx.pool = pool
@@ -291,7 +291,7 @@ class SmallMiTAFn(torch.autograd.Function):
 
 # Aux outputs of the forward, per path (the backward reads them back in this order).
 #   short:   lse [BH, N] f32, memb [BH, MP, NP] i8, route [BH, N, S] i32, vt [BH, m, d], lvlse [BH, m] f32
-#   general: lse [BH, N] f32, vt [BH, m, d], lv_lse [BH, m] f32, idx [BH, m, ksel] i32, rows [BH, N S] i32,
+#   general: lse [BH, N] f32, vt [BH, m, d], lv_lse [BH, m] f32, idx [BH, m, topk] i32, rows [BH, N S] i32,
 #            starts [BH, m + 1] i32, tile_e / tile_rs / tile_re [BH, T] i32
 # Without the shared expert, vt and the landmark-value LSE are empty (0 elements): the kernels do not read them.
 
@@ -303,7 +303,7 @@ def triton_fwd(
     v: torch.Tensor,
     r: torch.Tensor,
     key_valid: torch.Tensor | None,
-    ksel: int,
+    topk: int,
     S: int,
     shared: bool,
     scale: float,
@@ -319,17 +319,17 @@ def triton_fwd(
     when the value equals the default) reaches the autograd wrapper one argument short, so the backward's gradient
     list no longer matched the inputs under inductor (found on the GPU)."""
     if short:
-        o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale)
+        o, lse, memb, route, vt, lvlse = small_fwd(q, k, v, r, key_valid, topk, S, shared, scale, sscale)
         if not shared:  # small_fwd hands back r and lse there: outputs may not alias inputs or each other
             vt, lvlse = q.new_empty(0), q.new_empty(0, dtype=torch.float32)
         return [o, lse, memb, route, vt, lvlse]
-    o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, train)  # no_grad
+    o, vt, lse, lv_lse, plan = _MiTAFn.fwd(q, k, v, r, key_valid, topk, S, shared, scale, sscale, train)  # no_grad
     lv = lv_lse if lv_lse is not None else q.new_empty(0, dtype=torch.float32)
     return [o, lse, vt, lv, plan.idx, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re]
 
 
 @triton_fwd.register_fake
-def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short, train):
+def _(q, k, v, r, key_valid, topk, S, shared, scale, sscale, short, train):
     BH, m, D = r.shape
     N = q.shape[-2]
     f32, i32 = torch.float32, torch.int32
@@ -344,7 +344,7 @@ def _(q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short, train):
     lv = q.new_empty(BH, m, dtype=f32) if shared else q.new_empty(0, dtype=f32)
     tiles = [q.new_empty(BH, T, dtype=i32) for _ in range(3)]
     return [
-        o, lse, torch.empty_like(r), lv, q.new_empty(BH, m, ksel, dtype=i32), q.new_empty(BH, N * S, dtype=i32),
+        o, lse, torch.empty_like(r), lv, q.new_empty(BH, m, topk, dtype=i32), q.new_empty(BH, N * S, dtype=i32),
         q.new_empty(BH, m + 1, dtype=i32), *tiles,
     ]  # fmt: skip
 
@@ -385,7 +385,7 @@ def _(do, q, k, v, r, key_valid, o, aux, S, shared, scale, sscale, short):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, r, key_valid, ksel, S, shared, scale, sscale, short, train = inputs
+    q, k, v, r, key_valid, topk, S, shared, scale, sscale, short, train = inputs
     ctx.has_kv = key_valid is not None
     ctx.save_for_backward(q, k, v, r, *output, *([key_valid] if ctx.has_kv else []))
     ctx.args = (S, shared, scale, sscale, short)

@@ -210,7 +210,7 @@ class RoutingPlan:
     """Everything the kernels need to know about the routing of one call (all device tensors, static shapes).
 
     Attributes:
-        idx: ``[BH, m, ksel]`` int32 key index of each routed slot, ascending, -1 for a slot with no valid key.
+        idx: ``[BH, m, topk]`` int32 key index of each routed slot, ascending, -1 for a slot with no valid key.
         rows: ``[BH, N * S]`` int32 row ids ``n * S + s`` sorted by expert (stable).
         starts: ``[BH, m + 1]`` int32 first row of each expert in ``rows``.
         tile_e, tile_rs, tile_re: ``[BH, T]`` int32 expert, first row and end row of each query tile (-1: none).
@@ -263,7 +263,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     """Build the routing plan from the expert key lists and the query routes (no host synchronisation).
 
     Args:
-        idx: ``[BH, m, ksel]`` int32 key index of each routed slot, -1 for a slot with no valid key.
+        idx: ``[BH, m, topk]`` int32 key index of each routed slot, -1 for a slot with no valid key.
         route: ``[BH, N * S]`` int32 landmark of row ``n * S + s``, in ``[0, m)``.
         m: number of landmarks.
         bm_max: largest query tile (None: :func:`plan_bm_max` of training).

@@ -115,7 +115,7 @@ def _small_route_kernel(
     LVLSE,
     N,
     M,
-    KSEL,
+    TOPK,
     H,
     SB,
     SH,
@@ -141,7 +141,7 @@ def _small_route_kernel(
     m_n = o_n < N
     if HAS_KV:
         m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-    kk = _head_kk(KK, i_bh, KSEL, HAS_KV)
+    kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
     o_kv = o_n[:, None] * SN + o_d[None, :]
     b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
@@ -243,7 +243,7 @@ def _small_attn_kernel(
     tl.store(LSE + i_bh * N + o_i, b_lse, mask=m_i)
 
 
-def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: float, sscale: float):
+def small_fwd(q, k, v, r, key_valid, topk: int, S: int, shared: bool, scale: float, sscale: float):
     """Forward. q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``: read in place), r
     ``[BH, m, d]``, key_valid ``[BH, N]`` bool or None.
 
@@ -264,7 +264,7 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     vt = torch.empty_like(r) if shared else r
     lvlse = torch.empty(BH, M, device=dev, dtype=torch.float32) if shared else lse
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
-    kk = _valid_counts(key_valid, ksel) if key_valid is not None else q
+    kk = _valid_counts(key_valid, topk) if key_valid is not None else q
     has_kv = key_valid is not None
     common = dict(
         SHARED=shared,
@@ -277,7 +277,7 @@ def small_fwd(q, k, v, r, key_valid, ksel: int, S: int, shared: bool, scale: flo
     )
     cr, ca = _cfg("route", min(NP, MP)), _cfg("attn", NP)
     fast(_small_route_kernel)[(MP // cr["BS"], BH)](
-        r, k, v, kv, kk, memb, vt, lvlse, N, M, ksel, *lay, scale * LOG2E, HAS_KV=has_kv, **common, **cr
+        r, k, v, kv, kk, memb, vt, lvlse, N, M, topk, *lay, scale * LOG2E, HAS_KV=has_kv, **common, **cr
     )
     fast(_small_attn_kernel)[(_cdiv(N, ca["BM"]), BH)](
         q, k, v, r, vt, memb, o, lse, route, N, M, *lay, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca

@@ -113,15 +113,15 @@ def _final_narrow(cap: int) -> int:
     return int(v)
 
 
-def _emit_top(N: int, ksel: int, bn: int) -> int:
+def _emit_top(N: int, topk: int, bn: int) -> int:
     """Default block tops the count + emit pass reads (SCAN_CONFIG["emit_top"] None): 3 where blocks with two
-    candidates are common, i.e. where a row's ~ksel candidates among N / bn blocks often share one (ksel >= N / (8
+    candidates are common, i.e. where a row's ~topk candidates among N / bn blocks often share one (topk >= N / (8
     bn)); else 2, which saves the block-top pass a reduction (timings: notes/kernels-notes.md)."""
-    return 3 if ksel * 8 * bn >= N else 2
+    return 3 if topk * 8 * bn >= N else 2
 
 
-def _valid_counts(key_valid: torch.Tensor, ksel: int) -> torch.Tensor:
-    return key_valid.sum(-1).clamp(max=ksel).to(torch.int32)
+def _valid_counts(key_valid: torch.Tensor, topk: int) -> torch.Tensor:
+    return key_valid.sum(-1).clamp(max=topk).to(torch.int32)
 
 
 class _ScanPlan(NamedTuple):
@@ -147,7 +147,7 @@ class _ScanPlan(NamedTuple):
     fused: bool  # fused_select
 
 
-def _scan_plan(BH: int, M: int, N: int, D: int, ksel: int, cap: int | None, has_kv: bool, lvf: bool) -> _ScanPlan:
+def _scan_plan(BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_kv: bool, lvf: bool) -> _ScanPlan:
     """The long-row path's settings (SCAN_CONFIG checked), tiles and key chunks."""
     bn = SCAN_CONFIG["bn"]
     bs = SCAN_CONFIG["bs"] or (64 if D <= 64 else 32)
@@ -158,7 +158,7 @@ def _scan_plan(BH: int, M: int, N: int, D: int, ksel: int, cap: int | None, has_
     if topt < 1 or topt > bn:
         raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
     e_top = SCAN_CONFIG.get("emit_top")
-    e_top = int(e_top) if e_top is not None else _emit_top(N, ksel, bn)
+    e_top = int(e_top) if e_top is not None else _emit_top(N, topk, bn)
     if e_top not in (2, 3):
         raise ValueError(f"SCAN_CONFIG['emit_top'] must be 2, 3 or None, got {e_top}")
     e3 = int(e_top == 3)
@@ -180,7 +180,7 @@ def _scan_plan(BH: int, M: int, N: int, D: int, ksel: int, cap: int | None, has_
         G = max(1, min(G, N // (int(SCAN_CONFIG["lv_div"]) * M)))
     CH = _cdiv(_cdiv(N, G), bn) * bn
     G = _cdiv(N, CH)
-    cap = _next_pow2(max(cap or 2 * ksel, ksel, 64))
+    cap = _next_pow2(max(cap or 2 * topk, topk, 64))
     _final_narrow(cap)
     # Key blocks per step of the block-top pass (bg) and of the sparse count + emit pass (bb), at most a chunk's.
     bg = min(8, _next_pow2(CH // bn))
@@ -217,7 +217,7 @@ class _ScanBuffers(NamedTuple):
     lv_scale: float
 
 
-def _scan_buffers(p: _ScanPlan, r: torch.Tensor, ksel: int, lv: tuple | None) -> _ScanBuffers:
+def _scan_buffers(p: _ScanPlan, r: torch.Tensor, topk: int, lv: tuple | None) -> _ScanBuffers:
     """Allocate the long-row path's buffers (each written by a kernel before it is read)."""
     BH, M, D = r.shape
     dev, rows, G = r.device, p.rows, p.G
@@ -235,7 +235,7 @@ def _scan_buffers(p: _ScanPlan, r: torch.Tensor, ksel: int, lv: tuple | None) ->
     # Refinement counts [passes, rows, P], then the per-chunk counts of the fallback rows [rows, G, 2].
     cnt = torch.empty(_PASSES * rows * _P + rows * G * 2, device=dev, dtype=torch.int32)
     cand = torch.empty(rows, p.cap, device=dev, dtype=torch.int64)
-    idx = torch.empty(BH, M, ksel, device=dev, dtype=torch.int32)
+    idx = torch.empty(BH, M, topk, device=dev, dtype=torch.int32)
     if p.lvf:
         # The landmark values' split-key partials, one per (key chunk, landmark), merged by the final selection.
         pm = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
@@ -248,11 +248,11 @@ def _scan_buffers(p: _ScanPlan, r: torch.Tensor, ksel: int, lv: tuple | None) ->
     return _ScanBuffers(cmax, arg, lo, hi, done, off, cnt, cand, idx, pm, pl, pacc, vv, lv_scale)
 
 
-def _topk_small(r, k, kv, kk, key_valid, ksel: int, lay, NP: int, prec, up) -> torch.Tensor:
+def _topk_small(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> torch.Tensor:
     """Short rows: the on-chip top-k (``_topk_small_kernel``), one program per (16 landmarks, head)."""
     BH, M, D = r.shape
     N = k.shape[-2]
-    idx = torch.empty(BH, M, ksel, device=r.device, dtype=torch.int32)
+    idx = torch.empty(BH, M, topk, device=r.device, dtype=torch.int32)
     bs = 16
     fast(_topk_small_kernel)[(_cdiv(M, bs), BH)](
         r,
@@ -262,13 +262,13 @@ def _topk_small(r, k, kv, kk, key_valid, ksel: int, lay, NP: int, prec, up) -> t
         idx,
         N,
         M,
-        ksel,
+        topk,
         *lay,
         HAS_KV=key_valid is not None,
         D=D,
         BS=bs,
         NP=NP,
-        KP=max(16, _next_pow2(ksel)),
+        KP=max(16, _next_pow2(topk)),
         PREC=prec,
         UP=up,
         EXACT=interpreting(),
@@ -281,7 +281,7 @@ def exact_topk(
     r: torch.Tensor,
     k: torch.Tensor,
     key_valid: torch.Tensor | None,
-    ksel: int,
+    topk: int,
     *,
     small_max_n: int = SMALL_N,
     cap: int | None = None,
@@ -290,15 +290,15 @@ def exact_topk(
     lv: tuple | None = None,
     after_scan=None,
 ):
-    """Per landmark, the indices of the ``ksel`` valid keys with the largest raw score, ties to the lower index.
+    """Per landmark, the indices of the ``topk`` valid keys with the largest raw score, ties to the lower index.
 
     Args:
         r: ``[BH, m, d]`` landmarks.
         k: ``[BH, N, d]`` or ``[B, H, N, d]`` keys (same dtype as r; any layout :func:`heads_layout` takes).
         key_valid: ``[BH, N]`` bool, or None when every key is valid.
-        ksel: keys per landmark, ``1 <= ksel <= N``.
+        topk: keys per landmark, ``1 <= topk <= N``.
         small_max_n: rows up to this length take the on-chip kernel (when the key tile fits in 64 KiB).
-        cap: candidate-list length of the long-row path (default ``2 ksel``; at least ``max(ksel, 64)``, rounded up
+        cap: candidate-list length of the long-row path (default ``2 topk``; at least ``max(topk, 64)``, rounded up
             to a power of 2). Rows with more keys above the start threshold than cap take the refinement passes.
         timer: None, or ``timer(name, fn)`` that runs ``fn()`` (profiling: each pass of the long-row path is one
             named call).
@@ -314,7 +314,7 @@ def exact_topk(
             called on the on-chip path.
 
     Returns:
-        ``[BH, m, ksel]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for. With lv:
+        ``[BH, m, topk]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for. With lv:
         ``(indices, vt, lse)`` as :func:`landmark_values_fwd` returns them.
     """
     BH, M, D = r.shape
@@ -322,15 +322,15 @@ def exact_topk(
     lay = heads_layout(k) if lv is None else heads_layout(k, lv[0])
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
     prec, up = _prec(r.dtype), _upcast(r.dtype)
-    # Without padding every row keeps ksel keys: no count tensor (the kernels take ksel).
-    kk = _valid_counts(key_valid, ksel) if key_valid is not None else r
+    # Without padding every row keeps topk keys: no count tensor (the kernels take topk).
+    kk = _valid_counts(key_valid, topk) if key_valid is not None else r
     NP = max(16, _next_pow2(N))
     if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
-        idx = _topk_small(r, k, kv, kk, key_valid, ksel, lay, NP, prec, up)
+        idx = _topk_small(r, k, kv, kk, key_valid, topk, lay, NP, prec, up)
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
-    p = _scan_plan(BH, M, N, D, ksel, cap, key_valid is not None, lv is not None)
+    p = _scan_plan(BH, M, N, D, topk, cap, key_valid is not None, lv is not None)
     common = dict(HAS_KV=key_valid is not None, D=D, BS=p.bs, BN=p.bn, PREC=prec, UP=up, EXACT=interpreting(), P=_P)
-    b = _scan_buffers(p, r, ksel, lv)
+    b = _scan_buffers(p, r, topk, lv)
 
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
@@ -338,7 +338,7 @@ def exact_topk(
     def scan(mode, i_pass=0):
         fast(_topk_scan_kernel)[(p.n_s, p.G, BH)](
             r, k, kv, kk, b.lo, b.hi, b.done, b.cmax, b.arg, b.cnt, b.off, b.cand, b.vv, b.pm, b.pl, b.pacc, b.lv_scale,
-            N, M, p.CH, p.G, p.NB, p.cap, ksel, *lay, p.rows, i_pass,
+            N, M, p.CH, p.G, p.NB, p.cap, topk, *lay, p.rows, i_pass,
             MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=p.planes if mode == 0 else 1, BB=p.bb,
             BG=p.bg if mode == 0 else 1, E3=p.e3 if mode in (0, 4) else 0, LVF=p.lvf and mode == 0,
             EVEN=p.even and mode == 0, LAZY=int(p.lv_lazy) if p.lvf and mode == 0 else 0,
@@ -354,18 +354,18 @@ def exact_topk(
         lse = torch.empty(BH, M, device=r.device, dtype=torch.float32)
     else:
         vt = lse = r
-    _select(p, b, r, k, kv, kk, vt, lse, ksel, lay, common, run, scan)
+    _select(p, b, r, k, kv, kk, vt, lse, topk, lay, common, run, scan)
     if stats is not None:
         stats["cap"] = p.cap
         stats["counts"] = b.off[: p.rows].clone()
         stats["overflow_rows"] = (b.off[: p.rows] > p.cap).sum()
-    _fallback(p, b, r, k, kv, kk, vt, lse, ksel, lay, common, run)
+    _fallback(p, b, r, k, kv, kk, vt, lse, topk, lay, common, run)
     if lv is None:
         return b.idx
     return b.idx, vt, lse
 
 
-def _select(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, ksel: int, lay, common: dict, run, scan) -> None:
+def _select(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, topk: int, lay, common: dict, run, scan) -> None:
     """Start threshold, count + emit and top-k of the candidate lists: one per-row kernel (fused_select 1), or the
     start kernel and the count + emit pass (0: the top-k follows the fallback, ``_fallback``)."""
     M, N = r.shape[1], k.shape[-2]
@@ -380,7 +380,7 @@ def _select(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, ksel: int, lay
             "start + count + emit + top-k (per row)" + (" + landmark values merge" if p.lvf else ""),
             lambda: fast(_topk_select_kernel)[(p.rows,)](
                 r, k, kv, b.cmax, b.arg, kk, b.lo, b.hi, b.off, b.cnt, b.cand, b.idx, b.pm, b.pl, b.pacc, vt, lse, N,
-                M, p.NB * p.topt, p.NB, p.cap, ksel, *lay, p.rows, p.G,
+                M, p.NB * p.topt, p.NB, p.cap, topk, *lay, p.rows, p.G,
                 F=f, GP=gp, ONE_PLANE=p.topt == 1, STEPS=p.steps, NARROW=bool(SCAN_CONFIG["start_narrow"]), E3=p.e3,
                 EB=eb, FNARROW=_final_narrow(p.cap), MERGE=p.lvf, BC=min(64, _next_pow2(p.G)), CP=p.cap, **common,
                 num_warps=SCAN_CONFIG["num_warps"],
@@ -390,7 +390,7 @@ def _select(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, ksel: int, lay
         run(
             "start threshold",
             lambda: fast(_topk_start_kernel)[(p.rows,)](
-                b.cmax, kk, b.lo, b.hi, b.off, b.cnt, b.cand, M, p.NB * p.topt, p.NB, p.cap, ksel, p.rows,
+                b.cmax, kk, b.lo, b.hi, b.off, b.cnt, b.cand, M, p.NB * p.topt, p.NB, p.cap, topk, p.rows,
                 HAS_KV=common["HAS_KV"], F=f, GP=gp, P=_P, CB=min(p.cap, 1024), ONE_PLANE=p.topt == 1, STEPS=p.steps,
                 NARROW=bool(SCAN_CONFIG["start_narrow"]),
                 num_warps=8 if gp * f >= 4096 else 4,
@@ -400,7 +400,7 @@ def _select(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, ksel: int, lay
         run("count + emit (sparse, atomic slots)", lambda: scan(4))
 
 
-def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, ksel: int, lay, common: dict, run) -> None:
+def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, topk: int, lay, common: dict, run) -> None:
     """The rows with more candidates than the list holds: refinement passes, recount and ordered emit in one launch of
     persistent programs (which returns at once when no row needs it; with fused_select it also selects those rows'
     top-k); without fused_select, then the top-k of every row's list."""
@@ -424,7 +424,7 @@ def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, ksel: int, l
 
     def fallback():
         compiled = fast(_topk_fallback_kernel)[(nprog,)](
-            r, k, kv, kk, b.lo, b.hi, b.done, b.cnt, b.off, b.cand, b.idx, N, M, p.CH, p.G, p.NB, p.cap, ksel, *lay,
+            r, k, kv, kk, b.lo, b.hi, b.done, b.cnt, b.off, b.cand, b.idx, N, M, p.CH, p.G, p.NB, p.cap, topk, *lay,
             p.rows, p.n_s, BH, nprog,
             **fb_kw,
         )  # fmt: skip
@@ -435,14 +435,14 @@ def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, ksel: int, l
         "fallback rows (refinement, recount, ordered emit" + (", top-k" if fb_final else "") + "; persistent)",
         fallback,
     )
-    kp = _next_pow2(ksel)
+    kp = _next_pow2(topk)
     final_cap = 96 if p.cap <= 512 and kp >= 64 else 0
     if not fb_final:
         run(
             ("top-k of the fallback rows' lists" if p.fused else "top-k of the candidate list")
             + (" + landmark values merge" if p.lvf and not p.fused else ""),
             lambda: fast(_topk_final_kernel)[(p.rows,)](
-                b.cand, b.idx, ksel, p.cap, b.pm, b.pl, b.pacc, vt, lse, b.off, M, p.G,
+                b.cand, b.idx, topk, p.cap, b.pm, b.pl, b.pacc, vt, lse, b.off, M, p.G,
                 NARROW=_final_narrow(p.cap), MERGE=p.lvf and not p.fused, D=common["D"], BC=min(64, _next_pow2(p.G)),
                 FB_ONLY=p.fused, CP=p.cap, num_warps=4 if p.cap <= 512 else 8,
                 **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),

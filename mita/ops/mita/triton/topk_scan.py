@@ -104,7 +104,7 @@ def _topk_small_kernel(
     IDX,
     N,
     M,
-    KSEL,
+    TOPK,
     H,
     SB,
     SH,
@@ -134,16 +134,16 @@ def _topk_small_kernel(
     # [BS, NP] order keys of the raw scores; invalid keys take no part.
     b_key = _order_key(_score(b_r, b_k, PREC, UP, EXACT))
     m_v = m_n[None, :] & m_j[:, None]
-    kk = _head_kk(KK, i_bh, KSEL, HAS_KV)
+    kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
     sel = _topk_select(b_key, m_v, m_j, kk)
     pos = tl.cumsum(sel.to(tl.int32), 1) - 1
-    base = IDX + (i_bh * M + o_j) * KSEL
+    base = IDX + (i_bh * M + o_j) * TOPK
     tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [BS, NP]), mask=sel)
     o_p = tl.arange(0, KP)
     tl.store(
         base[:, None] + o_p[None, :],
         tl.full([BS, KP], -1, tl.int32),
-        mask=m_j[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < KSEL),
+        mask=m_j[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < TOPK),
     )
 
 
@@ -166,12 +166,12 @@ def _clear_list(CAND, row, CAP, CB: tl.constexpr):
 
 
 @triton.jit
-def _head_kk(KK, i_bh, ksel, HAS_KV: tl.constexpr):
-    # Keys each landmark of head i_bh keeps: the head's valid-key count clamped to ksel (KK) with padding, else ksel.
+def _head_kk(KK, i_bh, topk, HAS_KV: tl.constexpr):
+    # Keys each landmark of head i_bh keeps: the head's valid-key count clamped to topk (KK) with padding, else topk.
     if HAS_KV:
         kk = tl.load(KK + i_bh)
     else:
-        kk = ksel
+        kk = topk
     return kk
 
 
@@ -504,7 +504,7 @@ def _scan_band(b_r, K_h, KV, CAND, i_bh, row, N, n0, n1, CAP, SN, o_d, need, b_l
 @triton.jit
 def _topk_scan_body(
     i_s, i_g, i_bh, R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G,
-    NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr,
+    NBLK, CAP, topk, H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr,
     HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
     EXACT: tl.constexpr, TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr,
     EVEN: tl.constexpr, LAZY: tl.constexpr, CM: tl.constexpr,
@@ -535,7 +535,7 @@ def _topk_scan_body(
         n0 = i_g * CH
         n1 = tl.minimum(n0 + CH, N)
         if MODE != 0:
-            kk = _head_kk(KK, i_bh, ksel, HAS_KV)
+            kk = _head_kk(KK, i_bh, topk, HAS_KV)
             if MODE == 4:
                 b_lo64 = tl.load(LO + row, mask=m_j, other=0)
                 b_hi64 = b_lo64
@@ -608,7 +608,7 @@ def _topk_scan_body(
 
 @triton.jit
 def _topk_scan_kernel(
-    R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel,
+    R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, topk,
     H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr, HAS_KV: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
     TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
@@ -617,6 +617,6 @@ def _topk_scan_kernel(
     # One program per (landmark tile, key chunk, batch-head): _topk_scan_body.
     _topk_scan_body(
         tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
-        OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE, P,
+        OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, topk, H, SB, SH, SN, nrows, i_pass, MODE, P,
         SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, "",
     )  # fmt: skip

@@ -82,7 +82,7 @@ def _kth_largest_key_narrow(key, valid, kk, k_max, UNIT: tl.constexpr):
 
 @triton.jit
 def _start_row(
-    CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, ksel, nrows, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr,
+    CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, topk, nrows, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr,
     P: tl.constexpr, ONE_PLANE: tl.constexpr, STEPS: tl.constexpr, NARROW: tl.constexpr,
 ):  # fmt: skip
     # Row row's start threshold lo = the largest order key t that kk maxima of groups of F entries reach (so kk
@@ -90,7 +90,7 @@ def _start_row(
     # stored as state slot 0 of the refinement (LO, HI); its refinement counts start at zero. Entries: the NB = t *
     # NBLK first of the block-top planes (t = 1: the block maxima; t = 2: also each block's second largest score),
     # entry e in plane e // NBLK. Returns lo (int64).
-    kk = _head_kk(KK, row // M, ksel, HAS_KV)
+    kk = _head_kk(KK, row // M, topk, HAS_KV)
     o_b = tl.arange(0, GP)[:, None] * F + tl.arange(0, F)[None, :]
     if ONE_PLANE:
         # The block maxima only: one contiguous row (vector loads, no per-entry plane arithmetic).
@@ -114,14 +114,14 @@ def _start_row(
 
 @triton.jit
 def _topk_start_kernel(
-    CMAX, KK, LO, HI, OFF, CNT, CAND, M, NB, NBLK, CAP, ksel, nrows, HAS_KV: tl.constexpr, F: tl.constexpr,
+    CMAX, KK, LO, HI, OFF, CNT, CAND, M, NB, NBLK, CAP, topk, nrows, HAS_KV: tl.constexpr, F: tl.constexpr,
     GP: tl.constexpr, P: tl.constexpr, CB: tl.constexpr, ONE_PLANE: tl.constexpr, STEPS: tl.constexpr,
     NARROW: tl.constexpr,
 ):  # fmt: skip
     # One row per program: the start threshold and state slot 0 (_start_row); the row's slot counter and candidate
     # list start empty.
     row = tl.program_id(0).to(tl.int64)
-    _start_row(CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, ksel, nrows, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW)
+    _start_row(CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, topk, nrows, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW)
     tl.store(OFF + row, 0)
     if row == 0:
         # The persistent fallback kernel's barrier counter.
@@ -151,7 +151,7 @@ def _grid_barrier(BAR, target, SPIN: tl.constexpr):
 
 @triton.jit
 def _fallback_items(
-    pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows,
+    pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, topk, H, SB, SH, SN, nrows,
     i_pass, MODE: tl.constexpr, P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
@@ -160,14 +160,14 @@ def _fallback_items(
     for it in range(pid, n_s * G * BH, NPROG):
         _topk_scan_body(
             (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF, CAND,
-            R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, i_pass, MODE, P, True, HAS_KV, D, BS,
+            R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, topk, H, SB, SH, SN, nrows, i_pass, MODE, P, True, HAS_KV, D, BS,
             BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
         )  # fmt: skip
 
 
 @triton.jit
 def _topk_fallback_kernel(
-    R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, IDX, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH, SN, nrows, n_s, BH,
+    R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, IDX, N, M, CH, G, NBLK, CAP, topk, H, SB, SH, SN, nrows, n_s, BH,
     NPROG, P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr,
     PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
     FINAL: tl.constexpr, CP: tl.constexpr, FNARROW: tl.constexpr,
@@ -197,7 +197,7 @@ def _topk_fallback_kernel(
         fin = 0
         while i_pass < _NPASS:
             _fallback_items(
-                pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB,
+                pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, topk, H, SB,
                 SH, SN, nrows, i_pass, 1, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
             )  # fmt: skip
             n_bar += NPROG
@@ -214,12 +214,12 @@ def _topk_fallback_kernel(
             if n_open == 0:
                 i_pass = _NPASS
         _fallback_items(
-            pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
+            pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, topk, H, SB, SH,
             SN, nrows, fin, 2, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
         )  # fmt: skip
         _grid_barrier(BAR, n_bar + NPROG, SPIN)
         _fallback_items(
-            pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, ksel, H, SB, SH,
+            pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, topk, H, SB, SH,
             SN, nrows, fin, 3, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
         )  # fmt: skip
         if FINAL:
@@ -229,24 +229,24 @@ def _topk_fallback_kernel(
             for r_i in range(pid, nrows, NPROG):
                 row = r_i + tl.zeros([], tl.int64)
                 if tl.load(OFF + row) > CAP:
-                    _final_row(CAND, IDX, row, CAP, ksel, CAP, CP, FNARROW, ".cg")
+                    _final_row(CAND, IDX, row, CAP, topk, CAP, CP, FNARROW, ".cg")
 
 
 @triton.jit
 def _final_row(
-    CAND, IDX, row, LIM, KSEL, CAP, CP: tl.constexpr, NARROW: tl.constexpr, CM: tl.constexpr,
+    CAND, IDX, row, LIM, TOPK, CAP, CP: tl.constexpr, NARROW: tl.constexpr, CM: tl.constexpr,
 ):  # fmt: skip
-    # Row row's KSEL largest packed entries among the first min(LIM, CAP) of its candidate list (score desc, index
+    # Row row's TOPK largest packed entries among the first min(LIM, CAP) of its candidate list (score desc, index
     # asc; fewer when the list holds fewer valid keys; the entries past them read as empty), their key indices
     # ascending, then -1. The selection (NARROW 0 / 1): the threshold key t (_kth_largest_key, over the whole range
     # or the list's own), then, unless every entry at t is taken, the lowest indices among them (the same helper on
-    # the low word); NARROW 2: the KSEL-th largest packed entry from one descending sort. The order: one sort of
+    # the low word); NARROW 2: the TOPK-th largest packed entry from one descending sort. The order: one sort of
     # the list. CM: the list's cache modifier (".cg" where other programs
     # of the same launch wrote it).
     o_c = tl.arange(0, CP)
     c = tl.load(CAND + row * CAP + o_c, mask=o_c < tl.minimum(LIM, CAP), other=_EMPTY, cache_modifier=CM)
     valid = c != _EMPTY
-    n_sel = tl.minimum(tl.sum(valid.to(tl.int32), 0), KSEL)
+    n_sel = tl.minimum(tl.sum(valid.to(tl.int32), 0), TOPK)
     c_low = c & 0xFFFFFFFF
     if NARROW == 2:
         # The n_sel-th largest packed entry by one sort of the list (entries are distinct: each holds its key's
@@ -269,15 +269,15 @@ def _final_row(
         if n_tie < tl.sum(m_tie.to(tl.int32), 0):
             lo2 = _kth_largest_key(c_low, m_tie, n_tie, 0, 4294967296, 32)
         sel = m_gt | (m_tie & (c_low >= lo2))
-    base = IDX + row * KSEL
+    base = IDX + row * TOPK
     # The chosen indices ascending by one sort of the list (the others as INT32_MAX, after them), then -1.
     srt = tl.sort(tl.where(sel, (0xFFFFFFFF - c_low).to(tl.int32), 2147483647), 0)
-    tl.store(base + o_c, tl.where(o_c < n_sel, srt, -1), mask=o_c < KSEL)
+    tl.store(base + o_c, tl.where(o_c < n_sel, srt, -1), mask=o_c < TOPK)
 
 
 @triton.jit
 def _topk_final_kernel(
-    CAND, IDX, KSEL, CAP, PM, PL, PACC, VT, LSE, OFF, M, NC, CP: tl.constexpr,
+    CAND, IDX, TOPK, CAP, PM, PL, PACC, VT, LSE, OFF, M, NC, CP: tl.constexpr,
     NARROW: tl.constexpr, MERGE: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
     FB_ONLY: tl.constexpr,
 ):  # fmt: skip
@@ -291,7 +291,7 @@ def _topk_final_kernel(
     if FB_ONLY:
         take = tl.load(OFF + row) > CAP
     if take:
-        _final_row(CAND, IDX, row, CAP, KSEL, CAP, CP, NARROW, "")
+        _final_row(CAND, IDX, row, CAP, TOPK, CAP, CP, NARROW, "")
 
 
 @triton.jit
@@ -359,7 +359,7 @@ def _emit_row(
 
 @triton.jit
 def _topk_select_kernel(
-    R, K, KV, CMAX, ARG, KK, LO, HI, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, N, M, NB, NBLK, CAP, ksel, H, SB, SH,
+    R, K, KV, CMAX, ARG, KK, LO, HI, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, N, M, NB, NBLK, CAP, topk, H, SB, SH,
     SN, nrows, NC, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr, P: tl.constexpr,
     ONE_PLANE: tl.constexpr, STEPS: tl.constexpr, NARROW: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr, EB: tl.constexpr,
@@ -374,7 +374,7 @@ def _topk_select_kernel(
     row = tl.program_id(0).to(tl.int64)
     if MERGE:
         _lv_merge_row(PM, PL, PACC, VT, LSE, row % M, row // M, M, NC, D, BC)
-    lo = _start_row(CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, ksel, nrows, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW)
+    lo = _start_row(CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, topk, nrows, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW)
     if row == 0:
         # The persistent fallback kernel's barrier counter.
         tl.store(OFF + nrows, 0)
@@ -386,4 +386,4 @@ def _topk_select_kernel(
     if n <= CAP:
         # The list's entries were written by this program's threads: make them visible to all of them.
         tl.debug_barrier()
-        _final_row(CAND, IDX, row, n, ksel, CAP, CP, FNARROW, "")
+        _final_row(CAND, IDX, row, n, topk, CAP, CP, FNARROW, "")
