@@ -70,7 +70,7 @@ def mita_layer_reference(layer: AttentionBase, x: torch.Tensor) -> torch.Tensor:
     start = 0 if L.landmark_layout == "official" else L.num_prefix_tokens  # "official": the first h*w tokens
     R = _adaptive_pool_grid(q, start, L.grid_size, landmark_grid(L.m))
     o = dense_mita(
-        q, k, v, R, L.k, experts_per_query=L.experts_per_query, shared=not L.routing_only,
+        q, k, v, R, L.topk, experts_per_query=L.experts_per_query, shared=not L.routing_only,
         shared_scale=L.shared_scale, scale=L.scale,
     )
     return L.output(L.merge_heads(o))
@@ -119,7 +119,7 @@ def _reference(name: str, layer: AttentionBase, x: torch.Tensor, n_tokens: int):
         return "softmax attention", full_attention_reference(layer, x)
     if name == "topk":
         dense = _clone64(layer)
-        dense.k = n_tokens
+        dense.topk = n_tokens
         return "k = N vs softmax attention", full_attention_reference(layer, x), dense
     if name == "moba":
         dense = _clone64(layer)

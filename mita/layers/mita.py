@@ -133,7 +133,7 @@ class MiTAAttention(AttentionBase):
         if k is not None:
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ValueError(f"k must be an int >= 1, got {k!r}")
-            self.k = k
+            self.topk = k
         if self.landmark_layout != "1d":
             landmark_grid(self.m)  # 2D layouts need a p x p or (ph, pw) landmark grid: say so now, not at forward
         n_landmarks = self.m[0] * self.m[1] if isinstance(self.m, tuple) else self.m
@@ -181,7 +181,7 @@ class MiTAAttention(AttentionBase):
         scores = landmarks.to(ct) @ k.to(ct).transpose(-1, -2)  # [B, H, m, N]
         idx = stable_topk_indices(
             scores if key_padding_mask is None else scores.masked_fill(key_padding_mask[:, None, None], float("-inf")),
-            min(self.k, k.shape[2]),
+            min(self.topk, k.shape[2]),
         )
         if key_padding_mask is not None:
             idx = idx.masked_fill(torch.gather(key_padding_mask[:, None, None].expand_as(scores), 3, idx), -1)
@@ -214,7 +214,7 @@ class MiTAAttention(AttentionBase):
                 k,
                 v,
                 pool,
-                self.k,
+                self.topk,
                 experts_per_query=self.experts_per_query,
                 shared=not self.routing_only,
                 shared_scale=self.shared_scale,
@@ -235,7 +235,7 @@ class MiTAAttention(AttentionBase):
             k,
             v,
             landmarks,
-            self.k,
+            self.topk,
             experts_per_query=self.experts_per_query,
             shared=not self.routing_only,
             shared_scale=self.shared_scale,
@@ -255,7 +255,7 @@ class MiTAAttention(AttentionBase):
         return self.output(o)
 
     def extra_repr(self) -> str:
-        extras = [f"m={self.m}", f"k={self.k}", f"layout={self.landmark_layout}"]
+        extras = [f"m={self.m}", f"k={self.topk}", f"layout={self.landmark_layout}"]
         if self.experts_per_query != 1:
             extras.append(f"experts_per_query={self.experts_per_query}")
         if self.routing_only:

@@ -99,7 +99,7 @@ class TopkAttention(AttentionBase):
     Args:
         dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, proj_bias, norm_layer: as
             :class:`~mita.layers.base.AttentionBase`; ``attn_drop`` drops attention probabilities.
-        k: keys per query; may be changed after construction (``layer.k = ...``).
+        k: keys per query; may be changed after construction (``layer.topk = ...``).
         chunk_size: queries per chunk (working memory O(chunk_size * N) per head); None (default) picks the
             largest chunk within ``CHUNK_ELEMENTS`` score entries.
     """
@@ -126,7 +126,7 @@ class TopkAttention(AttentionBase):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         query_chunk(1, 1, 1, chunk_size)
-        self.k = k
+        self.topk = k
         self.chunk_size = chunk_size
 
     def forward(
@@ -149,7 +149,7 @@ class TopkAttention(AttentionBase):
             q,
             k,
             v,
-            self.k,
+            self.topk,
             scale=self.scale,
             key_padding_mask=key_padding_mask,
             chunk_size=self.chunk_size,
@@ -158,4 +158,4 @@ class TopkAttention(AttentionBase):
         return self.output(self.merge_heads(o))
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, k={self.k}, chunk_size={self.chunk_size}"
+        return f"{super().extra_repr()}, k={self.topk}, chunk_size={self.chunk_size}"

@@ -90,7 +90,7 @@ def _mita_cost(layer: nn.Module, n_valid: torch.Tensor, batch: int) -> int:
     m = _landmark_count(layer.m)
     s = int(getattr(layer, "experts_per_query", 1))
     routing_only = bool(getattr(layer, "routing_only", False))
-    return sum(mita_core_macs(int(n), layer.dim, m, int(layer.k), s, routing_only) for n in n_valid.tolist())
+    return sum(mita_core_macs(int(n), layer.dim, m, int(layer.topk), s, routing_only) for n in n_valid.tolist())
 
 
 def _shape(x: Any) -> tuple[int, ...] | None:

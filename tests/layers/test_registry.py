@@ -147,7 +147,7 @@ def test_mita_budget_changes_at_eval_time():
 
 
 def test_mita_routing_doubles_k_and_s2():
-    assert mita.create_attention("mita_routing", 32, 2).k == 50
+    assert mita.create_attention("mita_routing", 32, 2).topk == 50
     layer = mita.create_attention("mita", 32, 2, m=4, k=6, experts_per_query=2)
     assert layer(torch.randn(1, 17, 32)).shape == (1, 17, 32)
 

@@ -168,7 +168,7 @@ def test_attention_config_mapping_gets_1d_layout() -> None:
     spec = {"name": "mita", "m": 4, "k": 4, "landmark_layout": "official", "routing_only": True}
     model = LRAEncoder(16, 64, 2, attention=spec)
     attn = model.blocks[0].attn
-    assert attn.landmark_layout == "1d" and attn.routing_only and attn.k == 4
+    assert attn.landmark_layout == "1d" and attn.routing_only and attn.topk == 4
     tokens, mask = _batch([20, 9], 24)
     assert model(tokens, mask).shape == (2, 2)
 

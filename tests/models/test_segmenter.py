@@ -77,7 +77,7 @@ def test_table_c_mita_runs_on_512_and_640_crops(crop, grid):
     # Table C's attention (m = k = 49, CLS-shifted landmarks) on the real token counts N = 1025 / 1601.
     model = _tiny("cbt", "mita", img_size=512, encoder=MINI_ENCODER).eval()
     attn = model.encoder.blocks[0].attn
-    assert (attn.m, attn.k, attn.landmark_layout) == (49, 49, "official")
+    assert (attn.m, attn.topk, attn.landmark_layout) == (49, 49, "official")
     tokens, got_grid = model.encoder.forward_tokens(torch.randn(1, 3, crop, crop))
     assert got_grid == (grid, grid) and tokens.shape == (1, 1 + grid * grid, 48)
     assert attn.grid_size == (grid, grid)

@@ -249,7 +249,7 @@ def test_every_table_c_row_runs(experiment, fake_root, encoder_weights, tmp_path
     layer = net.encoder.blocks[0].attn
     assert type(layer).attention_name == attention["name"] and len(net.encoder.blocks) == 1
     if attention["name"] == "mita":
-        assert (layer.m, layer.k) == (49, 49)
+        assert (layer.m, layer.topk) == (49, 49)
     decoder = {"cbt": "CBTDecoder", "mask_transformer": "MaskTransformerDecoder"}[record["config"]["model"]["decoder"]]
     assert type(net.decoder).__name__ == decoder
     # Fine-tuning starts from the encoder weights: one SGD step at lr 1e-3 moves them only a little.

@@ -45,9 +45,10 @@ def test_every_table_a_row_runs_one_step(experiment, tiny_imagefolder, tmp_path)
     attention = record["config"]["model"]["attention"]
     layer = net.blocks[0].attn
     assert type(layer).attention_name in (attention["name"], "mita_routing" if attention.get("routing_only") else "")
-    for key in ("m", "k", "routing_only"):
+    # Config key -> layer attribute (the layer keeps k, the keys per expert, as ``topk``, beside its key tensor k).
+    for key, attribute in (("m", "m"), ("k", "topk"), ("routing_only", "routing_only")):
         if key in attention:
-            assert getattr(layer, key) == attention[key]
+            assert getattr(layer, attribute) == attention[key]
     if attention["name"] == "mita":
         assert (layer.dwc is not None) == attention["dwc"]
         assert (layer.gate_proj is not None) == attention["gate"]
@@ -58,7 +59,7 @@ def test_entrypoints_take_any_attention_and_load_timm_weights():
     net = timm.create_model("mita_deit_tiny_patch16_224", attention="mita", attention_kwargs={"m": 16, "k": 20})
     for block in net.blocks:
         assert block.attn.grid_size == (14, 14) and block.attn.num_prefix_tokens == 1
-        assert (block.attn.m, block.attn.k) == (16, 20)
+        assert (block.attn.m, block.attn.topk) == (16, 20)
     # A plain timm DeiT state dict loads strictly (MiTA adds no parameters) ...
     net.load_state_dict(ref.state_dict(), strict=True)
     # ... and into the DWC variant with exactly the DWC parameters missing.
