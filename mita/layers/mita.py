@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from mita.layers.base import AttentionBase
-from mita.ops.landmarks import LAYOUTS, landmark_grid, pool_landmarks, pool_operator_2d
-from mita.ops.mita import mita_attention, stable_topk_indices
-from mita.ops.mita.triton import supports as triton_supports
+from mita.ops.landmarks import LAYOUTS, landmark_grid, pool_landmarks
+from mita.ops.mita import mita_attention, mita_attention_pooled, stable_topk_indices
 from mita.registry import register_attention
-
-# 2D landmarks of bf16 image-size calls on the Triton backend: pooling and attention in one autograd node
-# (``triton_mita_pooled``: the pooling's gradient is added inside the attention's backward kernel). Tests switch it
-# off to compare with the two-step form.
-FOLD_POOLING = True
-
-
-@functools.lru_cache(maxsize=1)
-def _triton_kernels():
-    # The Triton package once its kernels import (they load on first use), else None.
-    try:
-        from mita.ops.mita import triton
-        from mita.ops.mita.triton import triton_mita_pooled  # noqa: F401
-    except ImportError:
-        return None
-    return triton
 
 
 def _resolve_shared_scale(shared_scale: float | str | None, scale: float) -> float | None:
@@ -154,24 +135,6 @@ class MiTAAttention(AttentionBase):
         out = self.dwc(patches).flatten(2).transpose(1, 2)
         return F.pad(out, (0, 0, p, 0))
 
-    def _folded_pooling(self, q: torch.Tensor, key_padding_mask: torch.Tensor | None):
-        """The ``mita.ops.mita.triton`` package when this call takes its ``triton_mita_pooled`` (2D landmarks, no
-        padding, no selection record, the Triton backend chosen or left to the default on CUDA, a short bf16 call);
-        else None."""
-        if not FOLD_POOLING or self.landmark_layout == "1d" or key_padding_mask is not None or self.record_selection:
-            return None
-        # As mita_attention picks the backend: Triton by default on CUDA only, when its supports() takes q.
-        if self.backend not in (None, "triton") or (self.backend is None and not q.is_cuda):
-            return None
-        if triton_supports(q) is not None:
-            return None
-        tm = _triton_kernels()
-        n_landmarks = self.m[0] * self.m[1] if isinstance(self.m, tuple) else self.m
-        if tm is None or not tm.pooled_short_supported(q, n_landmarks):
-            return None
-        return tm
-
-    @torch.no_grad()
     def _routed_selection(
         self, k: torch.Tensor, landmarks: torch.Tensor, key_padding_mask: torch.Tensor | None
     ) -> torch.Tensor:
@@ -198,44 +161,8 @@ class MiTAAttention(AttentionBase):
         q, k = q.to(v.dtype), k.to(v.dtype)
         # No copies here: the Triton backend reads the head split of the qkv projection in place (one layout for q,
         # k, v; qk-norm or RoPE output is copied once by the operator) and returns [B, N, H, d]-ordered output.
-        tm = self._folded_pooling(q, key_padding_mask)
-        if tm is not None:
-            h, w = self.resolve_grid(x.shape[1], grid)
-            pool = pool_operator_2d(
-                x.shape[1],
-                self.m,
-                layout=self.landmark_layout,
-                grid=(h, w),
-                num_prefix_tokens=self.num_prefix_tokens,
-                device=q.device,
-            )
-            o = tm.triton_mita_pooled(
-                q,
-                k,
-                v,
-                pool,
-                self.topk,
-                experts_per_query=self.experts_per_query,
-                shared=not self.routing_only,
-                shared_scale=self.shared_scale,
-                scale=self.scale,
-            )
-            return self._finish(o, x, v, grid, key_padding_mask)
-        if self.landmark_layout == "1d":
-            landmarks = pool_landmarks(q, self.m, layout="1d", key_padding_mask=key_padding_mask)
-        else:
-            h, w = self.resolve_grid(x.shape[1], grid)
-            landmarks = pool_landmarks(
-                q, self.m, layout=self.landmark_layout, grid=(h, w), num_prefix_tokens=self.num_prefix_tokens
-            )
-        if self.record_selection:
-            self.last_selection = self._routed_selection(k, landmarks, key_padding_mask)
-        o = mita_attention(
-            q,
-            k,
-            v,
-            landmarks,
-            self.topk,
+        pool_grid = None if self.landmark_layout == "1d" else self.resolve_grid(x.shape[1], grid)
+        kwargs = dict(
             experts_per_query=self.experts_per_query,
             shared=not self.routing_only,
             shared_scale=self.shared_scale,
@@ -243,6 +170,20 @@ class MiTAAttention(AttentionBase):
             key_padding_mask=key_padding_mask,
             backend=self.backend,
         )
+        if self.record_selection:
+            if self.landmark_layout == "1d":
+                landmarks = pool_landmarks(q, self.m, layout="1d", key_padding_mask=key_padding_mask)
+            else:
+                landmarks = pool_landmarks(
+                    q, self.m, layout=self.landmark_layout, grid=pool_grid, num_prefix_tokens=self.num_prefix_tokens
+                )
+            self.last_selection = self._routed_selection(k, landmarks, key_padding_mask)
+            o = mita_attention(q, k, v, landmarks, self.topk, **kwargs)
+        else:
+            o = mita_attention_pooled(
+                q, k, v, self.m, self.topk, layout=self.landmark_layout, grid=pool_grid,
+                num_prefix_tokens=self.num_prefix_tokens, **kwargs,
+            )  # fmt: skip
         return self._finish(o, x, v, grid, key_padding_mask)
 
     def _finish(self, o, x, v, grid, key_padding_mask) -> torch.Tensor:

@@ -190,8 +190,14 @@ def test_selfcheck_catches_a_layer_bug_that_its_own_naive_backend_would_share(mo
     import mita.layers.mita as mita_layer
 
     assert check_attention("mita", dim=32, heads=2, grid=6, batch=2)["ok"]
-    real = mita_layer.pool_landmarks
-    monkeypatch.setattr(mita_layer, "pool_landmarks", lambda *a, **kw: real(*a, **kw) * 1.5)
+    from mita.ops.landmarks import pool_landmarks
+
+    def wrong_pooling(q, k, v, m, topk, *, layout, grid, num_prefix_tokens, key_padding_mask, backend, **kw):
+        # The layer's landmarks scaled by 1.5: a pooling bug that a backend fed these landmarks cannot see.
+        landmarks = pool_landmarks(q, m, layout=layout, grid=grid, num_prefix_tokens=num_prefix_tokens) * 1.5
+        return mita.mita_attention(q, k, v, landmarks, topk, key_padding_mask=key_padding_mask, backend=backend, **kw)
+
+    monkeypatch.setattr(mita_layer, "mita_attention_pooled", wrong_pooling)
     row = check_attention("mita", dim=32, heads=2, grid=6, batch=2)
     assert not row["ok"] and row["max_err"] > 1e-3
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mita import mita_attention, naive_mita, pool_landmarks
+from mita import mita_attention, mita_attention_pooled, naive_mita, pool_landmarks
 from mita.ops.landmarks import adaptive_pool_matrix
 from mita.ops.mita.dense_ref import dense_mita
 
@@ -479,3 +479,27 @@ def test_no_host_synchronisation_on_cuda(backend):
     ref = naive_mita(*(t.detach().float() for t in inputs), 25, key_padding_mask=mask)
     valid = (~mask)[:, None, :, None].expand_as(ref)
     assert _rel_err(out.float()[valid], ref[valid]) < 2e-2
+
+
+@pytest.mark.parametrize("layout", ["official", "patches", "1d"])
+def test_mita_attention_pooled_is_pool_then_attend(layout):
+    """mita_attention_pooled = mita_attention on pool_landmarks(q) (CPU: no folded path), padding with 1D."""
+    torch.manual_seed(0)
+    B, H, N, d = 2, 2, 65, 16
+    q, k, v = (torch.randn(B, H, N, d, requires_grad=True) for _ in range(3))
+    mask = None
+    if layout == "1d":
+        mask = torch.zeros(B, N, dtype=torch.bool)
+        mask[1, 40:] = True
+    kw = dict(experts_per_query=2, shared_scale=0.1, key_padding_mask=mask)
+    out = mita_attention_pooled(q, k, v, 4, 7, layout=layout, num_prefix_tokens=1, **kw)
+    if layout == "1d":
+        landmarks = pool_landmarks(q, 4, layout="1d", key_padding_mask=mask)
+    else:
+        landmarks = pool_landmarks(q, 4, layout=layout, num_prefix_tokens=1)
+    ref = mita_attention(q, k, v, landmarks, 7, **kw)
+    assert torch.equal(out, ref)
+    g = torch.autograd.grad(out.sum(), (q, k, v))
+    g_ref = torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, b in zip(g, g_ref, strict=True):
+        assert torch.equal(a, b)

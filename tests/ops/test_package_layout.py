@@ -156,3 +156,19 @@ def test_no_import_cycle_in_mita():
     assert "mita.ops.mita.triton.common" in graph["mita.ops.mita.triton.topk"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_layers_and_models_use_only_the_public_op():
+    """mita/layers and mita/models import the operator's public names (mita.ops, mita.ops.mita, landmark pooling),
+    never the backend packages or the op's internal modules."""
+    allowed = {"mita.ops", "mita.ops.mita", "mita.ops.landmarks"}
+    found = []
+    for folder in ("layers", "models"):
+        for path in sorted((MITA / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mita.ops"):
+                    found.append((path.name, node.module))
+                elif isinstance(node, ast.Import):
+                    found += [(path.name, a.name) for a in node.names if a.name.startswith("mita.ops")]
+    assert found, "no import of the operator found: the scan is broken"
+    assert [f for f in found if f[1] not in allowed] == []

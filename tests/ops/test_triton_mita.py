@@ -7,6 +7,7 @@ same checks run at N = 63 .. 65536 (marked gpu).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import os
@@ -20,7 +21,7 @@ if not _CUDA:
 
 triton = pytest.importorskip("triton")
 
-from mita.ops.mita.api import mita_attention  # noqa: E402
+from mita.ops.mita.api import mita_attention, mita_attention_pooled  # noqa: E402
 from mita.ops.mita.naive import naive_mita  # noqa: E402
 from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
 from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
@@ -734,14 +735,14 @@ def test_folded_pooling_matches_two_step(monkeypatch, S, shared, layout):
 
 
 def test_layer_takes_folded_pooling(monkeypatch):
-    """MiTAAttention with 2D landmarks on the Triton backend takes triton_mita_pooled (bf16, short sequence); not
-    with padding-free 1D landmarks, a selection record, float32 or FOLD_POOLING off."""
+    """MiTAAttention with 2D landmarks on the Triton backend takes triton_mita_pooled through mita_attention_pooled
+    (bf16, short sequence); not with a selection record, float32, or fold=False."""
     import mita.ops.mita.triton as mita_triton
     from mita.layers import mita as layer_mod
 
     calls = []
     real = mita_triton.triton_mita_pooled
-    # The layer calls the package's public name.
+    # The operator calls the package's public name.
     monkeypatch.setattr(mita_triton, "triton_mita_pooled", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     layer = layer_mod.MiTAAttention(dim=64, num_heads=2, m=4, k=10, backend="triton").to(DEV, torch.bfloat16)
     x = torch.randn(2, 65, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)
@@ -750,13 +751,16 @@ def test_layer_takes_folded_pooling(monkeypatch):
     assert calls == [1] and y.shape == x.shape and torch.isfinite(x.grad).all()
     assert torch.isfinite(layer.qkv.weight.grad).all() and layer.qkv.weight.grad.abs().sum() > 0
     layer.record_selection = True
-    layer(x)
+    assert _rel(layer(x), y) < 2e-2  # the two-step form (its own pooling rounding)
     layer.record_selection = False
-    monkeypatch.setattr(layer_mod, "FOLD_POOLING", False)
-    layer(x)
-    monkeypatch.setattr(layer_mod, "FOLD_POOLING", True)
     layer.float()(x.detach().float())
     assert calls == [1]
+    # Quantised inputs: both forms pool them exactly, so their outputs are equal.
+    q, k, v = (t.detach() for t in _quantized_qkv(1, 2, 65, 32, seed=4))
+    kw = dict(layout="official", num_prefix_tokens=1, backend="triton")
+    folded = mita_attention_pooled(q, k, v, 4, 10, **kw)
+    assert calls == [1, 1]
+    assert torch.equal(folded, mita_attention_pooled(q, k, v, 4, 10, **kw, fold=False)) and calls == [1, 1]
 
 
 @pytest.mark.gpu
@@ -773,7 +777,7 @@ def test_gpu_layer_folded_pooling_matches_two_step(monkeypatch, S):
     cot = torch.randn_like(x)
     res = {}
     for fold in (True, False):
-        monkeypatch.setattr(layer_mod, "FOLD_POOLING", fold)
+        monkeypatch.setattr(layer_mod, "mita_attention_pooled", functools.partial(mita_attention_pooled, fold=fold))
         x.grad = None
         layer.zero_grad()
         y = layer(x)

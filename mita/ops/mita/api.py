@@ -149,3 +149,72 @@ def mita_attention(
     if reason is not None:
         raise ValueError(f"backend {backend!r} cannot run this call: {reason}")
     return fn(q, k, v, landmarks, topk, **kwargs)
+
+
+def mita_attention_pooled(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    m: int | tuple[int, int],
+    topk: int,
+    *,
+    layout: str = "official",
+    grid: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 1,
+    experts_per_query: int = 1,
+    shared: bool = True,
+    shared_scale: float | None = None,
+    scale: float | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    backend: str | None = None,
+    fold: bool = True,
+) -> torch.Tensor:
+    """MiTA with its landmarks pooled from the queries: ``mita_attention(q, k, v, pool_landmarks(q, m, ...), topk,
+    ...)``, what a MiTA layer computes.
+
+    With a 2D layout, no padding, bfloat16 and a short sequence on the Triton backend (chosen, or the default on
+    CUDA), the pooling runs inside the attention's autograd node (the Triton package's ``triton_mita_pooled``: one
+    node, the pooling's gradient added to dq inside the backward kernel): the same output as the two-step form and
+    q's gradient up to one rounding. ``fold=False`` always takes the two-step form.
+
+    Args:
+        q, k, v: ``[B, H, N, d]``.
+        m, layout, grid, num_prefix_tokens: the landmarks, as :func:`mita.pool_landmarks` takes them (only the
+            ``"1d"`` layout accepts padding).
+        topk, experts_per_query, shared, shared_scale, scale, key_padding_mask, backend: as :func:`mita_attention`.
+        fold: allow the folded pooling.
+
+    Returns:
+        ``[B, H, N, d]`` in q's dtype.
+    """
+    from mita.ops.landmarks import pool_landmarks, pool_operator_2d
+
+    kwargs = dict(experts_per_query=experts_per_query, shared=shared, shared_scale=shared_scale, scale=scale)
+    if fold and layout != "1d" and key_padding_mask is None:
+        kernels = _folded_pooling_kernels(q, m, backend)
+        if kernels is not None:
+            pool = pool_operator_2d(
+                q.shape[2], m, layout=layout, grid=grid, num_prefix_tokens=num_prefix_tokens, device=q.device
+            )
+            return kernels.triton_mita_pooled(q, k, v, pool, topk, **kwargs)
+    if layout == "1d":
+        landmarks = pool_landmarks(q, m, layout="1d", key_padding_mask=key_padding_mask)
+    else:
+        landmarks = pool_landmarks(q, m, layout=layout, grid=grid, num_prefix_tokens=num_prefix_tokens)
+    return mita_attention(q, k, v, landmarks, topk, **kwargs, key_padding_mask=key_padding_mask, backend=backend)
+
+
+def _folded_pooling_kernels(q: torch.Tensor, m: int | tuple[int, int], backend: str | None):
+    """The Triton package when :func:`mita_attention_pooled` can fold the pooling into its short path for q (the
+    Triton backend chosen or left to the default on CUDA, and a call it takes), else None."""
+    if backend not in (None, "triton") or (backend is None and not q.is_cuda):
+        return None
+    try:
+        from mita.ops.mita import triton as kernels
+        from mita.ops.mita.triton import triton_mita_pooled  # noqa: F401  (the kernels import: Triton is present)
+    except ImportError:
+        return None
+    if kernels.supports(q) is not None:
+        return None
+    n_landmarks = m[0] * m[1] if isinstance(m, (tuple, list)) else m
+    return kernels if kernels.pooled_short_supported(q, n_landmarks) else None
