@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 
 import torch
 
+from mita.ops.landmarks import pool_landmarks, pool_operator_2d
 from mita.ops.mita.checks import check_mita_args
 from mita.ops.mita.naive import naive_mita
 from mita.ops.mita.torch_impl import torch_mita
@@ -187,8 +189,6 @@ def mita_attention_pooled(
     Returns:
         ``[B, H, N, d]`` in q's dtype.
     """
-    from mita.ops.landmarks import pool_landmarks, pool_operator_2d
-
     kwargs = dict(experts_per_query=experts_per_query, shared=shared, shared_scale=shared_scale, scale=scale)
     if fold and layout != "1d" and key_padding_mask is None:
         kernels = _folded_pooling_kernels(q, m, backend)
@@ -204,17 +204,24 @@ def mita_attention_pooled(
     return mita_attention(q, k, v, landmarks, topk, **kwargs, key_padding_mask=key_padding_mask, backend=backend)
 
 
+@functools.lru_cache(maxsize=1)
+def _triton_kernels():
+    # The Triton package once its kernels import (Triton present), else None.
+    try:
+        from mita.ops.mita import triton as kernels
+        from mita.ops.mita.triton import triton_mita_pooled  # noqa: F401
+    except ImportError:
+        return None
+    return kernels
+
+
 def _folded_pooling_kernels(q: torch.Tensor, m: int | tuple[int, int], backend: str | None):
     """The Triton package when :func:`mita_attention_pooled` can fold the pooling into its short path for q (the
     Triton backend chosen or left to the default on CUDA, and a call it takes), else None."""
     if backend not in (None, "triton") or (backend is None and not q.is_cuda):
         return None
-    try:
-        from mita.ops.mita import triton as kernels
-        from mita.ops.mita.triton import triton_mita_pooled  # noqa: F401  (the kernels import: Triton is present)
-    except ImportError:
-        return None
-    if kernels.supports(q) is not None:
+    kernels = _triton_kernels()
+    if kernels is None or kernels.supports(q) is not None:
         return None
     n_landmarks = m[0] * m[1] if isinstance(m, (tuple, list)) else m
     return kernels if kernels.pooled_short_supported(q, n_landmarks) else None
