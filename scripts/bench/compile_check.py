@@ -195,7 +195,7 @@ def main() -> None:
         ),
     ]
     cases.append(("lv_bwd_dkdv", tlv._lv_bwd_dkdv_kernel, dict(HAS_KV=True, BS=32, BN=64, **common), 4, None))
-    for mode in range(5):
+    for mode in range(4):
         cases.append(
             (
                 f"topk_scan mode {mode}",
@@ -209,7 +209,6 @@ def main() -> None:
                     BN=64,
                     EXACT=False,
                     TOPT=2,
-                    BB=16,
                     BG=8,
                     E3=0,
                     LVF=0,

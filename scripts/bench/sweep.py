@@ -140,8 +140,8 @@ class Variants:
 
 
 def start_key(entries: torch.Tensor, kk: int, steps: int = 32, narrow: bool = True) -> torch.Tensor:
-    """``[m]`` int64: the start kernel's threshold key of each row of ``entries`` ``[m, E]`` (-inf: not an entry),
-    by the kernel's bisection: over [min, max + 1) of the row's keys when at least kk >= 1 entries are valid and
+    """``[m]`` int64: the start threshold key of each row of ``entries`` ``[m, E]`` (-inf: not an entry), by the
+    select kernel's bisection: over [min, max + 1) of the row's keys when at least kk >= 1 entries are valid and
     ``narrow`` (``_kth_largest_key_narrow``), else over [-2^31, 2^31), halved until at most 2^(32 - steps) wide
     (32 steps: the kk-th largest key)."""
     key, valid = order_key(entries), entries > float("-inf")
@@ -177,7 +177,7 @@ def start_overflow(
         kk: keys per landmark.
         block_top: scores kept per key block (``SCAN_CONFIG["block_top"]``): the start is the kk-th largest of
             them (of their group maxima when a row has more than ``max_groups`` entries).
-        steps, narrow: the start kernel's bisection (``SCAN_CONFIG["start_steps"]``, ``["start_narrow"]``), which
+        steps, narrow: the start threshold's bisection (``SCAN_CONFIG["start_steps"]``, ``["start_narrow"]``), which
             :func:`start_key` repeats: below 32 steps the start's order key is rounded down, as the kernel's
             early-stopped bisection leaves it.
 
@@ -222,7 +222,7 @@ MODEL_KEYS = ("block_top", "start_steps", "start_narrow")
 
 def model_overflow(r: torch.Tensor, k: torch.Tensor, kk: int) -> dict:
     """:func:`start_overflow` with SCAN_CONFIG's current start settings (without the per-row counts); block_top
-    None is the kernel's choice (2 while two entries per key block fit the start kernel, else 1)."""
+    None is the kernel's choice (2 while two entries per key block fit the start's registers, else 1)."""
     scan = ttk.SCAN_CONFIG
     top = scan["block_top"]
     if top is None:

@@ -113,7 +113,7 @@ def test_ab_script_several_sweeps_on_cpu():
     import subprocess
 
     env = dict(os.environ, TRITON_INTERPRET="1")
-    sweeps = ["lv.num_warps=None,8", "emit_bb=None,16", "fwd.maxnreg=None,96", "final_maxnreg=None,96"]
+    sweeps = ["lv.num_warps=None,8", "select_eb=None,16", "fwd.maxnreg=None,96", "route.maxnreg=None,96"]
     args = [a for sw in sweeps for a in ("--sweep", sw)]
     out = subprocess.run(
         [sys.executable, str(BENCH / "sweep.py"), "--device", "cpu", "--points", "640:4", "--rho", "0",
@@ -139,7 +139,7 @@ def test_ab_sweep_keys_parse():
 
     assert ab.parse_sweep("lv.num_warps=8")[:2] == (landmark_values.LV_CONFIG, "num_warps")
     assert ab.parse_sweep("fwd.maxnreg=0,96")[1:] == ("maxnreg", [0, 96])
-    assert ab.parse_sweep("final_maxnreg=96")[0] is topk.SCAN_CONFIG
+    assert ab.parse_sweep("select_eb=64")[0] is topk.SCAN_CONFIG
     assert ab.parse_sweep("pool.BL=128") == (pool.CONFIG["fwd1d"], "BL", [128])
     from mita.ops.mita.triton import short
 
@@ -147,7 +147,7 @@ def test_ab_sweep_keys_parse():
     with pytest.raises(SystemExit, match="small.<kernel>.<key>"):
         ab.parse_sweep("small.nope.BM=1")
     with pytest.raises(SystemExit, match="lv.<key>"):
-        ab.parse_sweep("bwd.final_maxnreg=1")
+        ab.parse_sweep("bwd.maxnreg=1")
 
 
 def test_ab_variants_apply_and_restore():

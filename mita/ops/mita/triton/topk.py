@@ -4,17 +4,17 @@
 computed tile by tile without writing the [m, N] scores. Each score is mapped to an order-preserving int32 key.
 Short rows (N <= ``SMALL_N``) keep a [landmarks, N] tile on chip and find the k-th largest key by bisection over
 the 2^32 key range (32 counting steps in registers). Long rows: block tops (each key block's two largest scores and
-where its maximum sits); a start threshold that at least k keys reach (bisection over group maxima, one program per
-row); a sparse pass that gives every key at or above it a slot of its row's [cap] candidate list (the list's order
-does not matter: each entry is the packed int64 (order key, reversed index)), reading the block tops: a block whose
-second score is below the threshold holds at most one such key, its maximum, so only blocks with two or more are
-scored again; a top-k of that list (bisection and one sort in one kernel). Rows with more than cap such keys (many
-ties, or a loose start) fall back on the device: 16-way refinement passes raise the threshold until at most cap keys
-reach it (or until it is the k-th key itself), then a counting pass and an emitting pass write the keys in key order
-(ties truncated to the lowest indices), all in one launch of persistent programs with grid barriers between the
-passes, which returns at once when no row needs it: no host synchronisation, and the result is exact for any input.
-With the landmark values (``exact_topk(lv=...)``), the block-top pass also computes their split-key partials and the
-final kernel merges them.
+where its maximum sits); then one program per row (the select kernel): a start threshold that at least k keys reach
+(bisection over group maxima), every key at or above it into the row's [cap] candidate list in block order (each
+entry the packed int64 (order key, reversed index)), reading the block tops: a block whose second score is below the
+threshold holds at most one such key, its maximum, so only blocks with two or more are scored again; and, when they
+fit the list, the top-k of that list (bisection and one sort). Rows with more than cap such keys (many ties, or a
+loose start) fall back on the device: 16-way refinement passes raise the threshold until at most cap keys reach it
+(or until it is the k-th key itself), then a counting pass and an emitting pass write the keys in key order (ties
+truncated to the lowest indices) and the top-k of those lists is selected, all in one launch of persistent programs
+with grid barriers between the passes, which returns at once when no row needs it: no host synchronisation, and the
+result is exact for any input. With the landmark values (``exact_topk(lv=...)``), the block-top pass also computes
+their split-key partials and the select kernel merges them.
 
 The kernels are in ``topk_scan.py`` (passes that score keys) and ``topk_select.py`` (per-row selection).
 """
@@ -25,16 +25,11 @@ from typing import NamedTuple
 
 import torch
 
-from mita.ops.mita.triton.common import LOG2E, _cdiv, _next_pow2, _prec, _sm_count, _upcast, heads_layout, regs_cap
+from mita.ops.mita.triton.common import LOG2E, _cdiv, _next_pow2, _prec, _sm_count, _upcast, heads_layout
 from mita.ops.mita.triton.landmark_values import landmark_values_fwd
 from mita.ops.mita.triton.launch import fast, interpreting
 from mita.ops.mita.triton.topk_scan import _P, _PASSES, _topk_scan_kernel, _topk_small_kernel
-from mita.ops.mita.triton.topk_select import (
-    _topk_fallback_kernel,
-    _topk_final_kernel,
-    _topk_select_kernel,
-    _topk_start_kernel,
-)
+from mita.ops.mita.triton.topk_select import _topk_fallback_kernel, _topk_select_kernel
 
 # Rows up to this length take the on-chip top-k (if the [N, d] key tile stays within _SMALL_BYTES).
 SMALL_N = 512
@@ -47,28 +42,24 @@ _SCAN_PROGRAMS = 2048
 # that score keys again must reproduce the block-top pass's scores to the bit). block_top t > 1: the block-top pass
 # keeps the t largest scores of each key block and the start threshold is the kk-th largest of all of them (None: 2
 # when the start takes every entry itself, N / bn * 2 <= _START_ENTRIES, else 1). emit_top 3: the block-top pass
-# also keeps each block's third largest score and where its second sits, so the count + emit pass scores again only
-# blocks with three or more candidates; 2: with two or more (None: _emit_top). final_maxnreg: the final kernel's
-# register cap (None: 96 for lists of 128 to 512 entries; 0: none). emit_bb: key blocks per step of the count + emit
-# pass (None: up to 32, by chunk size). lv_div: with the landmark values (exact_topk(lv=...), computed by the
-# block-top pass from its scores and merged by the per-row kernel), key chunks number at most N / (lv_div * m), so
-# the float32 partials take at most 2 / lv_div of k's memory. The final selection orders the chosen indices by
-# one tl.sort. lv_lazy: the landmark values' softmax, 1 _softmax_lazy,
+# also keeps each block's third largest score and where its second sits, so the select kernel's emission scores
+# again only blocks with three or more candidates; 2: with two or more (None: _emit_top). lv_div: with the landmark
+# values (exact_topk(lv=...), computed by the block-top pass from its scores and merged by the select kernel), key
+# chunks number at most N / (lv_div * m), so the float32 partials take at most 2 / lv_div of k's memory. The final
+# selection orders the chosen indices by one tl.sort. lv_lazy: the landmark values' softmax, 1 _softmax_lazy,
 # 2 _softmax_fma (None: 2 up to 256K keys, else 1). start_steps: bisection steps of the start threshold (32: the
 # exact kk-th largest block top; fewer: a looser lower bound). start_narrow / final_narrow: the start and final
 # bisections over [min, max + 1) of the row's keys (final_narrow 2: the threshold from one descending sort; None: 2
 # for lists of <= 256 entries, else 1). The fallback rows (more candidates than the list holds) take one launch of
 # persistent programs with grid barriers (_topk_fallback_kernel), which returns at once when no row overflows and
-# with the select kernel also selects those rows' top-k: fb_spin sets how its barrier polls, fb_programs caps its
-# programs (None: as many as the SMs hold at once; on a GPU share that reports more SMs than it runs, set it to what
-# it holds). fused_select: start, count + emit and final selection as one kernel of one program per row (1) or the
-# three kernels (0); select_eb: blocks per step of its emission (None: up to 1024).
+# also selects those rows' top-k: fb_spin sets how its barrier polls, fb_programs caps its programs (None: as many as
+# the SMs hold at once; on a GPU share that reports more SMs than it runs, set it to what it holds). select_eb: key
+# blocks per step of the select kernel's emission (None: up to 1024).
 SCAN_CONFIG = dict(
-    bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, final_maxnreg=None, emit_bb=None, lv_div=8,
-    lv_lazy=None, start_steps=20, start_narrow=1, final_narrow=None, fb_spin=0, fb_programs=None,
-    fused_select=1, select_eb=None,
+    bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, lv_div=8, lv_lazy=None, start_steps=20,
+    start_narrow=1, final_narrow=None, fb_spin=0, fb_programs=None, select_eb=None,
 )  # fmt: skip
-# Entries (block maxima, or block tops) the start kernel holds per row; beyond it it takes maxima of groups.
+# Entries (block maxima, or block tops) the start holds per row; beyond it it takes maxima of groups.
 _START_ENTRIES = 8192
 # Programs of the persistent fallback kernel one SM holds at once, per device and constexpr settings
 # (_resident_per_sm).
@@ -114,7 +105,7 @@ def _final_narrow(cap: int) -> int:
 
 
 def _emit_top(N: int, topk: int, bn: int) -> int:
-    """Default block tops the count + emit pass reads (SCAN_CONFIG["emit_top"] None): 3 where blocks with two
+    """Default block tops the select kernel's emission reads (SCAN_CONFIG["emit_top"] None): 3 where blocks with two
     candidates are common, i.e. where a row's ~topk candidates among N / bn blocks often share one (topk >= N / (8
     bn)); else 2, which saves the block-top pass a reduction (timings: notes/kernels-notes.md)."""
     return 3 if topk * 8 * bn >= N else 2
@@ -142,9 +133,7 @@ class _ScanPlan(NamedTuple):
     cap: int  # candidate-list length
     rows: int  # BH * M
     bg: int  # key blocks per step of the block-top pass
-    bb: int  # key blocks per step of the count + emit pass
     even: bool  # the block-top pass without masks
-    fused: bool  # fused_select
 
 
 def _scan_plan(BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_kv: bool, lvf: bool) -> _ScanPlan:
@@ -182,19 +171,16 @@ def _scan_plan(BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_
     G = _cdiv(N, CH)
     cap = _next_pow2(max(cap or 2 * topk, topk, 64))
     _final_narrow(cap)
-    # Key blocks per step of the block-top pass (bg) and of the sparse count + emit pass (bb), at most a chunk's.
+    # Key blocks per step of the block-top pass, at most a chunk's.
     bg = min(8, _next_pow2(CH // bn))
-    bb = SCAN_CONFIG["emit_bb"] or max(2, min(32, _next_pow2(CH // bn)))
-    if bb & (bb - 1) or not 2 <= bb <= 32:
-        raise ValueError(f"SCAN_CONFIG['emit_bb'] must be a power of 2 in [2, 32] or None, got {bb}")
     # The block-top pass without masks: no padding, whole landmark tiles, whole steps of bg blocks in every chunk.
     even = not has_kv and M % bs == 0 and N % CH == 0 and CH % (bn * bg) == 0
     # Block tops: plane t = each key block's (t+1)-th largest score per row (at least two planes, three with emit_top
-    # 3: the count + emit pass reads them).
+    # 3: the select kernel's emission reads them).
     planes = max(topt, 2 + e3)
     return _ScanPlan(
         bn=bn, bs=bs, n_s=n_s, NB=NB, topt=topt, planes=planes, e3=e3, steps=steps, lvf=lvf, lv_lazy=lv_lazy, G=G,
-        CH=CH, cap=cap, rows=BH * M, bg=bg, bb=bb, even=even, fused=bool(SCAN_CONFIG["fused_select"]),
+        CH=CH, cap=cap, rows=BH * M, bg=bg, even=even,
     )  # fmt: skip
 
 
@@ -229,15 +215,15 @@ def _scan_buffers(p: _ScanPlan, r: torch.Tensor, topk: int, lv: tuple | None) ->
     lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
     hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
     done = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int32)
-    # Per row: the atomic slot counter of the candidate list (ends as the count of keys >= the start threshold);
-    # then the persistent fallback kernel's barrier counter.
+    # Per row: the count of keys >= the start threshold (the select kernel's); then the persistent fallback kernel's
+    # barrier counter.
     off = torch.empty(rows + 1, device=dev, dtype=torch.int32)
     # Refinement counts [passes, rows, P], then the per-chunk counts of the fallback rows [rows, G, 2].
     cnt = torch.empty(_PASSES * rows * _P + rows * G * 2, device=dev, dtype=torch.int32)
     cand = torch.empty(rows, p.cap, device=dev, dtype=torch.int64)
     idx = torch.empty(BH, M, topk, device=dev, dtype=torch.int32)
     if p.lvf:
-        # The landmark values' split-key partials, one per (key chunk, landmark), merged by the final selection.
+        # The landmark values' split-key partials, one per (key chunk, landmark), merged by the select kernel.
         pm = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
         pl = torch.empty(BH, G, M, device=dev, dtype=torch.float32)
         pacc = torch.empty(BH, G, M, D, device=dev, dtype=torch.float32)
@@ -335,18 +321,16 @@ def exact_topk(
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
 
-    def scan(mode, i_pass=0):
+    def block_tops():
         fast(_topk_scan_kernel)[(p.n_s, p.G, BH)](
             r, k, kv, kk, b.lo, b.hi, b.done, b.cmax, b.arg, b.cnt, b.off, b.cand, b.vv, b.pm, b.pl, b.pacc, b.lv_scale,
-            N, M, p.CH, p.G, p.NB, p.cap, topk, *lay, p.rows, i_pass,
-            MODE=mode, SKIP=mode != 0 and mode != 4, TOPT=p.planes if mode == 0 else 1, BB=p.bb,
-            BG=p.bg if mode == 0 else 1, E3=p.e3 if mode in (0, 4) else 0, LVF=p.lvf and mode == 0,
-            EVEN=p.even and mode == 0, LAZY=int(p.lv_lazy) if p.lvf and mode == 0 else 0,
-            **common,
+            N, M, p.CH, p.G, p.NB, p.cap, topk, *lay, p.rows, 0,
+            MODE=0, SKIP=False, TOPT=p.planes, BG=p.bg, E3=p.e3, LVF=p.lvf, EVEN=p.even,
+            LAZY=int(p.lv_lazy) if p.lvf else 0, **common,
             num_warps=SCAN_CONFIG["num_warps"],
         )  # fmt: skip
 
-    run("block maxima" if not p.lvf else "block maxima + landmark values", lambda: scan(0))
+    run("block maxima" if not p.lvf else "block maxima + landmark values", block_tops)
     if after_scan is not None:
         after_scan()
     if p.lvf:
@@ -354,63 +338,48 @@ def exact_topk(
         lse = torch.empty(BH, M, device=r.device, dtype=torch.float32)
     else:
         vt = lse = r
-    _select(p, b, r, k, kv, kk, vt, lse, topk, lay, common, run, scan)
+    _select(p, b, r, k, kv, kk, vt, lse, topk, lay, common, run)
     if stats is not None:
         stats["cap"] = p.cap
         stats["counts"] = b.off[: p.rows].clone()
         stats["overflow_rows"] = (b.off[: p.rows] > p.cap).sum()
-    _fallback(p, b, r, k, kv, kk, vt, lse, topk, lay, common, run)
+    _fallback(p, b, r, k, kv, kk, topk, lay, common, run)
     if lv is None:
         return b.idx
     return b.idx, vt, lse
 
 
-def _select(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, topk: int, lay, common: dict, run, scan) -> None:
-    """Start threshold, count + emit and top-k of the candidate lists: one per-row kernel (fused_select 1), or the
-    start kernel and the count + emit pass (0: the top-k follows the fallback, ``_fallback``)."""
+def _select(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, topk: int, lay, common: dict, run) -> None:
+    """Start threshold, count + emit and top-k of the candidate lists: one per-row kernel (``_topk_select_kernel``;
+    the rows whose candidates overflow the list are left to ``_fallback``)."""
     M, N = r.shape[1], k.shape[-2]
-    # Groups of f block entries keep the start kernel's maxima in registers (<= _START_ENTRIES per row).
+    # Groups of f block entries keep the start's maxima in registers (<= _START_ENTRIES per row).
     f = _next_pow2(_cdiv(p.NB * p.topt, _START_ENTRIES))
     gp = _next_pow2(_cdiv(p.NB * p.topt, f))
-    if p.fused:
-        eb = SCAN_CONFIG["select_eb"] or max(16, min(1024, _next_pow2(p.NB)))
-        if eb & (eb - 1) or eb < 16:
-            raise ValueError(f"SCAN_CONFIG['select_eb'] must be a power of 2 >= 16 or None, got {eb}")
-        run(
-            "start + count + emit + top-k (per row)" + (" + landmark values merge" if p.lvf else ""),
-            lambda: fast(_topk_select_kernel)[(p.rows,)](
-                r, k, kv, b.cmax, b.arg, kk, b.lo, b.hi, b.off, b.cnt, b.cand, b.idx, b.pm, b.pl, b.pacc, vt, lse, N,
-                M, p.NB * p.topt, p.NB, p.cap, topk, *lay, p.rows, p.G,
-                F=f, GP=gp, ONE_PLANE=p.topt == 1, STEPS=p.steps, NARROW=bool(SCAN_CONFIG["start_narrow"]), E3=p.e3,
-                EB=eb, FNARROW=_final_narrow(p.cap), MERGE=p.lvf, BC=min(64, _next_pow2(p.G)), CP=p.cap, **common,
-                num_warps=SCAN_CONFIG["num_warps"],
-            ),
-        )  # fmt: skip
-    else:
-        run(
-            "start threshold",
-            lambda: fast(_topk_start_kernel)[(p.rows,)](
-                b.cmax, kk, b.lo, b.hi, b.off, b.cnt, b.cand, M, p.NB * p.topt, p.NB, p.cap, topk, p.rows,
-                HAS_KV=common["HAS_KV"], F=f, GP=gp, P=_P, CB=min(p.cap, 1024), ONE_PLANE=p.topt == 1, STEPS=p.steps,
-                NARROW=bool(SCAN_CONFIG["start_narrow"]),
-                num_warps=8 if gp * f >= 4096 else 4,
-            ),
-        )  # fmt: skip
-        # Common case: every row's keys >= start fit the list; the passes below then exit at once on the device.
-        run("count + emit (sparse, atomic slots)", lambda: scan(4))
+    eb = SCAN_CONFIG["select_eb"] or max(16, min(1024, _next_pow2(p.NB)))
+    if eb & (eb - 1) or eb < 16:
+        raise ValueError(f"SCAN_CONFIG['select_eb'] must be a power of 2 >= 16 or None, got {eb}")
+    run(
+        "start + count + emit + top-k (per row)" + (" + landmark values merge" if p.lvf else ""),
+        lambda: fast(_topk_select_kernel)[(p.rows,)](
+            r, k, kv, b.cmax, b.arg, kk, b.lo, b.hi, b.off, b.cnt, b.cand, b.idx, b.pm, b.pl, b.pacc, vt, lse, N,
+            M, p.NB * p.topt, p.NB, p.cap, topk, *lay, p.rows, p.G,
+            F=f, GP=gp, ONE_PLANE=p.topt == 1, STEPS=p.steps, NARROW=bool(SCAN_CONFIG["start_narrow"]), E3=p.e3,
+            EB=eb, FNARROW=_final_narrow(p.cap), MERGE=p.lvf, BC=min(64, _next_pow2(p.G)), CP=p.cap, **common,
+            num_warps=SCAN_CONFIG["num_warps"],
+        ),
+    )  # fmt: skip
 
 
-def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, topk: int, lay, common: dict, run) -> None:
-    """The rows with more candidates than the list holds: refinement passes, recount and ordered emit in one launch of
-    persistent programs (which returns at once when no row needs it; with fused_select it also selects those rows'
-    top-k); without fused_select, then the top-k of every row's list."""
+def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, topk: int, lay, common: dict, run) -> None:
+    """The rows with more candidates than the list holds: refinement passes, recount, ordered emit and top-k in one
+    launch of persistent programs (which returns at once when no row needs it)."""
     BH, M = r.shape[0], r.shape[1]
     N = k.shape[-2]
     dev = r.device
-    fb_final = p.fused
     fb_kw = dict(
-        **common, RB=min(4096, _next_pow2(p.rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FINAL=fb_final,
-        FNARROW=_final_narrow(p.cap), CP=p.cap, num_warps=SCAN_CONFIG["num_warps"],
+        **common, RB=min(4096, _next_pow2(p.rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FNARROW=_final_narrow(p.cap),
+        CP=p.cap, num_warps=SCAN_CONFIG["num_warps"],
     )  # fmt: skip
     okey = (dev.index, tuple(sorted(fb_kw.items())))
     if interpreting():
@@ -431,23 +400,7 @@ def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, topk: int, l
         if not interpreting() and okey not in _FB_RESIDENT and compiled is not None:
             _FB_RESIDENT[okey] = _resident_per_sm(compiled, fb_kw["num_warps"], dev)
 
-    run(
-        "fallback rows (refinement, recount, ordered emit" + (", top-k" if fb_final else "") + "; persistent)",
-        fallback,
-    )
-    kp = _next_pow2(topk)
-    final_cap = 96 if p.cap <= 512 and kp >= 64 else 0
-    if not fb_final:
-        run(
-            ("top-k of the fallback rows' lists" if p.fused else "top-k of the candidate list")
-            + (" + landmark values merge" if p.lvf and not p.fused else ""),
-            lambda: fast(_topk_final_kernel)[(p.rows,)](
-                b.cand, b.idx, topk, p.cap, b.pm, b.pl, b.pacc, vt, lse, b.off, M, p.G,
-                NARROW=_final_narrow(p.cap), MERGE=p.lvf and not p.fused, D=common["D"], BC=min(64, _next_pow2(p.G)),
-                FB_ONLY=p.fused, CP=p.cap, num_warps=4 if p.cap <= 512 else 8,
-                **regs_cap(SCAN_CONFIG["final_maxnreg"] if SCAN_CONFIG["final_maxnreg"] is not None else final_cap),
-            ),
-        )  # fmt: skip
+    run("fallback rows (refinement, recount, ordered emit, top-k; persistent)", fallback)
 
 
 def _compile_cases() -> list:
@@ -461,73 +414,37 @@ def _compile_cases() -> list:
     sel = dict(lvf, IDX=i32)
     return [
         ("topk_scan mode 0 e3 + lv", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=3, BG=8, E3=1, **{**sc, "LVF": 1}), 4, lvf),
         ("topk_scan mode 0 + lv", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=2, BG=8, E3=0, **{**sc, "LVF": 1}), 4, lvf),
         ("topk_scan mode 0 e3 + lv even lazy", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=3, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
         ("topk_scan mode 0 e3 + lv even fma", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 2}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=3, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 2}), 4, lvf),
         ("topk_scan mode 0 + lv even lazy", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=2, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
         ("topk_scan mode 0 + lv even", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=2, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1}), 4, lvf),
         ("topk_scan mode 0 + lv bs 128", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=2, BB=16, BG=8, E3=0, **{**sc, "LVF": 1, "BS": 128}), 8, lvf),
-        ("topk_scan mode 4 bs 128", _topk_scan_kernel,
-         dict(MODE=4, SKIP=False, TOPT=1, BB=32, BG=1, E3=0, **{**sc, "BS": 128}), 8, scan),
+         dict(MODE=0, SKIP=False, TOPT=2, BG=8, E3=0, **{**sc, "LVF": 1, "BS": 128}), 8, lvf),
         ("topk_scan mode 0 top-4", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=0, **sc), 4, scan),
-        ("topk_scan mode 0 e3", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=3, BB=16, BG=8, E3=1, **sc), 4, scan),
+         dict(MODE=0, SKIP=False, TOPT=4, BG=8, E3=0, **sc), 4, scan),
+        ("topk_scan mode 0 e3", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=3, BG=8, E3=1, **sc), 4, scan),
         ("topk_scan mode 0 e3 top-4", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=4, BB=16, BG=8, E3=1, **sc), 4, scan),
-        ("topk_scan mode 4", _topk_scan_kernel,
-         dict(MODE=4, SKIP=False, TOPT=1, BB=16, BG=1, E3=0, **{**sc, "HAS_KV": True}), 4, scan),
-        ("topk_scan mode 4 e3", _topk_scan_kernel, dict(MODE=4, SKIP=False, TOPT=1, BB=32, BG=1, E3=1, **sc), 4, scan),
+         dict(MODE=0, SKIP=False, TOPT=4, BG=8, E3=1, **sc), 4, scan),
         ("topk_scan mode 1 skip", _topk_scan_kernel,
-         dict(MODE=1, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
+         dict(MODE=1, SKIP=True, TOPT=1, BG=1, E3=0, **sc), 4, scan),
         ("topk_scan mode 3 skip", _topk_scan_kernel,
-         dict(MODE=3, SKIP=True, TOPT=1, BB=16, BG=1, E3=0, **sc), 4, scan),
+         dict(MODE=3, SKIP=True, TOPT=1, BG=1, E3=0, **sc), 4, scan),
         ("topk_fallback (persistent)", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, FINAL=1, CP=256,
-              FNARROW=1, **common), 4,
+         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, CP=256, FNARROW=1, **common), 4,
          dict(scan, BH="i32", NPROG="i32", IDX=i32)),
         ("topk_fallback (persistent) 1M", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=1024, SPIN=0, FINAL=1, CP=1024,
-              FNARROW=1, **common), 4,
+         dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=1024, SPIN=0, CP=1024, FNARROW=1, **common), 4,
          dict(scan, BH="i32", NPROG="i32", IDX=i32)),
         ("topk_fallback (persistent) kv", _topk_fallback_kernel,
-         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, FINAL=0, CP=256,
-              FNARROW=0, **common), 4,
+         dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, CP=256, FNARROW=0, **common), 4,
          dict(scan, BH="i32", NPROG="i32", IDX=i32)),
-        ("topk_start", _topk_start_kernel,
-         dict(HAS_KV=False, F=2, GP=8192, P=_P, CB=1024, ONE_PLANE=True, STEPS=20, NARROW=1), 8,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_start kv", _topk_start_kernel,
-         dict(HAS_KV=True, F=1, GP=1024, P=_P, CB=256, ONE_PLANE=False, STEPS=32, NARROW=0), 4,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_start 64K", _topk_start_kernel,
-         dict(HAS_KV=False, F=1, GP=2048, P=_P, CB=256, ONE_PLANE=False, STEPS=20, NARROW=1), 4,
-         dict(CMAX="*fp32", KK=i32, LO=i64, HI=i64, OFF=i32, CNT=i32, CAND=i64)),
-        ("topk_final", _topk_final_kernel,
-         dict(CP=1024, NARROW=0, MERGE=0, D=64, BC=64, FB_ONLY=0), 8, dict(CAND=i64, IDX=i32)),
-        ("topk_final narrow", _topk_final_kernel,
-         dict(CP=1024, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=0), 8, dict(CAND=i64, IDX=i32)),
-        ("topk_final narrow merge", _topk_final_kernel,
-         dict(CP=1024, NARROW=1, MERGE=1, D=64, BC=64, FB_ONLY=0), 8,
-         dict(CAND=i64, IDX=i32, VT="*bf16")),
-        ("topk_final 64K", _topk_final_kernel,
-         dict(CP=256, NARROW=0, MERGE=0, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
-         dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K narrow", _topk_final_kernel,
-         dict(CP=256, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
-         dict(CAND=i64, IDX=i32)),
-        ("topk_final 64K narrow merge", _topk_final_kernel,
-         dict(CP=256, NARROW=1, MERGE=1, D=64, BC=64, FB_ONLY=0), dict(num_warps=4, maxnreg=96),
-         dict(CAND=i64, IDX=i32, VT="*bf16")),
-        ("topk_final 64K fb only", _topk_final_kernel,
-         dict(CP=256, NARROW=1, MERGE=0, D=64, BC=64, FB_ONLY=1), dict(num_warps=4, maxnreg=96),
-         dict(CAND=i64, IDX=i32, OFF=i32)),
         ("topk_select 64K e3 merge", _topk_select_kernel,
          dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=1,
               EB=1024, CP=256, FNARROW=1, MERGE=1, BC=64, **common), 4,

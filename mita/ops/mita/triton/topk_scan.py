@@ -1,12 +1,11 @@
-"""Exact top-k kernels that score keys: the on-chip top-k of short rows and the block-top / count + emit /
-refinement passes of long rows.
+"""Exact top-k kernels that score keys: the on-chip top-k of short rows and the block-top / refinement passes of
+long rows.
 
 - ``_topk_small_kernel`` (rows up to ``topk.SMALL_N`` keys): one program per (16 landmarks, head) keeps the
   [landmarks, N] order keys on chip and finds the k-th largest by bisection (``_topk_select``).
 - ``_topk_scan_body`` / ``_topk_scan_kernel``: the passes over a long row's key blocks, one helper each: block tops
   (``_scan_block_tops``), with the landmark values' split-key partials computed from the same scores (``LVF``);
-  the count + emit pass (``_scan_emit``); the fallback's refinement passes (``_scan_counts``), recount and ordered
-  emission (``_scan_band``).
+  the fallback's refinement passes (``_scan_counts``), recount and ordered emission (``_scan_band``).
 - The order-key helpers (``_order_key``, ``_pack_key``, ``_key_threshold``, ``_first_max``) and the per-row
   refinement state (``_topk_state``, ``_narrow``) these passes and the selection kernels (``topk_select``) share.
 
@@ -158,14 +157,6 @@ _EMPTY = tl.constexpr(-(2**63))
 
 
 @triton.jit
-def _clear_list(CAND, row, CAP, CB: tl.constexpr):
-    # Empty the row's [CAP] candidate list.
-    for c0 in range(0, CAP, CB):
-        o_e = c0 + tl.arange(0, CB)
-        tl.store(CAND + row * CAP + o_e, tl.full([CB], _EMPTY, tl.int64), mask=o_e < CAP)
-
-
-@triton.jit
 def _head_kk(KK, i_bh, topk, HAS_KV: tl.constexpr):
     # Keys each landmark of head i_bh keeps: the head's valid-key count clamped to topk (KK) with padding, else topk.
     if HAS_KV:
@@ -263,78 +254,6 @@ def _chunk_offsets(CNT, row, need, i_g, G, nrows, MODE: tl.constexpr, P: tl.cons
             w_band += tl.sum(tl.where(before, a_band, 0), 1)
         w_band += n_hi
     return w_hi, w_band
-
-
-@triton.jit
-def _emit_rescored(b_r, K_h, KV, OFF, CAND, i_bh, row, more, t_f, b0, n1, N, CAP, SN, o_d, HAS_KV: tl.constexpr,
-                   BB: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
-                   EXACT: tl.constexpr):  # fmt: skip
-    # MODE 4, the blocks b0 + j whose block tops do not settle them (more [BS, BB]: the rows that need block j): score
-    # them again (the same dot as MODE 0, so the same scores to the bit) and give every key >= t_f a slot of its list.
-    b_more = tl.max(more, 0)  # [BB]: does any row need block j scored again
-    if tl.max(b_more, 0) > 0:
-        o_c = tl.arange(0, BB)
-        for j in range(BB):
-            if tl.max(tl.where(o_c == j, b_more, 0), 0) > 0:
-                m_row = tl.max(tl.where(o_c[None, :] == j, more, 0), 1) > 0
-                o_n = (b0 + j) * BN + tl.arange(0, BN)
-                m_n, b_sc = _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
-                m_c = m_row[:, None] & m_n[None, :] & (b_sc >= t_f)
-                r_slot = tl.atomic_add(OFF + row[:, None] + tl.where(m_c, 0, o_n[None, :]), 1, mask=m_c, sem="relaxed")
-                r_packed = _pack_key(b_sc, o_n[None, :])
-                tl.store(CAND + row[:, None] * CAP + r_slot, r_packed, mask=m_c & (r_slot < CAP))
-
-
-@triton.jit
-def _scan_emit(b_r, K_h, KV, CMAX, ARG, OFF, CAND, i_bh, row, need, b_tf, n0, n1, N, NBLK, CAP, PS, SN, o_d,
-               HAS_KV: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
-               BB: tl.constexpr, E3: tl.constexpr):  # fmt: skip
-    # MODE 4: every key >= the start threshold b_tf takes a slot of its row's list from the row's atomic counter OFF
-    # and is written there as one packed int64 (slots past CAP are dropped; the counter ends as the count). The list's
-    # order does not matter: the final top-k orders by the packed value. Sparse: reads the block tops of BB blocks at
-    # a time, not the keys. A block whose second largest score is below the threshold holds at most one key at or
-    # above it, its maximum, written from (CMAX, ARG) as they are; only blocks whose second score reaches it are
-    # scored again (_emit_rescored) for the rows that need it. E3: a block whose third largest score is below the
-    # threshold holds at most two such keys, also written from the block tops; only blocks with three or more are
-    # scored again.
-    t_f = b_tf[:, None]
-    for b0 in range(n0 // BN, (n1 + BN - 1) // BN, BB):
-        o_b = b0 + tl.arange(0, BB)
-        m_e = need[:, None] & (o_b < (n1 + BN - 1) // BN)[None, :]
-        e_at = row[:, None] * NBLK + o_b[None, :]
-        e_max = tl.load(CMAX + e_at, mask=m_e, other=float("-inf"))
-        e_sec = tl.load(CMAX + PS + e_at, mask=m_e, other=float("-inf"))
-        # Blocks with exactly one key >= t: their maximum (the first key holding it; unique, as the second score is
-        # below it). (The offset of masked-off lanes only keeps the pointer tile from being a broadcast, which triton
-        # 3.8 rejects for atomics.)
-        one = m_e & (e_max >= t_f) & (e_sec < t_f)
-        e_n = o_b[None, :] * BN + tl.load(ARG + e_at, mask=m_e, other=0).to(tl.int32)
-        packed = _pack_key(e_max, e_n)
-        if E3:
-            # ... and blocks with exactly two: their maximum and their second (two slots at once).
-            e_thr = tl.load(CMAX + 2 * PS + e_at, mask=m_e, other=float("-inf"))
-            two = m_e & (e_sec >= t_f) & (e_thr < t_f)
-            emit = one | two
-            slot = tl.atomic_add(
-                OFF + row[:, None] + tl.where(emit, 0, o_b[None, :]),
-                tl.where(two, 2, 1),
-                mask=emit,
-                sem="relaxed",
-            )
-            tl.store(CAND + row[:, None] * CAP + slot, packed, mask=emit & (slot < CAP))
-            e_n2 = o_b[None, :] * BN + tl.load(ARG + PS + e_at, mask=m_e, other=0).to(tl.int32)
-            packed2 = _pack_key(e_sec, e_n2)
-            tl.store(CAND + row[:, None] * CAP + slot + 1, packed2, mask=two & (slot + 1 < CAP))
-            # Blocks with three or more: score them again, for the rows that need it.
-            more = (m_e & (e_thr >= t_f)).to(tl.int32)
-        else:
-            slot = tl.atomic_add(OFF + row[:, None] + tl.where(one, 0, o_b[None, :]), 1, mask=one, sem="relaxed")
-            tl.store(CAND + row[:, None] * CAP + slot, packed, mask=one & (slot < CAP))
-            # Blocks with two or more: score them again, for the rows that need it.
-            more = (m_e & (e_sec >= t_f)).to(tl.int32)
-        _emit_rescored(
-            b_r, K_h, KV, OFF, CAND, i_bh, row, more, t_f, b0, n1, N, CAP, SN, o_d, HAS_KV, BB, BN, PREC, UP, EXACT
-        )
 
 
 @triton.jit
@@ -506,13 +425,13 @@ def _topk_scan_body(
     i_s, i_g, i_bh, R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G,
     NBLK, CAP, topk, H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr,
     HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
-    EXACT: tl.constexpr, TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr,
+    EXACT: tl.constexpr, TOPT: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr,
     EVEN: tl.constexpr, LAZY: tl.constexpr, CM: tl.constexpr,
 ):  # fmt: skip
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
     # MODE 0: the block tops of the chunk's key blocks (and with LVF the landmark values' partials): _scan_block_tops.
-    # MODE 4: every key >= the start threshold (slot 0) into its row's candidate list: _scan_emit.
-    # Rows with more than CAP such keys (fallback rows, OFF > CAP) then take the refinement path:
+    # Rows with more keys at or above the start threshold than CAP (fallback rows, OFF > CAP: the select kernel's
+    # counts) then take the refinement path:
     # MODE 1: refinement pass i_pass: counts of keys >= each of P thresholds in [lo, hi) -> CNT[i_pass, row, P]
     #         (_scan_counts).
     # MODE 2: final state (slot i_pass: _NPASS, or the pass after the last one the persistent kernel ran), empty
@@ -527,7 +446,7 @@ def _topk_scan_body(
     m_j = o_j < M
     row = i_bh * M + o_j
     active = tl.sum(m_j.to(tl.int32), 0) > 0
-    if MODE != 0 and MODE != 4:
+    if MODE != 0:
         fb = m_j & (tl.load(OFF + row, mask=m_j, other=0) > CAP)
         if SKIP:
             active = tl.sum(fb.to(tl.int32), 0) > 0
@@ -536,12 +455,7 @@ def _topk_scan_body(
         n1 = tl.minimum(n0 + CH, N)
         if MODE != 0:
             kk = _head_kk(KK, i_bh, topk, HAS_KV)
-            if MODE == 4:
-                b_lo64 = tl.load(LO + row, mask=m_j, other=0)
-                b_hi64 = b_lo64
-                need = m_j
-                b_tf = _key_threshold(b_lo64)
-            elif MODE == 1:
+            if MODE == 1:
                 b_lo64, b_hi64, done = _topk_state(
                     LO, HI, DONE, CNT, row, m_j, fb, kk, i_pass, nrows, CAP, i_g == 0, P, CM
                 )
@@ -574,11 +488,6 @@ def _topk_scan_body(
             b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
             K_h = _head_ptr(K, i_bh, H, SB, SH)
             PS = (i_bh * 0 + nrows) * NBLK  # plane stride of CMAX (int64: rows x blocks may pass 2^31)
-            if MODE == 4:
-                _scan_emit(
-                    b_r, K_h, KV, CMAX, ARG, OFF, CAND, i_bh, row, need, b_tf, n0, n1, N, NBLK, CAP, PS, SN, o_d,
-                    HAS_KV, BN, PREC, UP, EXACT, BB, E3,
-                )  # fmt: skip
             if MODE == 0:
                 _scan_block_tops(
                     b_r, K_h, V, KV, CMAX, ARG, PM, PL, PACC, scale_log2, i_bh, i_g, o_j, m_j, row, o_d, n0, n1, N, M,
@@ -611,12 +520,11 @@ def _topk_scan_kernel(
     R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, topk,
     H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr, HAS_KV: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
-    TOPT: tl.constexpr, BB: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
-    LAZY: tl.constexpr,
+    TOPT: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr, LAZY: tl.constexpr,
 ):  # fmt: skip
     # One program per (landmark tile, key chunk, batch-head): _topk_scan_body.
     _topk_scan_body(
         tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
         OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, topk, H, SB, SH, SN, nrows, i_pass, MODE, P,
-        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BB, BG, E3, LVF, EVEN, LAZY, "",
+        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BG, E3, LVF, EVEN, LAZY, "",
     )  # fmt: skip

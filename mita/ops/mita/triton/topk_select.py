@@ -1,14 +1,14 @@
-"""Exact top-k kernels that select per row: the start threshold, the fused start + emit + select kernel, the
-persistent fallback with grid barriers and the final top-k of a candidate list.
+"""Exact top-k kernels that select per row: the select kernel (start + emit + select) and the persistent fallback
+with grid barriers.
 
-- ``_topk_start_kernel``: a lower bound that at least k keys reach, by bisection over the block tops
-  (``_start_row``, ``_kth_largest_key`` / ``_kth_largest_key_narrow``).
-- ``_topk_select_kernel`` (``SCAN_CONFIG["fused_select"]``): start, emission of the row's candidates in block order
-  (``_emit_row``, re-scoring the blocks that need it) and the final selection in one program per row.
+- ``_topk_select_kernel``: per row, a start threshold that at least k keys reach, by bisection over the block tops
+  (``_start_row``, ``_kth_largest_key`` / ``_kth_largest_key_narrow``), the emission of the row's candidates in
+  block order (``_emit_row``, re-scoring the blocks that need it) and, when they fit the list, the final selection
+  (``_final_row``: the k largest packed keys, indices ascending); it may also merge the landmark values' partials
+  (``landmark_values._lv_merge_row``).
 - ``_topk_fallback_kernel``: the rows whose candidates overflow their list, in one launch of persistent programs
-  (``_grid_barrier`` between the passes of ``topk_scan._topk_scan_body``).
-- ``_topk_final_kernel`` / ``_final_row``: the k largest packed keys of each list, indices ascending; it may also
-  merge the landmark values' partials (``landmark_values._lv_merge_row``).
+  (``_grid_barrier`` between the passes of ``topk_scan._topk_scan_body``), then their final selection
+  (``_final_row``).
 
 The host side (``exact_topk``) is ``topk.py``.
 """
@@ -24,7 +24,6 @@ from mita.ops.mita.triton.topk_scan import (
     _EMPTY,
     _KEY_NEG_INF,
     _NPASS,
-    _clear_list,
     _head_kk,
     _key_block_scores,
     _key_threshold,
@@ -113,23 +112,6 @@ def _start_row(
 
 
 @triton.jit
-def _topk_start_kernel(
-    CMAX, KK, LO, HI, OFF, CNT, CAND, M, NB, NBLK, CAP, topk, nrows, HAS_KV: tl.constexpr, F: tl.constexpr,
-    GP: tl.constexpr, P: tl.constexpr, CB: tl.constexpr, ONE_PLANE: tl.constexpr, STEPS: tl.constexpr,
-    NARROW: tl.constexpr,
-):  # fmt: skip
-    # One row per program: the start threshold and state slot 0 (_start_row); the row's slot counter and candidate
-    # list start empty.
-    row = tl.program_id(0).to(tl.int64)
-    _start_row(CMAX, KK, LO, HI, CNT, row, M, NB, NBLK, topk, nrows, HAS_KV, F, GP, P, ONE_PLANE, STEPS, NARROW)
-    tl.store(OFF + row, 0)
-    if row == 0:
-        # The persistent fallback kernel's barrier counter.
-        tl.store(OFF + nrows, 0)
-    _clear_list(CAND, row, CAP, CB)
-
-
-@triton.jit
 def _grid_barrier(BAR, target, SPIN: tl.constexpr):
     # Every program of the launch waits here until BAR (zeroed before the launch, raised by one per program and
     # barrier) reaches target = (barriers so far) x programs. The writes before it are released at GPU scope, the
@@ -161,7 +143,7 @@ def _fallback_items(
         _topk_scan_body(
             (it // G) % n_s, it % G, (it // (G * n_s)).to(tl.int64), R, K, KV, KK, LO, HI, DONE, R, R, CNT, OFF, CAND,
             R, R, R, R, 1.0, N, M, CH, G, NBLK, CAP, topk, H, SB, SH, SN, nrows, i_pass, MODE, P, True, HAS_KV, D, BS,
-            BN, PREC, UP, EXACT, 1, 2, 1, 0, False, False, False, ".cg",
+            BN, PREC, UP, EXACT, 1, 1, 0, False, False, False, ".cg",
         )  # fmt: skip
 
 
@@ -170,19 +152,19 @@ def _topk_fallback_kernel(
     R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, IDX, N, M, CH, G, NBLK, CAP, topk, H, SB, SH, SN, nrows, n_s, BH,
     NPROG, P: tl.constexpr, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr,
     PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, RB: tl.constexpr, SPIN: tl.constexpr,
-    FINAL: tl.constexpr, CP: tl.constexpr, FNARROW: tl.constexpr,
+    CP: tl.constexpr, FNARROW: tl.constexpr,
 ):  # fmt: skip
     # The long-row top-k's fallback (refinement passes, recount, ordered emit: _topk_scan_body's modes 1-3) in one
     # launch of NPROG persistent programs (no more than the SMs hold at once, so all are resident; 1 under the
     # interpreter, which runs programs one after another). Each program first checks every row's count (OFF, final
-    # since the count + emit pass): when no row has more than CAP, all return at once, which is the common case.
+    # since the select kernel): when no row has more than CAP, all return at once, which is the common case.
     # Otherwise the programs take the (landmark tile, key chunk, batch-head) items of each pass in turn, with a grid
-    # barrier between passes (the counter is OFF[nrows], zeroed by the start kernel); every program passes every
+    # barrier between passes (the counter is OFF[nrows], zeroed by the select kernel); every program passes every
     # barrier.
     # The refinement stops after the first pass whose state has every fallback row done (the recount and the
     # ordered emit then read the slot after it), so a row that settles in a few passes costs a few barriers.
-    # FINAL (with the select kernel): after one more barrier the programs also select the fallback rows' top-k
-    # (_final_row; CP, FNARROW as the final kernel's), so no final kernel follows.
+    # After one more barrier the programs also select the fallback rows' top-k (_final_row; CP, FNARROW as the
+    # select kernel's).
     pid = tl.program_id(0)
     n_fb = 0
     for r0 in range(0, nrows, RB):
@@ -222,14 +204,13 @@ def _topk_fallback_kernel(
             pid, NPROG, n_s, BH, R, K, KV, KK, LO, HI, DONE, CNT, OFF, CAND, N, M, CH, G, NBLK, CAP, topk, H, SB, SH,
             SN, nrows, fin, 3, P, HAS_KV, D, BS, BN, PREC, UP, EXACT,
         )  # fmt: skip
-        if FINAL:
-            # The fallback rows' top-k (the select kernel did the others'), rows in turn, once every list is
-            # written; other programs wrote them: loaded from L2.
-            _grid_barrier(BAR, n_bar + 2 * NPROG, SPIN)
-            for r_i in range(pid, nrows, NPROG):
-                row = r_i + tl.zeros([], tl.int64)
-                if tl.load(OFF + row) > CAP:
-                    _final_row(CAND, IDX, row, CAP, topk, CAP, CP, FNARROW, ".cg")
+        # The fallback rows' top-k (the select kernel did the others'), rows in turn, once every list is written;
+        # other programs wrote them: loaded from L2.
+        _grid_barrier(BAR, n_bar + 2 * NPROG, SPIN)
+        for r_i in range(pid, nrows, NPROG):
+            row = r_i + tl.zeros([], tl.int64)
+            if tl.load(OFF + row) > CAP:
+                _final_row(CAND, IDX, row, CAP, topk, CAP, CP, FNARROW, ".cg")
 
 
 @triton.jit
@@ -276,37 +257,17 @@ def _final_row(
 
 
 @triton.jit
-def _topk_final_kernel(
-    CAND, IDX, TOPK, CAP, PM, PL, PACC, VT, LSE, OFF, M, NC, CP: tl.constexpr,
-    NARROW: tl.constexpr, MERGE: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
-    FB_ONLY: tl.constexpr,
-):  # fmt: skip
-    # One row per program: the top-k of its candidate list (_final_row). MERGE: the row's landmark values from their
-    # NC split-key partials first (_lv_merge_row: one launch fewer). FB_ONLY: only the rows with more than CAP
-    # candidates (OFF; the others were selected by _topk_select_kernel).
-    row = tl.program_id(0).to(tl.int64)
-    if MERGE:
-        _lv_merge_row(PM, PL, PACC, VT, LSE, row % M, row // M, M, NC, D, BC)
-    take = True
-    if FB_ONLY:
-        take = tl.load(OFF + row) > CAP
-    if take:
-        _final_row(CAND, IDX, row, CAP, TOPK, CAP, CP, NARROW, "")
-
-
-@triton.jit
 def _emit_row(
     R, K, KV, CMAX, ARG, CAND, row, lo, N, M, NBLK, CAP, H, SB, SH, SN, nrows, HAS_KV: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr,
     EB: tl.constexpr,
 ):  # fmt: skip
-    # The count + emit pass (_topk_scan_body's MODE 4) for one row, without atomics: every key with order key >= lo
-    # goes to the row's candidate list in block order (positions from prefix sums; those past CAP are dropped) and
-    # the count is returned. A block whose second largest score is below the threshold holds at most one such key,
-    # its maximum, written from the block tops (CMAX, ARG); E3: one whose third largest is below it at most two.
-    # Only the other blocks are scored again, one after another, with the same dot of the same landmark tile as the
-    # block-top pass (so the same scores to the bit: this kernel runs with the passes' warps), the row's scores
-    # taken out of the tile's. EB blocks per step.
+    # The count + emit step of one row: every key with order key >= lo goes to the row's candidate list in block
+    # order (positions from prefix sums; those past CAP are dropped) and the count is returned. A block whose second
+    # largest score is below the threshold holds at most one such key, its maximum, written from the block tops
+    # (CMAX, ARG); E3: one whose third largest is below it at most two. Only the other blocks are scored again, one
+    # after another, with the same dot of the same landmark tile as the block-top pass (so the same scores to the
+    # bit: this kernel runs with the passes' warps), the row's scores taken out of the tile's. EB blocks per step.
     i_bh = row // M
     i_j = row % M
     t_f = _key_threshold(lo)
@@ -366,11 +327,10 @@ def _topk_select_kernel(
     CP: tl.constexpr, FNARROW: tl.constexpr,
     MERGE: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
-    # The start, count + emit and final kernels of one row in one program (SCAN_CONFIG["fused_select"]): the start
-    # threshold and state slot 0 (_start_row), the row's keys at or above it into its candidate list (_emit_row), and
-    # when they fit the list (count <= CAP) its top-k (_final_row); OFF[row] = the count, so rows with more than CAP
-    # take the fallback (then _topk_final_kernel with FB_ONLY). MERGE: the row's landmark values from their split-key
-    # partials too.
+    # One row per program: the start threshold and state slot 0 (_start_row), the row's keys at or above it into its
+    # candidate list (_emit_row), and when they fit the list (count <= CAP) its top-k (_final_row); OFF[row] = the
+    # count, so rows with more than CAP take the fallback (_topk_fallback_kernel, which also selects their top-k).
+    # MERGE: the row's landmark values from their split-key partials too.
     row = tl.program_id(0).to(tl.int64)
     if MERGE:
         _lv_merge_row(PM, PL, PACC, VT, LSE, row % M, row // M, M, NC, D, BC)
