@@ -121,11 +121,15 @@ class RunClock(Callback):
         self.start = float(start)
         self.deadline = None if deadline is None else float(deadline)
         self.before = 0.0
-        self.segments = 1
         self.commit = commit
         # The commit of every process of the run, this one last (None where a checkpoint did not say).
         self.commits: list[str | None] = [commit]
         self.stopped = False
+
+    @property
+    def segments(self) -> int:
+        """Processes the run has taken, this one included."""
+        return len(self.commits)
 
     def elapsed(self) -> float:
         """Seconds of the run so far, earlier processes included."""
@@ -136,12 +140,9 @@ class RunClock(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.before = float(state_dict.get("elapsed", 0.0))
-        earlier = int(state_dict.get("segments", 1))
-        self.segments = earlier + 1
-        commits = list(state_dict.get("commits") or [])
-        # Checkpoints written before commits were kept: the earlier processes' commits are unknown.
-        commits = ([None] * (earlier - len(commits)) + commits)[-earlier:] if earlier else []
-        self.commits = [*commits, self.commit]
+        # Checkpoints written before commits were kept give only the count: those commits are unknown.
+        earlier = state_dict.get("commits") or [None] * int(state_dict.get("segments", 1))
+        self.commits = [*earlier, self.commit]
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if self.deadline is not None and time.time() >= self.deadline:
