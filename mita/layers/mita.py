@@ -171,12 +171,11 @@ class MiTAAttention(AttentionBase):
             backend=self.backend,
         )
         if self.record_selection:
-            if self.landmark_layout == "1d":
-                landmarks = pool_landmarks(q, self.m, layout="1d", key_padding_mask=key_padding_mask)
-            else:
-                landmarks = pool_landmarks(
-                    q, self.m, layout=self.landmark_layout, grid=pool_grid, num_prefix_tokens=self.num_prefix_tokens
-                )
+            # The landmarks mita_attention_pooled would pool, kept for the selection record.
+            landmarks = pool_landmarks(
+                q, self.m, layout=self.landmark_layout, grid=pool_grid, num_prefix_tokens=self.num_prefix_tokens,
+                key_padding_mask=key_padding_mask if self.landmark_layout == "1d" else None,
+            )  # fmt: skip
             self.last_selection = self._routed_selection(k, landmarks, key_padding_mask)
             o = mita_attention(q, k, v, landmarks, self.topk, **kwargs)
         else:

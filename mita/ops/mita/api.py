@@ -197,10 +197,11 @@ def mita_attention_pooled(
                 q.shape[2], m, layout=layout, grid=grid, num_prefix_tokens=num_prefix_tokens, device=q.device
             )
             return kernels.triton_mita_pooled(q, k, v, pool, topk, **kwargs)
-    if layout == "1d":
-        landmarks = pool_landmarks(q, m, layout="1d", key_padding_mask=key_padding_mask)
-    else:
-        landmarks = pool_landmarks(q, m, layout=layout, grid=grid, num_prefix_tokens=num_prefix_tokens)
+    # Only the 1D layout pools around padding; the image layouts pool every token (padded keys stay masked below).
+    pool_mask = key_padding_mask if layout == "1d" else None
+    landmarks = pool_landmarks(
+        q, m, layout=layout, grid=grid, num_prefix_tokens=num_prefix_tokens, key_padding_mask=pool_mask
+    )
     return mita_attention(q, k, v, landmarks, topk, **kwargs, key_padding_mask=key_padding_mask, backend=backend)
 
 
