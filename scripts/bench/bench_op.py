@@ -5,20 +5,28 @@ forward; MiTA: 2 N d (4m + 2(m + S k)) per head forward, its routing included; b
 forward for both) and peak memory above the inputs. MiTA timings include landmark pooling. A backend whose
 correctness gate (naive_mita, forward and backward) fails gets no speed-up.
 
-Timing is eager by default (each call launches its kernels from Python). ``--graph`` captures each timed callable
+``--timing`` picks how calls are timed, several modes in one process (comma-separated): ``eager`` (the default:
+each call launches its kernels from Python, what a user gets); ``cuda_graph`` captures each timed callable
 (forward; forward+backward) of every method, dense SDPA included, in a CUDA graph after a warm-up on a side stream
 and times graph replays, which removes the Python launch overhead (each replay is still launched onto an idle GPU,
-so the graph's own launch latency is in the time); ``--graph --queued`` queues each timed replay behind a spin
-kernel, so the time is the GPU's execution of one call. The CSV's ``timing`` column says which (``eager``,
-``cuda_graph`` or ``cuda_graph_queued``) and a method that cannot be captured gets ``capture failed: <reason>``.
+so the graph's own launch latency is in the time); ``cuda_graph_queued`` queues each timed replay behind a spin
+kernel, so the time is the GPU's execution of one call. The CSV's ``timing`` column says which, and a method that
+cannot be captured gets ``capture failed: <reason>``.
 
-    python scripts/bench/bench_op.py --out results/bench [--max-n 1048576] [--graph] [--set "block_top=1"]
+Point sets (``--point-set``): ``long`` (default) is the DeiT-S layer shape and long rows (B 1, H 2, d 64, m = k =
+sqrt(N / 4), N 1024 to ``--max-n``); ``training`` is where the paper trains: the DeiT-S layer, the Segmenter
+512-crop layer, B 8 at N 4096, N 16K and 64K, and the Long Range Arena shapes read from configs/experiment/lra
+(each task's MiTA row: batch, heads, full length, head dim, m, k; Retrieval's two documents double the batch).
+
+    python scripts/bench/bench_op.py --out results/bench [--max-n 1048576] [--timing eager,cuda_graph_queued]
+    python scripts/bench/bench_op.py --point-set training --timing eager,cuda_graph_queued --out OUT
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import math
 import os
 import sys
@@ -32,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from common import (  # noqa: E402
+    TIMING_MODES,
     capture_failure,
     correlated_tokens,
     environment,
@@ -51,15 +60,73 @@ DENSE = {
 }
 
 
-def shapes(max_n: int) -> list[dict]:
-    """Benchmark points: long sequences (B 1, H 2, d 64, m = k = sqrt(N / 4)) and the DeiT-S layer shape."""
-    pts = [dict(name="deit_s", B=256, H=6, N=197, d=64, m=25, k=25, layout="official")]
+LRA_TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
+
+
+def lra_points() -> list[dict]:
+    """One point per LRA task, from its MiTA experiment file: the batch (doubled for two-document tasks), heads,
+    full sequence length, head dim, m and k that a training step of that row runs (padding compaction can make the
+    real rows shorter: Pathfinder keeps about a third of its pixels)."""
+    spec = importlib.util.spec_from_file_location(
+        "lra_time", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lra_time.py")
+    )
+    lra_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lra_time)
+    compose = lra_time.compose
+
+    pts = []
+    for task in LRA_TASKS:
+        cfg = compose(f"lra/{task}-mita", [])
+        att = cfg.model.attention
+        B = int(cfg.data.batch_size) * (2 if cfg.model.dual else 1)
+        H, N, d = int(cfg.model.num_heads), int(cfg.data.max_length), int(cfg.model.head_dim)
+        pts.append(dict(name=f"lra_{task}", B=B, H=H, N=N, d=d, m=int(att.m), k=int(att.k), layout="1d"))
+    return pts
+
+
+def shapes(max_n: int, point_set: str = "long") -> list[dict]:
+    """Benchmark points of ``point_set`` (``long`` or ``training``, see the module docstring); ``max_n`` caps N."""
+    deit = dict(name="deit_s", B=256, H=6, N=197, d=64, m=25, k=25, layout="official", grid=(14, 14))
+    if point_set == "training":
+        pts = [
+            deit,
+            dict(name="seg_1025", B=64, H=6, N=1025, d=64, m=49, k=49, layout="official", grid=(32, 32)),
+            dict(name="B8_N4096", B=8, H=2, N=4096, d=64, m=32, k=32, layout="1d"),
+            dict(name="N16384", B=1, H=2, N=16384, d=64, m=64, k=64, layout="1d"),
+            dict(name="N65536", B=1, H=2, N=65536, d=64, m=128, k=128, layout="1d"),
+            *lra_points(),
+        ]
+        return [p for p in pts if p["N"] <= max_n]
+    if point_set != "long":
+        raise ValueError(f"point_set must be 'long' or 'training', got {point_set!r}")
+    pts = [deit]
     n = 1024
     while n <= max_n:
         mk = int(math.sqrt(n / 4))
         pts.append(dict(name=f"N{n}", B=1, H=2, N=n, d=64, m=mk, k=mk, layout="1d"))
         n *= 4
     return pts
+
+
+def parse_timings(text: str) -> list[str]:
+    """``--timing``'s comma-separated modes, checked, in the order given, without repeats."""
+    modes = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [t for t in modes if t not in TIMING_MODES]
+    if not modes or bad:
+        raise ValueError(f"--timing takes a comma-separated list of {', '.join(TIMING_MODES)}; got {text!r}")
+    return modes
+
+
+def csv_name(point_set: str, timings: list[str], rho: float = 0.0, block_top: int | None = None) -> str:
+    """The CSV a run writes: op_bench[_training][_<timing>...][_rho<rho>][_top<t>].csv (eager alone adds nothing)."""
+    name = "op_bench" + ("_training" if point_set == "training" else "")
+    if timings != ["eager"]:
+        name += "_" + "_".join(timings)
+    if rho:
+        name += f"_rho{rho:g}"
+    if block_top and block_top > 1:
+        name += f"_top{block_top}"
+    return name + ".csv"
 
 
 def dense_fn(q, k, v, backend):
@@ -73,7 +140,7 @@ def dense_fn(q, k, v, backend):
 def mita_fn(q, k, v, p, backend):
     def f():
         if p["layout"] == "official":
-            r = pool_landmarks(q, p["m"], layout="official", grid=(14, 14), num_prefix_tokens=1)
+            r = pool_landmarks(q, p["m"], layout="official", grid=p["grid"], num_prefix_tokens=1)
         else:
             r = pool_landmarks(q, p["m"], layout="1d")
         return mita_attention(q, k, v, r, p["k"], backend=backend)
@@ -160,10 +227,10 @@ def time_mita(res: dict, backends: list, q, k, v, p: dict, ins, do, timing: str)
         except (RuntimeError, ValueError) as e:
             res[f"mita_{b}"] = {"error": str(e).splitlines()[0][:80]}
             torch.cuda.empty_cache()
-        print(f"{p['name']} mita_{b} {res[f'mita_{b}']}", flush=True)
+        print(f"{p['name']} {timing} mita_{b} {res[f'mita_{b}']}", flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--max-n", type=int, default=1 << 20)
@@ -176,19 +243,13 @@ def main() -> None:
     ap.add_argument("--points", default="", help="comma-separated point names (deit_s, N65536, ...); empty: all")
     ap.add_argument("--dense-reps-long", type=int, default=3, help="timed runs of a dense backend at N >= 256K")
     ap.add_argument(
-        "--graph",
-        action="store_true",
-        help="time CUDA-graph replays of every method (no Python launch overhead; each replay is launched onto an "
-        "idle GPU, so the graph's launch latency is timed too, see --queued); writes "
-        "op_bench_cuda_graph.csv with timing=cuda_graph",
+        "--timing",
+        default="eager",
+        help="comma-separated timing modes, each point timed in each: eager (calls launched from Python), cuda_graph "
+        "(replays of a captured call, launched onto an idle GPU), cuda_graph_queued (replays queued behind a spin "
+        "kernel: the GPU's execution of one call)",
     )
-    ap.add_argument(
-        "--queued",
-        action="store_true",
-        help="with --graph: queue each timed replay behind a spin kernel, so the interval is the GPU's execution of "
-        "one call without the graph's launch latency; writes op_bench_cuda_graph_queued.csv with "
-        "timing=cuda_graph_queued",
-    )
+    ap.add_argument("--point-set", choices=("long", "training"), default="long", help="benchmark points (docstring)")
     ap.add_argument(
         "--rho",
         type=float,
@@ -216,7 +277,11 @@ def main() -> None:
         help="at each point, time dense attention before MiTA (dense-first, the default) or after it; recorded in each "
         "row's order column",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    try:
+        timings = parse_timings(args.timing)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     from sweep import apply_settings
 
     settings = [f"{name}={val}" for name, val in apply_settings(args.set)]
@@ -227,14 +292,7 @@ def main() -> None:
 
         ttk.SCAN_CONFIG["block_top"] = args.block_top
         print(f"top-k start: {args.block_top} scores per key block", flush=True)
-    if args.queued and not args.graph:
-        raise SystemExit("--queued times CUDA-graph replays: give --graph too")
-    timing = ("cuda_graph_queued" if args.queued else "cuda_graph") if args.graph else "eager"
-    csv_name = f"op_bench_{timing}.csv" if args.graph else "op_bench.csv"
-    if args.rho:
-        csv_name = csv_name.replace(".csv", f"_rho{args.rho:g}.csv")
-    if args.block_top and args.block_top > 1:
-        csv_name = csv_name.replace(".csv", f"_top{args.block_top}.csv")
+    out_csv = csv_name(args.point_set, timings, args.rho, args.block_top)
     os.makedirs(args.out, exist_ok=True)
     env = environment()
     if settings:
@@ -246,7 +304,7 @@ def main() -> None:
         print(f"correctness gate {b}: {'PASS' if ok else 'FAIL'} ({msg})", flush=True)
     rows = []
     wanted = [x for x in args.points.split(",") if x]
-    for p in shapes(args.max_n):
+    for p in shapes(args.max_n, args.point_set):
         if wanted and p["name"] not in wanted:
             continue
         B, H, N, d = p["B"], p["H"], p["N"], p["d"]
@@ -254,35 +312,42 @@ def main() -> None:
         q, k, v = (correlated_tokens((B, H, N, d), args.rho, g) for _ in range(3))
         do = torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g)
         ins = [t.requires_grad_() for t in (q, k, v)]
-        long_run = N >= 1 << 18
-        res = {}
-        if args.order == "mita-first":
-            time_mita(res, backends, q, k, v, p, ins, do, timing)
-        for name in DENSE:
-            if long_run and name not in args.dense_long.split(","):
-                continue
-            t0 = time.time()
-            try:
-                res[f"dense_{name}"] = measure(dense_fn(q, k, v, name), ins, do, long_run, timing, args.dense_reps_long)
-            except RuntimeError as e:
-                res[f"dense_{name}"] = {"error": str(e).splitlines()[0][:80]}
-                torch.cuda.empty_cache()
-            print(f"{p['name']} dense_{name} {res[f'dense_{name}']} ({time.time() - t0:.1f}s)", flush=True)
-        if args.order == "dense-first":
-            time_mita(res, backends, q, k, v, p, ins, do, timing)
-        rows += point_rows(p, res, gate, timing, env, args.rho)
+        for timing in timings:
+            res = time_point(p, timing, backends, q, k, v, ins, do, args)
+            rows += point_rows(p, res, gate, timing, env, args.rho)
+            write_csv(os.path.join(args.out, out_csv), rows)
         del q, k, v, do, ins
         torch.cuda.empty_cache()
-        write_csv(os.path.join(args.out, csv_name), rows)
-    print(f"\ntiming: {timing}")
-    print("point    method          fwd_ms   fwdbwd_ms  speedup_fwd  speedup_fwdbwd  peak_fb_MiB  error")
+    head = "point      timing             method          fwd_ms   fwdbwd_ms  speedup_fwd  speedup_fwdbwd"
+    print(f"\n{head}  peak_fb_MiB  error")
     for r in rows:
         print(
-            f"{r['point']:8s} {r['method']:15s} {r.get('fwd_ms', float('nan')):9.3f} "
+            f"{r['point']:10s} {r['timing']:18s} {r['method']:15s} {r.get('fwd_ms', float('nan')):9.3f} "
             f"{r.get('fwdbwd_ms', float('nan')):10.3f} {str(r.get('speedup_fwd', ''))[:8]:>12s} "
             f"{str(r.get('speedup_fwdbwd', ''))[:8]:>14s} {r.get('fwdbwd_peak_mib', float('nan')):10.1f}  "
             f"{r.get('error', '')}"
         )
+
+
+def time_point(p: dict, timing: str, backends: list[str], q, k, v, ins, do, args) -> dict[str, dict]:
+    """Every dense SDPA backend and MiTA backend at one point in one timing mode (``--order`` says which first)."""
+    long_run = p["N"] >= 1 << 18
+    res: dict[str, dict] = {}
+    if args.order == "mita-first":
+        time_mita(res, backends, q, k, v, p, ins, do, timing)
+    for name in DENSE:
+        if long_run and name not in args.dense_long.split(","):
+            continue
+        t0 = time.time()
+        try:
+            res[f"dense_{name}"] = measure(dense_fn(q, k, v, name), ins, do, long_run, timing, args.dense_reps_long)
+        except RuntimeError as e:
+            res[f"dense_{name}"] = {"error": str(e).splitlines()[0][:80]}
+            torch.cuda.empty_cache()
+        print(f"{p['name']} {timing} dense_{name} {res[f'dense_{name}']} ({time.time() - t0:.1f}s)", flush=True)
+    if args.order == "dense-first":
+        time_mita(res, backends, q, k, v, p, ins, do, timing)
+    return res
 
 
 if __name__ == "__main__":

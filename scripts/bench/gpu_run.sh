@@ -17,7 +17,7 @@ step "${OP_S:-90}" python3 scripts/bench/bench_op.py --out "$OUT" --points "${OP
   --backends triton --dense-long "${DENSE_LONG:-cudnn}" --dense-reps-long 2 2>&1 | tee "$OUT/op_bench.log" | tail -14
 step "${RHO_S:-0}" python3 scripts/bench/bench_op.py --out "$OUT" --rho "${RHO:-0.9}" ${BLOCK_TOP:+--block-top "$BLOCK_TOP"} --points "${OP_POINTS:-deit_s,N65536,N262144,N1048576}" \
   --backends triton --dense-long "${DENSE_LONG:-cudnn}" --dense-reps-long 2 2>&1 | tee "$OUT/op_bench_rho.log" | tail -14
-step "${OPG_S:-0}" python3 scripts/bench/bench_op.py --out "$OUT" --graph --points "${OPG_POINTS:-deit_s,N4096,N65536}" \
+step "${OPG_S:-0}" python3 scripts/bench/bench_op.py --out "$OUT" --timing cuda_graph --points "${OPG_POINTS:-deit_s,N4096,N65536}" \
   --backends triton 2>&1 | tee "$OUT/op_bench_graph.log" | tail -14
 step "${LAYER_S:-0}" python3 scripts/bench/bench_layers.py --out "$OUT" --points "${LAYER_POINTS:-deit_s,N4096,N65536}" \
   2>&1 | tee "$OUT/layer_bench.log" | tail -30

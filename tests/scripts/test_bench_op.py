@@ -1,0 +1,54 @@
+"""The op benchmark's points and options (scripts/bench/bench_op.py); its timings need a GPU and run there only."""
+
+from __future__ import annotations
+
+import pytest
+from script_loader import fresh_bench_script
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    return fresh_bench_script(monkeypatch, "bench_op")
+
+
+def test_training_points_are_the_training_shapes(bench):
+    pts = {p["name"]: p for p in bench.shapes(1 << 20, "training")}
+    assert [n for n in pts if n.startswith("lra_")] == [f"lra_{t}" for t in bench.LRA_TASKS]
+    shape = {n: (p["B"], p["H"], p["N"], p["d"], p["m"], p["k"], p["layout"]) for n, p in pts.items()}
+    assert shape["deit_s"] == (256, 6, 197, 64, 25, 25, "official")
+    assert shape["seg_1025"] == (64, 6, 1025, 64, 49, 49, "official")
+    assert pts["seg_1025"]["grid"] == (32, 32) and 1 + 32 * 32 == 1025
+    assert shape["B8_N4096"] == (8, 2, 4096, 64, 32, 32, "1d")
+    assert shape["N16384"] == (1, 2, 16384, 64, 64, 64, "1d")
+    assert shape["N65536"] == (1, 2, 65536, 64, 128, 128, "1d")
+    # LRA: each task's MiTA experiment file (model width 2 heads x 128; Retrieval encodes two documents per row).
+    assert shape["lra_listops"] == (32, 2, 2000, 128, 32, 64, "1d")
+    assert shape["lra_text"] == (32, 2, 4096, 128, 32, 128, "1d")
+    assert shape["lra_retrieval"] == (64, 2, 4000, 128, 32, 128, "1d")
+    assert shape["lra_image"] == (256, 2, 1024, 128, 16, 64, "1d")
+    assert shape["lra_pathfinder"] == (256, 2, 1024, 128, 16, 64, "1d")
+
+
+def test_max_n_caps_both_sets(bench):
+    assert max(p["N"] for p in bench.shapes(4096, "training")) == 4096
+    assert "N65536" not in {p["name"] for p in bench.shapes(16384, "training")}
+    assert [p["name"] for p in bench.shapes(4096, "long")] == ["deit_s", "N1024", "N4096"]
+    with pytest.raises(ValueError, match="point_set"):
+        bench.shapes(4096, "short")
+
+
+def test_timing_list(bench):
+    assert bench.parse_timings("eager") == ["eager"]
+    assert bench.parse_timings("eager, cuda_graph_queued,eager") == ["eager", "cuda_graph_queued"]
+    for bad in ("", "graph", "eager,cuda"):
+        with pytest.raises(ValueError, match="--timing"):
+            bench.parse_timings(bad)
+    with pytest.raises(SystemExit, match="--timing"):
+        bench.main(["--timing", "fast"])
+
+
+def test_csv_names(bench):
+    assert bench.csv_name("long", ["eager"]) == "op_bench.csv"
+    assert bench.csv_name("long", ["cuda_graph_queued"]) == "op_bench_cuda_graph_queued.csv"
+    assert bench.csv_name("training", ["eager", "cuda_graph_queued"]) == "op_bench_training_eager_cuda_graph_queued.csv"
+    assert bench.csv_name("long", ["eager"], rho=0.9, block_top=2) == "op_bench_rho0.9_top2.csv"
