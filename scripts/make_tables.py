@@ -325,9 +325,17 @@ def read_time_estimates(path: Path) -> dict[str, dict[str, str]]:
         return {row["experiment"]: row for row in csv.DictReader(f)}
 
 
+def sharing(rec: dict[str, Any]) -> list[int]:
+    """Training processes on the record's GPU during each process of the run that is known (``segment_processes``;
+    records without it: their last process's ``concurrency``)."""
+    known = [int(n) for n in rec.get("segment_processes") or [] if n is not None]
+    return known or [int((rec.get("concurrency") or {}).get("processes") or 1)]
+
+
 def shared_by(recs: list[dict[str, Any]]) -> str | None:
-    """``GPU shared by N runs`` when any record trained beside other processes (``concurrency.processes`` > 1)."""
-    counts = sorted({int((r.get("concurrency") or {}).get("processes") or 1) for r in recs})
+    """``GPU shared by N runs`` when any record trained beside other processes (more than one training process on
+    its GPU in some process of the run); ``up to N`` when the sharing varied."""
+    counts = sorted({n for r in recs for n in sharing(r)})
     if not counts or counts[-1] <= 1:
         return None
     return f"GPU shared by {counts[-1]} runs" if len(counts) == 1 else f"GPU shared by up to {counts[-1]} runs"
@@ -576,8 +584,9 @@ def build_table_d(records_dir: Path, table_dir: Path) -> str:
         "data are generated (docs/lra.md).",
         "",
         "Training time: the runs' wall time from their records (mean over seeds); `GPU shared by N runs` when N",
-        "training processes ran on one GPU at once (the record's `concurrency`), so the time is not that of a run",
-        "alone. Where marked `est.`, not a run but the median step time of full-length synthetic batches x the",
+        "training processes ran on one GPU at once (the record's `segment_processes`, one count per process of a",
+        "resumed run; `up to N` when it varied), so the time is not that of a run alone. Where marked `est.`, not",
+        "a run but the median step time of full-length synthetic batches x the",
         "recipe's steps (`python scripts/lra_time.py --table D --out results/lra/time_estimate.csv`), which leaves",
         "out data loading and evaluation.",
     ]

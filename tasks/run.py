@@ -195,9 +195,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     trainer, module, datamodule = objects["trainer"], objects["module"], objects["datamodule"]
     best = BestTracker(cfg.report.key if cfg.get("report") else None, cfg.report.scale if cfg.get("report") else 1)
     trainer.callbacks.append(best)
-    from tasks.common.records import git_state
+    from tasks.common.records import concurrency, git_state
 
-    clock = RunClock(start, cfg.get("deadline"), commit=git_state()["commit"])
+    sharing = concurrency()
+    clock = RunClock(
+        start, cfg.get("deadline"), commit=git_state()["commit"], processes=sharing["processes"] if sharing else 1
+    )
     trainer.callbacks.append(clock)
     if best_checkpoint is not None:
         trainer.callbacks.append(best_checkpoint)
@@ -220,7 +223,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             trainer.save_checkpoint(str(output_dir / "checkpoints" / "last.ckpt"))
     # Evaluating from a checkpoint restores the callbacks' state too: keep the training's own values.
     fit_elapsed, fit_end, segments, best_value = clock.elapsed(), time.time(), clock.segments, best.best
-    segment_commits = list(clock.commits)
+    segment_commits, segment_processes = list(clock.commits), list(clock.processes)
     # Final evaluation on the weights at the end, or on the best validation checkpoint (eval_weights=best).
     eval_ckpt = (best_checkpoint.best_model_path or None) if best_checkpoint is not None else None
     metrics: dict[str, Any] = {}
@@ -258,6 +261,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             smoke=bool(cfg.get("smoke", False)),
             segments=segments,
             segment_commits=segment_commits,
+            segment_processes=segment_processes,
         )
     if trainer.is_global_zero:
         print(

@@ -106,24 +106,30 @@ class ThroughputMonitor(Callback):
 class RunClock(Callback):
     """The run's wall time over all its processes, and a clean stop at a wall-clock deadline.
 
-    The time spent so far, the number of processes the run has taken and the commit each of them ran are saved
-    in every checkpoint, so a run continued with ``resume=auto`` reports its whole training time and every commit
-    that trained it. With a ``deadline`` (Unix time), training stops after the first optimiser step that ends
+    The time spent so far, the number of processes the run has taken, the commit each of them ran and how many
+    training processes shared the accelerator with each are saved in every checkpoint, so a run continued with
+    ``resume=auto`` reports its whole training time, every commit that trained it and every sharing. With a
+    ``deadline`` (Unix time), training stops after the first optimiser step that ends
     past it; the caller then saves a checkpoint to continue from.
 
     Args:
         start: Unix time at which this process started the run.
         deadline: Unix time to stop training at, or None.
         commit: the commit this process runs (None if unknown).
+        processes: training processes sharing this process's accelerator, itself included (None if unknown).
     """
 
-    def __init__(self, start: float, deadline: float | None = None, commit: str | None = None) -> None:
+    def __init__(
+        self, start: float, deadline: float | None = None, commit: str | None = None, processes: int | None = None
+    ) -> None:
         self.start = float(start)
         self.deadline = None if deadline is None else float(deadline)
         self.before = 0.0
         self.commit = commit
         # The commit of every process of the run, this one last (None where a checkpoint did not say).
         self.commits: list[str | None] = [commit]
+        # The processes sharing the accelerator during each process of the run, this one last (None: unknown).
+        self.processes: list[int | None] = [processes]
         self.stopped = False
 
     @property
@@ -136,13 +142,21 @@ class RunClock(Callback):
         return self.before + time.time() - self.start
 
     def state_dict(self) -> dict[str, Any]:
-        return {"elapsed": self.elapsed(), "segments": self.segments, "commits": list(self.commits)}
+        return {
+            "elapsed": self.elapsed(),
+            "segments": self.segments,
+            "commits": list(self.commits),
+            "processes": list(self.processes),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.before = float(state_dict.get("elapsed", 0.0))
         # Checkpoints written before commits were kept give only the count: those commits are unknown.
         earlier = state_dict.get("commits") or [None] * int(state_dict.get("segments", 1))
         self.commits = [*earlier, self.commit]
+        # Checkpoints written before the sharing was kept: unknown for every earlier process.
+        shared = state_dict.get("processes") or [None] * len(earlier)
+        self.processes = [*shared, self.processes[-1]]
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if self.deadline is not None and time.time() >= self.deadline:

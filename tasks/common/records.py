@@ -132,6 +132,7 @@ def write_record(
     smoke: bool = False,
     segments: int = 1,
     segment_commits: list[str | None] | None = None,
+    segment_processes: list[int | None] | None = None,
 ) -> Path:
     """Write ``<results_dir>/<experiment>/<date>-<hash>.json`` and append a line to ``<results_dir>/index.csv``.
 
@@ -153,6 +154,9 @@ def write_record(
         segments: processes the training ran in (1 + the number of resumes from a checkpoint).
         segment_commits: the commit each of those processes ran, in order (None where unknown); by default the
             earlier ones are unknown and the last is this process's.
+        segment_processes: how many training processes shared the accelerator during each of those processes, in
+            order (None where unknown); by default the earlier ones are unknown and the last is this process's
+            ``concurrency`` (1 when it ran alone).
 
     Returns:
         Path of the JSON record.
@@ -166,6 +170,9 @@ def write_record(
     git = git_state()
     if segment_commits is None:
         segment_commits = [None] * (segments - 1) + [git["commit"]]
+    sharing = concurrency()
+    if segment_processes is None:
+        segment_processes = [None] * (segments - 1) + [sharing["processes"] if sharing else 1]
     record = {
         "experiment": experiment,
         "paper": _plain(paper) if paper else None,
@@ -184,7 +191,8 @@ def write_record(
         "wall_time_s": round(wall_time_s, 2),
         "segments": segments,
         "segment_commits": list(segment_commits),
-        "concurrency": concurrency(),
+        "segment_processes": list(segment_processes),
+        "concurrency": sharing,
         "output_dir": output_dir,
         "config": _plain(config),
     }

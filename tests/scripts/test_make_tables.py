@@ -35,6 +35,7 @@ def record(
     max_epochs: int = -1,
     epochs: int = 3,
     segment_commits: list[str | None] | None = None,
+    segment_processes: list[int | None] | None = None,
 ) -> dict[str, Any]:
     """A run record with the keys ``tasks.common.records.write_record`` writes (and the optional new ones)."""
     overrides = [f"experiment={experiment}"] if overrides is None else overrides
@@ -67,6 +68,10 @@ def record(
         "config": {"seed": 0, "trainer": {"max_steps": max_steps, "max_epochs": max_epochs}},
         "concurrency": concurrency,
     }
+    # As write_record fills it: earlier processes unknown, the last one's from its concurrency.
+    if segment_processes is None:
+        segment_processes = [None] * (rec["segments"] - 1) + [(concurrency or {}).get("processes") or 1]
+    rec["segment_processes"] = segment_processes
     return rec
 
 
@@ -255,6 +260,22 @@ def test_time_column_says_when_the_gpu_was_shared(runs, tmp_path):
     text = table(tmp_path)
     assert "| 0.08 h (GPU shared by 18 runs) |" in row(text, "lra/listops-mita")
     assert "| 0.08 h |" in row(text, "lra/listops-full")
+
+
+def test_time_column_counts_the_sharing_of_every_segment(runs, tmp_path):
+    """A resumed run that shared the GPU in an earlier process says so even if its last process ran alone; varied
+    sharing reads "up to"; unknown segments are passed over."""
+    write(runs, record("lra/listops-mita", 37.0, wall_time_s=288, segment_processes=[3, None, 1], concurrency=None))
+    write(runs, record("lra/listops-full", 37.0, wall_time_s=288, segment_processes=[2, 2], concurrency=None))
+    write(runs, record("lra/listops-moba", 37.0, wall_time_s=288, segment_processes=[None, 1], concurrency=None))
+    older = record("lra/listops-topk", 37.0, wall_time_s=288, concurrency={"processes": 5, "group": "g"})
+    del older["segment_processes"]  # records written before the key: the last process's concurrency
+    write(runs, older)
+    text = table(tmp_path)
+    assert "| 0.08 h (GPU shared by 5 runs) |" in row(text, "lra/listops-topk")
+    assert "| 0.08 h (GPU shared by up to 3 runs) |" in row(text, "lra/listops-mita")
+    assert "| 0.08 h (GPU shared by 2 runs) |" in row(text, "lra/listops-full")
+    assert "| 0.08 h |" in row(text, "lra/listops-moba")
 
 
 def test_stamped_commit_is_marked(runs, tmp_path):

@@ -97,17 +97,21 @@ def test_resume_auto_continues_the_step_count(tmp_path):
     assert (out / "csv" / "metrics-before-resume-0.csv").exists() and (out / "csv" / "metrics.csv").exists()
 
 
-def test_resumed_run_records_the_commit_of_every_segment(tmp_path, monkeypatch):
+def test_resumed_run_records_the_commit_and_sharing_of_every_segment(tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setenv("MITA_COMMIT", "a" * 40)
+    monkeypatch.setenv("MITA_CONCURRENT_RUNS", "3")
     run_in_process([*SMOKE, "trainer.max_steps=1", "validate=false", "record=false"], out)
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     clock = next(v for k, v in ckpt["callbacks"].items() if "RunClock" in k)
-    assert clock["segments"] == 1 and clock["commits"] == ["a" * 40]
+    assert clock["segments"] == 1 and clock["commits"] == ["a" * 40] and clock["processes"] == [3]
     monkeypatch.setenv("MITA_COMMIT", "b" * 40)
+    monkeypatch.delenv("MITA_CONCURRENT_RUNS")
     second = run_in_process([*SMOKE, "trainer.max_steps=2", "resume=auto", "validate=false"], out)
     record = json.loads(Path(second["record"]).read_text())
     assert record["segments"] == 2 and record["segment_commits"] == ["a" * 40, "b" * 40]
+    # The first process shared its accelerator with two other runs, the second ran alone.
+    assert record["segment_processes"] == [3, 1] and record["concurrency"] is None
     assert record["git"]["commit"] == "b" * 40
 
 
@@ -117,8 +121,12 @@ def test_run_clock_reads_checkpoints_without_commits():
     clock = RunClock(0.0, commit="c")
     clock.load_state_dict({"elapsed": 5.0, "segments": 2})
     assert clock.segments == 3 and clock.commits == [None, None, "c"] and clock.before == 5.0
+    assert clock.processes == [None, None, None]
     clock.load_state_dict({"elapsed": 5.0, "segments": 2, "commits": ["a", "b"]})
-    assert clock.commits == ["a", "b", "c"]
+    assert clock.commits == ["a", "b", "c"] and clock.processes == [None, None, None]
+    shared = RunClock(0.0, commit="c", processes=2)
+    shared.load_state_dict({"elapsed": 5.0, "segments": 2, "commits": ["a", "b"], "processes": [4, None]})
+    assert shared.processes == [4, None, 2] and shared.state_dict()["processes"] == [4, None, 2]
 
 
 def test_config_error_in_process_is_one_line(tmp_path, capsys):
