@@ -61,6 +61,15 @@ DENSE = {
 
 
 LRA_TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
+DEIT_S = dict(name="deit_s", B=256, H=6, N=197, d=64, m=25, k=25, layout="official", grid=(14, 14))
+# The training set's fixed points (the LRA shapes are read from the experiment files, lra_points).
+TRAINING_POINTS = [
+    DEIT_S,
+    dict(name="seg_1025", B=64, H=6, N=1025, d=64, m=49, k=49, layout="official", grid=(32, 32)),
+    dict(name="B8_N4096", B=8, H=2, N=4096, d=64, m=32, k=32, layout="1d"),
+    dict(name="N16384", B=1, H=2, N=16384, d=64, m=64, k=64, layout="1d"),
+    dict(name="N65536", B=1, H=2, N=65536, d=64, m=128, k=128, layout="1d"),
+]
 
 
 def lra_points() -> list[dict]:
@@ -86,20 +95,11 @@ def lra_points() -> list[dict]:
 
 def shapes(max_n: int, point_set: str = "long") -> list[dict]:
     """Benchmark points of ``point_set`` (``long`` or ``training``, see the module docstring); ``max_n`` caps N."""
-    deit = dict(name="deit_s", B=256, H=6, N=197, d=64, m=25, k=25, layout="official", grid=(14, 14))
     if point_set == "training":
-        pts = [
-            deit,
-            dict(name="seg_1025", B=64, H=6, N=1025, d=64, m=49, k=49, layout="official", grid=(32, 32)),
-            dict(name="B8_N4096", B=8, H=2, N=4096, d=64, m=32, k=32, layout="1d"),
-            dict(name="N16384", B=1, H=2, N=16384, d=64, m=64, k=64, layout="1d"),
-            dict(name="N65536", B=1, H=2, N=65536, d=64, m=128, k=128, layout="1d"),
-            *lra_points(),
-        ]
-        return [p for p in pts if p["N"] <= max_n]
+        return [p for p in [*TRAINING_POINTS, *lra_points()] if p["N"] <= max_n]
     if point_set != "long":
         raise ValueError(f"point_set must be 'long' or 'training', got {point_set!r}")
-    pts = [deit]
+    pts = [DEIT_S]
     n = 1024
     while n <= max_n:
         mk = int(math.sqrt(n / 4))
@@ -137,13 +137,16 @@ def dense_fn(q, k, v, backend):
     return f
 
 
+def point_landmarks(q: torch.Tensor, p: dict) -> torch.Tensor:
+    """The landmarks of a point's MiTA call, pooled from q as its layer pools them (bench_op.py and profiler.py)."""
+    if p["layout"] == "official":
+        return pool_landmarks(q, p["m"], layout="official", grid=p["grid"], num_prefix_tokens=1)
+    return pool_landmarks(q, p["m"], layout="1d")
+
+
 def mita_fn(q, k, v, p, backend):
     def f():
-        if p["layout"] == "official":
-            r = pool_landmarks(q, p["m"], layout="official", grid=p["grid"], num_prefix_tokens=1)
-        else:
-            r = pool_landmarks(q, p["m"], layout="1d")
-        return mita_attention(q, k, v, r, p["k"], backend=backend)
+        return mita_attention(q, k, v, point_landmarks(q, p), p["k"], backend=backend)
 
     return f
 

@@ -73,9 +73,11 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
+from bench_op import TRAINING_POINTS, lra_points, point_landmarks  # noqa: E402
 from common import cuda_time  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
+from mita.ops.mita.api import mita_attention  # noqa: E402
 from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
 from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
 from mita.ops.mita.triton import op as tmop  # noqa: E402
@@ -83,34 +85,42 @@ from mita.ops.mita.triton import plan as tplan  # noqa: E402
 from mita.ops.mita.triton import routing as trt  # noqa: E402
 from mita.ops.mita.triton import short as ts  # noqa: E402
 from mita.ops.mita.triton import topk as ttk  # noqa: E402
-from mita.ops.mita.api import mita_attention  # noqa: E402
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 # ---- kernels: torch.profiler tables ----------------------------------------------------------------------------------
 
-POINTS = {
-    "deit_s": dict(B=256, H=6, N=197, m=25, k=25),
-    "N4096": dict(B=1, H=2, N=4096, m=32, k=32),
-    "N65536": dict(B=1, H=2, N=65536, m=128, k=128),
-    # Figure F's MiTA layer at 64K (batch 16): 32 heads of rows, GPU-bound.
-    "N65536xB16": dict(B=16, H=2, N=65536, m=128, k=128),
-    "N262144": dict(B=1, H=2, N=1 << 18, m=256, k=256),
-    "N1048576": dict(B=1, H=2, N=1 << 20, m=512, k=512),
+# bench_op.py's training points (deit_s, seg_1025, B8_N4096, N16384, N65536, and lra_<task> read from the LRA
+# experiment files) and these long rows (B 1, H 2 but for Figure F's layer at 64K, batch 16: GPU-bound).
+LONG_POINTS = {
+    p["name"]: dict(p, d=64, layout="1d")
+    for p in (
+        dict(name="N4096", B=1, H=2, N=4096, m=32, k=32),
+        dict(name="N65536xB16", B=16, H=2, N=65536, m=128, k=128),
+        dict(name="N262144", B=1, H=2, N=1 << 18, m=256, k=256),
+        dict(name="N1048576", B=1, H=2, N=1 << 20, m=512, k=512),
+    )
 }
+POINT_NAMES = "deit_s, seg_1025, B8_N4096, N16384, N65536, lra_<task>, " + ", ".join(LONG_POINTS)
+
+
+def point(name: str) -> dict:
+    """A benchmark point by name (the LRA shapes compose their experiment files, so they need Hydra)."""
+    pts = {p["name"]: p for p in TRAINING_POINTS} | LONG_POINTS
+    if name.startswith("lra_"):
+        pts |= {p["name"]: p for p in lra_points()}
+    if name not in pts:
+        raise SystemExit(f"unknown point {name!r}; known: {POINT_NAMES}")
+    return pts[name]
 
 
 def make_fns(p: dict, backend: str):
-    B, H, N, d = p["B"], p["H"], p["N"], 64
+    B, H, N, d = p["B"], p["H"], p["N"], p["d"]
     q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
 
     def mita():
-        if N == 197:
-            r = pool_landmarks(q, p["m"], layout="official", grid=(14, 14), num_prefix_tokens=1)
-        else:
-            r = pool_landmarks(q, p["m"], layout="1d")
-        return mita_attention(q, k, v, r, p["k"], backend=backend)
+        return mita_attention(q, k, v, point_landmarks(q, p), p["k"], backend=backend)
 
     def dense():
         return F.scaled_dot_product_attention(q, k, v)
@@ -188,9 +198,9 @@ def profile_layers(names: list[str], labels: list[str]) -> None:
 # ---- stages: each forward stage alone --------------------------------------------------------------------------------
 
 
-def profile_point(name: str, B: int, H: int, N: int, m: int, k: int) -> None:
-    """Print the median time of each forward stage at one shape (bf16, d 64, S 1)."""
-    BH, d = B * H, 64
+def profile_point(name: str, B: int, H: int, N: int, m: int, k: int, d: int = 64) -> None:
+    """Print the median time of each forward stage at one shape (bf16, S 1)."""
+    BH = B * H
     q, kk, v = (torch.randn(BH, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     r = torch.randn(BH, m, d, device="cuda", dtype=torch.bfloat16)
     idx = ttk.exact_topk(r, kk, None, k)
@@ -345,16 +355,13 @@ def launch_costs() -> None:
 
 
 def host_point(name: str) -> None:
-    p = POINTS[name]
-    B, H, N, d, m, k = p["B"], p["H"], p["N"], 64, p["m"], p["k"]
+    p = point(name)
+    B, H, N, d, m, k = p["B"], p["H"], p["N"], p["d"], p["m"], p["k"]
     BH = B * H
     q, kk, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    grid = (14, 14) if N == 197 else None
 
     def pool():
-        if grid is not None:
-            return pool_landmarks(q, m, layout="official", grid=grid, num_prefix_tokens=1)
-        return pool_landmarks(q, m, layout="1d")
+        return point_landmarks(q, p)
 
     r = pool()
     qf, kf, vf, rf = q.view(BH, N, d), kk.view(BH, N, d), v.view(BH, N, d), r.reshape(BH, m, d)
@@ -463,7 +470,7 @@ def run_kernels(args) -> None:
             torch.cuda.empty_cache()
         return
     for name in args.points.split(","):
-        p = POINTS[name]
+        p = point(name)
         fns = make_fns(p, args.backend)
         for fname, fn in fns.items():
             if fname.startswith("dense") and p["N"] > 1 << 18:
@@ -484,18 +491,15 @@ def run_kernels(args) -> None:
 
 def run_stages(args) -> None:
     for name in args.points.split(","):
-        if name not in POINTS:
-            raise SystemExit(f"unknown point {name!r}; known: {sorted(POINTS)}")
-        p = POINTS[name]
+        p = point(name)
         if p["N"] <= args.max_n:
-            profile_point(name, p["B"], p["H"], p["N"], p["m"], p["k"])
+            profile_point(name, p["B"], p["H"], p["N"], p["m"], p["k"], p["d"])
             torch.cuda.empty_cache()
 
 
 def run_memory(args) -> None:
     for name in args.points.split(","):
-        p = dict(POINTS[name], d=64)
-        fns = make_fns(p, "triton")
+        fns = make_fns(point(name), "triton")
         for label, fn in fns.items():
             peak, rows = peak_breakdown(fn, no_grad=label.endswith("fwd"))
             print(f"== {name} {label}: peak {peak:.1f} MiB above the call's start")
@@ -574,7 +578,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("kernels", help="per-kernel GPU time (torch.profiler)")
-    p.add_argument("--points", default="deit_s,N65536", help=f"names among {sorted(POINTS)}")
+    p.add_argument("--points", default="deit_s,N65536", help=f"names among {POINT_NAMES}")
     p.add_argument("--backend", default="triton")
     p.add_argument("--figf", default="", help="N:batch,... profile one forward of Figure F's MiTA model instead")
     p.add_argument("--compile", action="store_true", help="with --figf: torch.compile the model first")
@@ -587,14 +591,14 @@ def main(argv=None) -> None:
     p.set_defaults(run=run_kernels)
     p = sub.add_parser("stages", help="each forward stage and each top-k pass timed alone")
     p.add_argument("--max-n", type=int, default=1 << 20)
-    p.add_argument("--points", default="deit_s,N65536,N262144,N1048576", help=f"names among {sorted(POINTS)}")
+    p.add_argument("--points", default="deit_s,N65536,N262144,N1048576", help=f"names among {POINT_NAMES}")
     p.set_defaults(run=run_stages)
     p = sub.add_parser("memory", help="the blocks live at the peak of one call, with the code that made them")
-    p.add_argument("--points", default="N65536,N262144", help=f"names among {sorted(POINTS)}")
+    p.add_argument("--points", default="N65536,N262144", help=f"names among {POINT_NAMES}")
     p.add_argument("--top", type=int, default=10)
     p.set_defaults(run=run_memory)
     p = sub.add_parser("host", help="host (launch) time of each forward stage, launch costs, cProfile")
-    p.add_argument("--points", default="deit_s,N65536,N262144", help=f"names among {sorted(POINTS)}")
+    p.add_argument("--points", default="deit_s,N65536,N262144", help=f"names among {POINT_NAMES}")
     p.set_defaults(run=run_host)
     p = sub.add_parser("ncu", help="one MiTA call inside a CUDA profiler range (run under Nsight Compute)")
     p.add_argument("--n", type=int, default=65536)

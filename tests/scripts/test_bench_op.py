@@ -52,3 +52,14 @@ def test_csv_names(bench):
     assert bench.csv_name("long", ["cuda_graph_queued"]) == "op_bench_cuda_graph_queued.csv"
     assert bench.csv_name("training", ["eager", "cuda_graph_queued"]) == "op_bench_training_eager_cuda_graph_queued.csv"
     assert bench.csv_name("long", ["eager"], rho=0.9, block_top=2) == "op_bench_rho0.9_top2.csv"
+
+
+def test_profiler_takes_the_same_points(monkeypatch):
+    """profiler.py names the benchmark's points (training set, LRA shapes on demand, long rows) and refuses others."""
+    prof = fresh_bench_script(monkeypatch, "profiler")
+    bench = __import__("bench_op")
+    assert prof.point("seg_1025") is next(p for p in bench.TRAINING_POINTS if p["name"] == "seg_1025")
+    assert (prof.point("lra_text")["N"], prof.point("lra_text")["d"]) == (4096, 128)
+    assert prof.point("N1048576")["m"] == 512 and prof.point("N1048576")["d"] == 64
+    with pytest.raises(SystemExit, match="unknown point"):
+        prof.point("N999")
