@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from mita.layers.base import AttentionBase
 from mita.layers.full import nonempty_key_padding_mask
+from mita.ops import row_topk_bias
 from mita.registry import register_attention
-
 
 # Entries of one chunk's [B, H, c, M] score / mask tensors (2^28: 0.5 GiB of bf16 scores); sets the automatic
 # query chunk, so a training step at Long Range Arena or DeiT sizes is one chunk.
@@ -46,11 +46,12 @@ def topk_attention(
 ) -> torch.Tensor:
     """Each query attends, with one softmax, to its own ``topk`` highest-scoring valid keys.
 
-    Scores are computed densely (quadratic time) to select the keys, without gradient; the attention over the
-    selected keys is one masked SDPA call per chunk of queries, so working memory is O(B * H * chunk * M).
-    With ``topk >=`` the number of valid keys the result equals full softmax attention. The selection is not
-    differentiated (as in the paper); gradients flow through the selected scores and values. Ties are broken by
-    ``torch.topk``. No host synchronisation.
+    Scores are computed densely (quadratic time) to select the keys, without gradient; the selection
+    (:func:`mita.ops.row_topk_bias`: one Triton kernel on CUDA) writes the additive mask of one masked SDPA call per
+    chunk of queries, so working memory is O(B * H * chunk * M). With ``topk >=`` the number of valid keys the
+    result equals full softmax attention. The selection is not differentiated (as in the paper); gradients flow
+    through the selected scores and values. Ties at the k-th score go to the lower key index. No host
+    synchronisation.
 
     Args:
         q, k, v: [B, H, N, d] (k and v may have a different length M from q).
@@ -78,12 +79,9 @@ def topk_attention(
             scores = q_chunk @ k.transpose(-2, -1)
             if key_padding_mask is not None:
                 scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-            idx = scores.topk(kk, dim=-1).indices
-            # Additive bias: 0 on the selected keys, -inf elsewhere (SDPA runs a float mask faster than a bool one).
-            bias = torch.full_like(scores, float("-inf"), dtype=q.dtype).scatter_(-1, idx, 0.0)
-            # Padded keys score -inf, so they are picked only when fewer than kk keys are valid; drop them then.
-            if key_padding_mask is not None:
-                bias.masked_fill_(key_padding_mask[:, None, None, :], float("-inf"))
+            # Additive bias: 0 on the selected keys, -inf elsewhere (SDPA runs a float mask faster than a bool one);
+            # padded keys score -inf and are never selected.
+            bias = row_topk_bias(scores, kk, dtype=q.dtype)
             del scores
         outputs.append(masked_sdpa(q_chunk, k, v, bias, scale, dropout_p))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)

@@ -1,7 +1,8 @@
-"""Functions on tensors: the MiTA operator and landmark pooling."""
+"""Functions on tensors: the MiTA operator, landmark pooling and per-row top-k selection."""
 
 from mita.ops.landmarks import pool_landmarks
 from mita.ops.mita import list_backends, mita_attention, mita_attention_pooled, naive_mita, register_backend
+from mita.ops.row_topk import row_topk_bias
 
 __all__ = [
     "list_backends",
@@ -10,4 +11,5 @@ __all__ = [
     "naive_mita",
     "pool_landmarks",
     "register_backend",
+    "row_topk_bias",
 ]

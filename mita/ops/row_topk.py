@@ -1,0 +1,136 @@
+"""Per-row top-k as an additive attention bias: 0 on each row's k largest entries, -inf elsewhere.
+
+``row_topk_bias(scores, k)`` is the selection step of per-query top-k attention (mita.layers.topk): each score row
+keeps its ``k`` largest finite entries (ties at the k-th value go to the lower column index), so exactly
+``min(k, finite entries)`` columns get 0 and the rest -inf. On CUDA (or the CPU under ``TRITON_INTERPRET=1``) rows
+of up to ``MAX_COLS`` columns take one Triton kernel that holds a block of rows on chip, finds each row's k-th
+largest value by bisection on order-preserving int32 keys and writes the bias directly; other calls take
+``torch.sort`` (stable, so the same ties). Both read the scores once and allocate only the output.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton ships with torch on Linux
+    triton = None
+
+# Longest rows the kernel holds on chip (elements per program: rows x padded columns).
+MAX_COLS = 8192
+_ELEMENTS = 8192
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def kernel_supported(scores: torch.Tensor) -> bool:
+    """Whether :func:`row_topk_bias` runs its Triton kernel on ``scores`` (CUDA, or the CPU when interpreting)."""
+    if triton is None or scores.dim() < 1 or scores.shape[-1] > MAX_COLS or scores.numel() == 0:
+        return False
+    if scores.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    return scores.is_cuda or (scores.device.type == "cpu" and _interpreting())
+
+
+def row_topk_bias(scores: torch.Tensor, k: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Additive bias selecting each row's ``k`` largest finite scores.
+
+    Args:
+        scores: ``[..., M]`` float scores; -inf (and NaN) entries are never selected (mask padding with -inf).
+        k: entries kept per row (>= 1); a row with fewer finite entries keeps all of them.
+        dtype: the bias dtype (default: the scores' dtype).
+
+    Returns:
+        ``[..., M]`` tensor of 0 (selected) and -inf, in ``dtype``. Ties at the k-th largest value are kept
+        in column order (the lower index first). No gradient, no host synchronisation.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    dtype = scores.dtype if dtype is None else dtype
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    with torch.no_grad():
+        if kernel_supported(scores):
+            return _kernel_bias(scores, k, dtype)
+        return _sort_bias(scores, k, dtype)
+
+
+def _sort_bias(scores: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """The reference: a stable descending sort (ties in column order), the first k finite entries kept."""
+    s = scores.float()
+    s = s.masked_fill(s.isnan(), float("-inf"))
+    kk = min(k, s.shape[-1])
+    order = torch.sort(s, dim=-1, descending=True, stable=True).indices[..., :kk]
+    keep = torch.zeros_like(s, dtype=torch.bool).scatter_(-1, order, True) & (s > float("-inf"))
+    return torch.zeros(s.shape, dtype=dtype, device=s.device).masked_fill_(~keep, float("-inf"))
+
+
+def _kernel_bias(scores: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    shape = scores.shape
+    cols = shape[-1]
+    rows = scores.reshape(-1, cols)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape, dtype=dtype, device=scores.device)
+    block_c = triton.next_power_of_2(cols)
+    block_r = max(1, min(16, _ELEMENTS // block_c))
+    grid = (triton.cdiv(rows.shape[0], block_r),)
+    _row_topk_bias_kernel[grid](
+        rows,
+        out,
+        rows.shape[0],
+        cols,
+        min(k, cols),
+        rows.stride(0),
+        out.stride(0),
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=4 if block_r * block_c <= 4096 else 8,
+    )
+    return out.view(shape)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _row_topk_bias_kernel(S, OUT, R, C, K, s_stride, o_stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Rows [pid * BLOCK_R, +BLOCK_R): bias 0 on each row's K largest finite scores (ties: lower column),
+        -inf elsewhere."""
+        pid = tl.program_id(0)
+        r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+        c = tl.arange(0, BLOCK_C)
+        inside = (r[:, None] < R) & (c[None, :] < C)
+        s = tl.load(S + r[:, None].to(tl.int64) * s_stride + c[None, :], mask=inside, other=float("-inf"))
+        s = s.to(tl.float32)
+        valid = inside & (s > float("-inf"))  # NaN compares False: never selected
+        s = tl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: equal scores, equal keys
+        bits = s.to(tl.int32, bitcast=True)
+        # Order-preserving int32 key: non-negative floats keep their bits, negative ones flip all but the sign.
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        key = tl.where(valid, key, -2147483648)
+        n_valid = tl.sum(valid.to(tl.int32), axis=1)
+        kk = tl.minimum(n_valid, K)
+        # Largest t with count(key >= t) >= kk, by bisection on [lo, hi): count(key >= lo) >= kk, count(>= hi) < kk.
+        lo = tl.min(tl.where(valid, key, 2147483647), axis=1).to(tl.int64)
+        hi = tl.max(key, axis=1).to(tl.int64) + 1
+        for _ in range(32):
+            mid = lo + (hi - lo) // 2
+            # lo <= mid < hi <= 2^31 whenever the row has a valid entry, so mid fits int32.
+            cnt = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)
+            ok = cnt >= kk
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        t = lo.to(tl.int32)
+        above = valid & (key > t[:, None])
+        ties = valid & (key == t[:, None])
+        need = kk - tl.sum(above.to(tl.int32), axis=1)
+        rank = tl.cumsum(ties.to(tl.int32), axis=1)
+        keep = above | (ties & (rank <= need[:, None]))
+        bias = tl.where(keep, 0.0, float("-inf"))
+        tl.store(OUT + r[:, None].to(tl.int64) * o_stride + c[None, :], bias.to(OUT.dtype.element_ty), mask=inside)
