@@ -63,3 +63,21 @@ def test_profiler_takes_the_same_points(monkeypatch):
     assert prof.point("N1048576")["m"] == 512 and prof.point("N1048576")["d"] == 64
     with pytest.raises(SystemExit, match="unknown point"):
         prof.point("N999")
+
+
+def test_speed_survey_names_known_points_and_experiments(monkeypatch):
+    """scripts/gpu/speed_survey.sh (GPU only) names points profiler.py knows and experiment files that exist."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "scripts" / "gpu" / "speed_survey.sh").read_text()
+    prof = fresh_bench_script(monkeypatch, "profiler")
+    names = re.search(r"points=\$\{POINTS:-([^}]*)\}", text).group(1).split(",")
+    assert {p["name"] for p in prof.point.__globals__["TRAINING_POINTS"]} <= set(names)
+    for name in names + re.search(r"HOST_POINTS:-([^}]*)\}", text).group(1).split(","):
+        assert prof.point(name)["name"] == name
+    experiments = re.findall(r"lra/[a-z]+-[a-z_]+", text)
+    assert len(experiments) == 8
+    for exp in experiments:
+        assert (root / "configs" / "experiment" / f"{exp}.yaml").exists(), exp

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Where MiTA stands against dense attention at the lengths where the paper trains, in one GPU call (about 8 min on
+# one H200): the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel
+# GPU time and launch sequence of each point, the host time of each forward stage, and whole LRA training steps
+# (full attention, MiTA, per-query top-k and MoBA of ListOps and Pathfinder; every Table D row with FULL_TABLE=1).
+# Each step's output goes to OUT as it finishes, so a call cut at its limit still returns what ran.
+#
+#   MITA_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/speed_survey.sh OUT
+#
+# Needs hydra-core and omegaconf importable (the LRA shapes are read from the experiment files).
+set -o pipefail
+out=${1:?usage: speed_survey.sh OUT}
+mkdir -p "$out"
+commit=${MITA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache-survey}
+points=${POINTS:-deit_s,seg_1025,B8_N4096,N16384,N65536,lra_listops,lra_text,lra_retrieval,lra_image,lra_pathfinder}
+step() {  # step NAME LIMIT_S COMMAND...: run one part, its log in OUT/NAME.log, never longer than LIMIT_S
+  local name=$1 limit=$2
+  shift 2
+  local t0
+  t0=$(date +%s)
+  echo "== $name (limit $limit s, commit $commit)"
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  echo "   exit $?, $(($(date +%s) - t0)) s"
+}
+{
+  echo "commit $commit, $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} >"$out/environment.txt" 2>&1
+step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
+  --timing eager,cuda_graph_queued --backends triton
+step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
+step host "${HOST_S:-60}" python3 scripts/bench/profiler.py host --points "${HOST_POINTS:-deit_s,B8_N4096,lra_listops}"
+if [ -n "${FULL_TABLE:-}" ]; then
+  step lra_time "${LRA_S:-180}" python3 scripts/lra_time.py --table D --out "$out/lra_time.csv"
+else
+  step lra_time "${LRA_S:-120}" python3 scripts/lra_time.py --out "$out/lra_time.csv" --experiments \
+    lra/listops-full lra/listops-mita lra/listops-topk lra/listops-moba \
+    lra/pathfinder-full lra/pathfinder-mita lra/pathfinder-topk lra/pathfinder-moba
+fi
+tail -n 25 "$out/op_bench.log"
+tail -n 12 "$out/lra_time.log"
