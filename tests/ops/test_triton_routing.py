@@ -168,7 +168,7 @@ def _mixed_rows_padding(N):
 
 
 @pytest.mark.parametrize("pad", [False, True])
-def test_exact_topk_long_rows_atomic_and_fallback_rows_in_one_tile(pad, block_top):
+def test_exact_topk_long_rows_select_and_fallback_rows_in_one_tile(pad, block_top):
     N, d, topk = 700, 32, 8
     r, k = _mixed_rows_inputs(N, d)
     valid = _mixed_rows_padding(N) if pad else None
@@ -726,7 +726,7 @@ def test_gpu_exact_topk_and_route(N, M, topk):
 @pytest.mark.parametrize("N,M", [(65536, 128), (262144, 256)])
 @pytest.mark.parametrize("cap", [None, "k"])
 @pytest.mark.parametrize("bt", [1, 2])
-def test_gpu_exact_topk_atomic_and_fallback_paths(monkeypatch, N, M, cap, bt):
+def test_gpu_exact_topk_select_and_fallback_paths(monkeypatch, N, M, cap, bt):
     # Integer scores over a wider range (fewer ties): with the default list every row takes the select kernel's
     # emission; with cap = k most rows take the refinement and ordered emission. Both equal a stable sort.
     r = _ints((2, M, 64), -8, 9, N + 2, torch.bfloat16)
