@@ -228,9 +228,9 @@ def read_rows(path: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def add_run(out: str, run: str, paths: list[str], commit: str = "") -> None:
-    """Append ``paths`` (one run's CSVs) to ``out``/history.csv and make them the current CSVs of their
-    benchmarks."""
+def add_run(out: str, run: str, paths: list[str], commit: str = "", current: bool = True) -> None:
+    """Append ``paths`` (one run's CSVs) to ``out``/history.csv and (``current``) make them the current CSVs of
+    their benchmarks."""
     history = read_rows(os.path.join(out, HISTORY))
     by_bench: dict[str, list[dict]] = {}
     for p in paths:
@@ -240,7 +240,7 @@ def add_run(out: str, run: str, paths: list[str], commit: str = "") -> None:
     write_rows(os.path.join(out, HISTORY), [{k: v for k, v in r.items() if v is not None} for r in history],
                HISTORY_FIRST)  # fmt: skip
     for bench, rows in by_bench.items():
-        if bench:
+        if bench and current:
             current = [{"run": r["run"], **{k: v for k, v in r.items() if k not in HISTORY_FIRST}} for r in rows]
             write_rows(os.path.join(out, CURRENT[bench]), current, ["run"])
 
@@ -280,17 +280,85 @@ FILES_NOTE = """Files:
 Commands: docs/kernels.md; what each run changed and measured: notes/kernels-notes.md."""
 
 
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+SPEED_BEGIN = "<!-- speed table: begin (scripts/bench/make_report.py) -->"
+SPEED_END = "<!-- speed table: end -->"
+SPEED_TIMINGS = (("eager", "eager"), ("cuda_graph_queued", "CUDA graph"))
+
+
+def speed_table(history: list[dict]) -> str:
+    """MiTA (Triton) against the fastest dense SDPA backend of the same run and timing, per op benchmark point:
+    the newest eager row beside the newest CUDA-graph (queued) row of history.csv, each with its run and commit."""
+    newest: dict[tuple[str, str], dict] = {}
+    for r in history:
+        if r.get("benchmark") != "op" or r.get("method") != "mita_triton" or num(r.get("fwd_ms")) is None:
+            continue
+        key = (r["point"], r.get("timing") or "eager")
+        if key not in newest or (run_order(r["run"]), r.get("date", "")) >= (
+            run_order(newest[key]["run"]),
+            newest[key].get("date", ""),
+        ):
+            newest[key] = r
+    points = sorted({p for p, _ in newest}, key=lambda p: (p != "deit_s", int(p[1:]) if p[1:].isdigit() else 0, p))
+    head = "| point (B x H, N, d, m, k) |"
+    rule = "|---|"
+    for _, label in SPEED_TIMINGS:
+        head += f" {label}: MiTA fwd / fwd+bwd ms | speed-up fwd / fwd+bwd | run, commit, date |"
+        rule += "---|---|---|"
+    out = [head, rule]
+    for p in points:
+        first = next(newest[(p, t)] for t, _ in SPEED_TIMINGS if (p, t) in newest)
+        shape = f"{p} ({first['B']} x {first['H']}, {first['N']}, {first['d']}, {first['m']}, {first['k']})"
+        cells = [shape]
+        for t, _ in SPEED_TIMINGS:
+            r = newest.get((p, t))
+            if r is None:
+                cells += ["—", "—", "—"]
+                continue
+            cells += [
+                f"{cell(r, 'fwd_ms')} / {cell(r, 'fwdbwd_ms')}",
+                f"{cell(r, 'speedup_fwd', 2)}x / {cell(r, 'speedup_fwdbwd', 2)}x",
+                f"{r['run']}, {(r.get('commit') or '?')[:7]}, {r.get('date', '')[:10]}",
+            ]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def write_speed_table(readme: str, table: str) -> bool:
+    """Replace the block between the speed-table markers of ``readme`` by ``table``; False if there are none."""
+    with open(readme) as f:
+        text = f.read()
+    if SPEED_BEGIN not in text or SPEED_END not in text:
+        return False
+    head, rest = text.split(SPEED_BEGIN, 1)
+    tail = rest.split(SPEED_END, 1)[1]
+    with open(readme, "w") as f:
+        f.write(f"{head}{SPEED_BEGIN}\n\n{table}\n\n{SPEED_END}{tail}")
+    return True
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.normpath(BENCH_DIR), help="results/bench")
     ap.add_argument("--add-run", metavar="RUN", help="a run's name (h200_runN): add the CSVs given to the history")
     ap.add_argument("--commit", default="", help="with --add-run: the commit the run measured")
     ap.add_argument("csvs", nargs="*", help="with --add-run: the run's benchmark CSVs")
+    ap.add_argument(
+        "--readme",
+        default=None,
+        help="the README whose speed table is regenerated from history.csv (default: the repository's README when "
+        "--out is results/bench, else none)",
+    )
+    ap.add_argument(
+        "--history-only",
+        action="store_true",
+        help="with --add-run: add the CSVs to history.csv only (a partial run: the current CSVs stay as they are)",
+    )
     args = ap.parse_args(argv)
     if args.add_run:
         if not args.csvs:
             raise SystemExit("--add-run needs the run's CSVs")
-        add_run(args.out, args.add_run, args.csvs, args.commit)
+        add_run(args.out, args.add_run, args.csvs, args.commit, current=not args.history_only)
     elif args.csvs:
         raise SystemExit("CSVs are taken with --add-run only")
     cur = {b: os.path.join(args.out, name) for b, name in CURRENT.items()}
@@ -301,12 +369,14 @@ def main(argv=None) -> None:
         md += [layers_table(read([cur["layers"]])), ""]
     if os.path.exists(cur["figf"]):
         md += [figf_table(read([cur["figf"]])), ""]
+    all_history = read([os.path.join(args.out, HISTORY)]) if os.path.exists(os.path.join(args.out, HISTORY)) else []
+    readme = args.readme
+    if readme is None and os.path.abspath(args.out) == os.path.abspath(BENCH_DIR):
+        readme = os.path.normpath(README)
+    if all_history and readme and os.path.exists(readme) and not write_speed_table(readme, speed_table(all_history)):
+        raise SystemExit(f"{readme}: no speed-table markers ({SPEED_BEGIN} ... {SPEED_END})")
     # The figure: each run's published Figure F CSVs (a run folder's top level; not its calls' partial repeats).
-    history = [
-        r
-        for r in read([os.path.join(args.out, HISTORY)])
-        if r.get("benchmark") == "figf" and r.get("source", "").count("/") == 1
-    ]
+    history = [r for r in all_history if r.get("benchmark") == "figf" and r.get("source", "").count("/") == 1]
     if history:
         figf_plot(history, os.path.join(args.out, "figf.png"))
         md += ["![Figure F](figf.png)", ""]

@@ -126,3 +126,41 @@ def test_report_add_run_updates_history_and_current_csvs(report, tmp_path):
     assert "| N65536 | h200_run26 | cuda_graph | mita_triton | 0.100 | 0.500 |" in text
     assert "| 65536 | h200_run25 | eager+compile | full (cudnn) |" in text and "![Figure F](figf.png)" in text
     assert (out / "figf.png").stat().st_size > 0
+
+
+def test_speed_table_puts_newest_eager_beside_newest_graph(report, tmp_path):
+    """README's speed table: per point the newest eager and the newest CUDA-graph (queued) MiTA rows of the history,
+    each with its own run; --history-only adds a run without replacing the current CSVs."""
+    env = "B,H,N,d,m,k,date,gpu,driver,torch,triton"
+    head = f"point,method,timing,fwd_ms,fwdbwd_ms,speedup_fwd,speedup_fwdbwd,{env}\n"
+    at = "1,2,4096,64,32,32,2026-12-0{}T00:00:00Z,g,d,t,tr\n"
+    out = tmp_path / "bench"
+    out.mkdir()
+    runs = {
+        "h200_run9": "N4096,mita_triton,eager,2.0,4.0,0.1,0.2," + at.format(1),
+        "h200_run10": "N4096,mita_triton,cuda_graph_queued,0.07,0.15,0.5,0.9,"
+        + at.format(2)
+        + "N4096,dense_cudnn,cuda_graph_queued,0.04,0.14,,,"
+        + at.format(2),
+        "h200_run11": "N4096,mita_triton,eager,1.0,2.0,0.2,0.4," + at.format(3),
+    }
+    for i, (run, rows) in enumerate(runs.items()):
+        csv_path = tmp_path / run / "op_bench.csv"
+        csv_path.parent.mkdir()
+        csv_path.write_text(head + rows)
+        only = ["--history-only"] if i == 2 else []
+        report.main(["--out", str(out), "--add-run", run, "--commit", f"c{i}", *only, str(csv_path)])
+    assert [r["run"] for r in report.read_rows(str(out / "op_bench.csv"))] == ["h200_run10"] * 2  # run 11: history only
+    readme = tmp_path / "README.md"
+    readme.write_text(f"top\n{report.SPEED_BEGIN}\nold\n{report.SPEED_END}\nbottom\n")
+    report.main(["--out", str(out), "--readme", str(readme)])
+    text = readme.read_text()
+    assert text.startswith("top\n") and text.endswith("bottom\n") and "old" not in text
+    line = next(x for x in text.splitlines() if x.startswith("| N4096"))
+    assert line == (
+        "| N4096 (1 x 2, 4096, 64, 32, 32) | 1.000 / 2.000 | 0.20x / 0.40x | h200_run11, c2, 2026-12-03 "
+        "| 0.070 / 0.150 | 0.50x / 0.90x | h200_run10, c1, 2026-12-02 |"
+    )
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no speed-table markers"):
+        report.main(["--out", str(out), "--readme", str(readme)])
