@@ -113,3 +113,18 @@ def test_gpu_kernel_equals_sort(shape, k):
     s[0, 0, :, shape[-1] // 3 :] = INF
     got = row_topk_bias(s, k)
     assert torch.equal(got, row_topk._sort_bias(s, k, s.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 3e4])
+def test_extreme_and_subnormal_scores(dtype, scale):
+    """Half-precision keys are bisected on their top bits only: subnormals, the largest finite values and tiny
+    differences keep their order."""
+    g = torch.Generator().manual_seed(int(scale * 7) + 3)
+    s = torch.randn(32, 300, generator=g) * scale
+    big = torch.finfo(dtype).max
+    tiny = torch.finfo(dtype).smallest_normal / 4  # a subnormal of the dtype
+    s[:, :6] = torch.tensor([big, -big, tiny, -tiny, 0.0, -0.0])
+    s = s.to(dtype)
+    for k in (1, 7, 150, 299):
+        assert torch.equal(row_topk_bias(s, k), row_topk._sort_bias(s, k, dtype)), k
