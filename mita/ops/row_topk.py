@@ -89,9 +89,8 @@ def _kernel_bias(scores: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tens
         min(k, cols),
         rows.stride(0),
         out.stride(0),
-        # bf16 / fp16 scores widen to float32 with 16 / 13 trailing zero bits: their keys differ only above those,
-        # so the bisection runs on the key's top bits alone (16 / 19 steps instead of 32).
-        SHIFT={torch.bfloat16: 16, torch.float16: 13}.get(rows.dtype, 0),
+        # 16-bit scores (bf16, fp16) have 16-bit keys: 16 bisection steps instead of 32.
+        BITS=16 if rows.element_size() == 2 else 32,
         BLOCK_R=block_r,
         BLOCK_C=block_c,
         num_warps=4 if block_r * block_c <= 4096 else 8,
@@ -103,7 +102,7 @@ if triton is not None:
 
     @triton.jit
     def _row_topk_bias_kernel(
-        S, OUT, R, C, K, s_stride, o_stride, SHIFT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
+        S, OUT, R, C, K, s_stride, o_stride, BITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
     ):
         """Rows [pid * BLOCK_R, +BLOCK_R): bias 0 on each row's K largest finite scores (ties: lower column),
         -inf elsewhere."""
@@ -111,21 +110,26 @@ if triton is not None:
         r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_C)
         inside = (r[:, None] < R) & (c[None, :] < C)
-        s = tl.load(S + r[:, None].to(tl.int64) * s_stride + c[None, :], mask=inside, other=float("-inf"))
-        s = s.to(tl.float32)
-        valid = inside & (s > float("-inf"))  # NaN compares False: never selected
-        s = tl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: equal scores, equal keys
-        bits = s.to(tl.int32, bitcast=True)
-        # Order-preserving int32 key: non-negative floats keep their bits, negative ones flip all but the sign.
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-        # The low SHIFT bits are all 0 (non-negative) or all 1 (negative), so the shifted keys keep order and ties.
-        key = tl.where(valid, key >> SHIFT, -2147483648 >> SHIFT)
+        raw = tl.load(S + r[:, None].to(tl.int64) * s_stride + c[None, :], mask=inside, other=0.0)
+        valid = inside & (raw.to(tl.float32) > float("-inf"))  # NaN compares False: never selected
+        # Order-preserving key from the score's own bits (no float arithmetic, so no flushed subnormals):
+        # non-negative floats keep their bits, negative ones flip all but the sign; -0.0 is folded onto +0.0.
+        if BITS == 16:
+            x = raw.to(tl.int16, bitcast=True).to(tl.int32)
+            x = tl.where(x == -32768, 0, x)
+            key = tl.where(x >= 0, x, x ^ 0x7FFF)
+        else:
+            x = raw.to(tl.int32, bitcast=True)
+            x = tl.where(x == -2147483648, 0, x)
+            key = tl.where(x >= 0, x, x ^ 0x7FFFFFFF)
+        key = tl.where(valid, key, -2147483648)
         n_valid = tl.sum(valid.to(tl.int32), axis=1)
         kk = tl.minimum(n_valid, K)
-        # Largest t with count(key >= t) >= kk, by bisection on [lo, hi): count(key >= lo) >= kk, count(>= hi) < kk.
-        lo = tl.min(tl.where(valid, key, 2147483647 >> SHIFT), axis=1).to(tl.int64)
+        # Largest t with count(key >= t) >= kk, by bisection on [lo, hi): count(key >= lo) >= kk, count(>= hi) < kk;
+        # hi - lo <= 2^BITS for a row with a valid entry.
+        lo = tl.min(tl.where(valid, key, 2147483647), axis=1).to(tl.int64)
         hi = tl.max(key, axis=1).to(tl.int64) + 1
-        for _ in range(32 - SHIFT):
+        for _ in range(BITS):
             mid = lo + (hi - lo) // 2
             # lo <= mid < hi <= 2^31 whenever the row has a valid entry, so mid fits int32.
             cnt = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)
