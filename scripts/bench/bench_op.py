@@ -53,6 +53,9 @@ from common import (  # noqa: E402
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
 from mita.ops.mita.api import list_backends, mita_attention  # noqa: E402
 
+# Where the inputs live (tests of the loop replace the timing and run it on the CPU).
+DEVICE = "cuda"
+
 DENSE = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -311,9 +314,9 @@ def main(argv: list[str] | None = None) -> None:
         if wanted and p["name"] not in wanted:
             continue
         B, H, N, d = p["B"], p["H"], p["N"], p["d"]
-        g = torch.Generator(device="cuda").manual_seed(N)
-        q, k, v = (correlated_tokens((B, H, N, d), args.rho, g) for _ in range(3))
-        do = torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        g = torch.Generator(device=DEVICE).manual_seed(N)
+        q, k, v = (correlated_tokens((B, H, N, d), args.rho, g, device=DEVICE) for _ in range(3))
+        do = torch.randn(B, H, N, d, device=DEVICE, dtype=torch.bfloat16, generator=g)
         ins = [t.requires_grad_() for t in (q, k, v)]
         for timing in timings:
             res = time_point(p, timing, backends, q, k, v, ins, do, args)

@@ -81,3 +81,32 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
     assert len(experiments) == 8
     for exp in experiments:
         assert (root / "configs" / "experiment" / f"{exp}.yaml").exists(), exp
+
+
+def test_main_times_every_point_in_every_mode(bench, tmp_path, monkeypatch):
+    """The run loop on the CPU with the timing replaced: every point of the set gets each dense backend and MiTA in
+    each timing mode, speed-ups against the fastest dense backend of the same point and mode, one CSV."""
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "environment", lambda: {"gpu": "none"})
+    monkeypatch.setattr(bench, "mita_correct", lambda backend: (True, "stub"))
+    monkeypatch.setattr(bench, "list_backends", lambda: ["triton", "torch"])
+    fast = {"eager": 1.0, "cuda_graph_queued": 0.5}
+
+    def measure(f, ins, do, long_run, timing="eager", reps_long=3):
+        name = f.__qualname__  # dense_fn.<locals>.f or mita_fn.<locals>.f
+        ms = fast[timing] * (2.0 if name.startswith("mita") else 1.0)
+        return {"fwd_ms": ms, "fwdbwd_ms": 3 * ms, "fwd_peak_mib": 1.0, "fwdbwd_peak_mib": 2.0}
+
+    monkeypatch.setattr(bench, "measure", measure)
+    bench.main(["--out", str(tmp_path), "--point-set", "training", "--points", "deit_s,B8_N4096",
+                "--timing", "eager,cuda_graph_queued", "--backends", "triton"])  # fmt: skip
+    import csv
+
+    with open(tmp_path / "op_bench_training_eager_cuda_graph_queued.csv") as f:
+        rows = list(csv.DictReader(f))
+    got = {(r["point"], r["timing"], r["method"]) for r in rows}
+    methods = {"dense_flash", "dense_cudnn", "dense_efficient", "mita_triton"}
+    assert got == {(p, t, m) for p in ("deit_s", "B8_N4096") for t in fast for m in methods}
+    for r in rows:
+        if r["method"] == "mita_triton":
+            assert float(r["speedup_fwd"]) == 0.5 and r["correctness"] == "PASS"
