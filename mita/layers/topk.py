@@ -77,11 +77,9 @@ def topk_attention(
         with torch.no_grad():
             # [B, H, c, M]
             scores = q_chunk @ k.transpose(-2, -1)
-            if key_padding_mask is not None:
-                scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
             # Additive bias: 0 on the selected keys, -inf elsewhere (SDPA runs a float mask faster than a bool one);
-            # padded keys score -inf and are never selected.
-            bias = row_topk_bias(scores, kk, dtype=q.dtype)
+            # padded keys are never selected.
+            bias = row_topk_bias(scores, kk, dtype=q.dtype, key_padding_mask=key_padding_mask)
             del scores
         outputs.append(masked_sdpa(q_chunk, k, v, bias, scale, dropout_p))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)

@@ -38,13 +38,20 @@ def kernel_supported(scores: torch.Tensor) -> bool:
     return scores.is_cuda or (scores.device.type == "cpu" and _interpreting())
 
 
-def row_topk_bias(scores: torch.Tensor, k: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+def row_topk_bias(
+    scores: torch.Tensor,
+    k: int,
+    dtype: torch.dtype | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Additive bias selecting each row's ``k`` largest finite scores.
 
     Args:
-        scores: ``[..., M]`` float scores; -inf (and NaN) entries are never selected (mask padding with -inf).
+        scores: ``[..., M]`` float scores; -inf (and NaN) entries are never selected.
         k: entries kept per row (>= 1); a row with fewer finite entries keeps all of them.
         dtype: the bias dtype (default: the scores' dtype).
+        key_padding_mask: ``[B, M]`` bool, True = padding (never selected), for scores ``[B, ..., M]``: the
+            same as filling the padded columns of the scores with -inf, without the pass over them.
 
     Returns:
         ``[..., M]`` tensor of 0 (selected) and -inf, in ``dtype``. Ties at the k-th largest value are kept
@@ -55,9 +62,19 @@ def row_topk_bias(scores: torch.Tensor, k: int, dtype: torch.dtype | None = None
     dtype = scores.dtype if dtype is None else dtype
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    if key_padding_mask is not None:
+        B, M = scores.shape[0], scores.shape[-1]
+        if scores.dim() < 2 or key_padding_mask.shape != (B, M) or key_padding_mask.dtype != torch.bool:
+            raise ValueError(
+                f"key_padding_mask must be a bool [B, M] = [{B}, {M}] tensor for scores of shape "
+                f"{tuple(scores.shape)}, got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+            )
     with torch.no_grad():
         if kernel_supported(scores):
-            return _kernel_bias(scores, k, dtype)
+            return _kernel_bias(scores, k, dtype, key_padding_mask)
+        if key_padding_mask is not None:
+            view = key_padding_mask.view(scores.shape[0], *([1] * (scores.dim() - 2)), scores.shape[-1])
+            scores = scores.masked_fill(view, float("-inf"))
         return _sort_bias(scores, k, dtype)
 
 
@@ -71,7 +88,9 @@ def _sort_bias(scores: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor
     return torch.zeros(s.shape, dtype=dtype, device=s.device).masked_fill_(~keep, float("-inf"))
 
 
-def _kernel_bias(scores: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+def _kernel_bias(
+    scores: torch.Tensor, k: int, dtype: torch.dtype, key_padding_mask: torch.Tensor | None
+) -> torch.Tensor:
     shape = scores.shape
     cols = shape[-1]
     rows = scores.reshape(-1, cols)
@@ -81,14 +100,20 @@ def _kernel_bias(scores: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tens
     block_c = triton.next_power_of_2(cols)
     block_r = max(1, min(16, _ELEMENTS // block_c))
     grid = (triton.cdiv(rows.shape[0], block_r),)
+    # Row i of the flattened scores belongs to batch i // rows_per_batch.
+    rows_per_batch = rows.shape[0] // max(1, shape[0]) if key_padding_mask is not None else 1
+    pad = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else out
     _row_topk_bias_kernel[grid](
         rows,
         out,
+        pad,
+        rows_per_batch,
         rows.shape[0],
         cols,
         min(k, cols),
         rows.stride(0),
         out.stride(0),
+        HAS_PAD=key_padding_mask is not None,
         # 16-bit scores (bf16, fp16) have 16-bit keys: 16 bisection steps instead of 32.
         BITS=16 if rows.element_size() == 2 else 32,
         BLOCK_R=block_r,
@@ -102,7 +127,19 @@ if triton is not None:
 
     @triton.jit
     def _row_topk_bias_kernel(
-        S, OUT, R, C, K, s_stride, o_stride, BITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
+        S,
+        OUT,
+        PAD,
+        rows_per_batch,
+        R,
+        C,
+        K,
+        s_stride,
+        o_stride,
+        HAS_PAD: tl.constexpr,
+        BITS: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_C: tl.constexpr,
     ):
         """Rows [pid * BLOCK_R, +BLOCK_R): bias 0 on each row's K largest finite scores (ties: lower column),
         -inf elsewhere."""
@@ -112,6 +149,10 @@ if triton is not None:
         inside = (r[:, None] < R) & (c[None, :] < C)
         raw = tl.load(S + r[:, None].to(tl.int64) * s_stride + c[None, :], mask=inside, other=0.0)
         valid = inside & (raw.to(tl.float32) > float("-inf"))  # NaN compares False: never selected
+        if HAS_PAD:
+            b = (r // rows_per_batch).to(tl.int64)
+            padded = tl.load(PAD + b[:, None] * C + c[None, :], mask=inside, other=1)
+            valid = valid & (padded == 0)
         # Order-preserving key from the score's own bits (no float arithmetic, so no flushed subnormals):
         # non-negative floats keep their bits, negative ones flip all but the sign; -0.0 is folded onto +0.0.
         if BITS == 16:

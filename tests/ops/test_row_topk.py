@@ -128,3 +128,27 @@ def test_extreme_and_subnormal_scores(dtype, scale):
     s = s.to(dtype)
     for k in (1, 7, 150, 299):
         assert torch.equal(row_topk_bias(s, k), row_topk._sort_bias(s, k, dtype)), k
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 5, 40), (2, 7, 300), (4, 33)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_key_padding_mask_equals_minus_inf_scores(shape, dtype, poisoned):
+    """The padding mask ([B, M], one row of it per leading index) selects as -inf scores in its columns would, in
+    the kernel and in the sort form (a strided view of the scores included)."""
+    s = scores_with_ties(shape, dtype, seed=len(shape))
+    g = torch.Generator().manual_seed(5)
+    pad = torch.rand(shape[0], shape[-1], generator=g) < 0.4
+    pad[0] = True  # a batch with every key padded selects nothing
+    view = pad.view(shape[0], *([1] * (len(shape) - 2)), shape[-1])
+    want = row_topk._sort_bias(s.masked_fill(view, INF), 9, dtype)
+    assert torch.equal(row_topk_bias(s, 9, key_padding_mask=pad), want)
+    if len(shape) > 2:
+        t = s.transpose(-2, -3).contiguous().transpose(-2, -3)  # same values, other strides
+        assert torch.equal(row_topk_bias(t, 9, key_padding_mask=pad), want)
+
+
+def test_key_padding_mask_shape_is_checked():
+    with pytest.raises(ValueError, match="key_padding_mask must be a bool"):
+        row_topk_bias(torch.zeros(2, 3, 4), 1, key_padding_mask=torch.zeros(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_padding_mask must be a bool"):
+        row_topk_bias(torch.zeros(2, 3, 4), 1, key_padding_mask=torch.zeros(2, 4))
