@@ -10,6 +10,7 @@ Usage::
 
     python scripts/lra_time.py --experiments lra/listops-full lra/listops-mita --out results/lra/time_estimate.csv
     python scripts/lra_time.py --table D          # every Table D row
+    python scripts/lra_time.py --table E          # every Table E row (arXiv, 16K-64K)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 ROWS = ("full", "mita", "mita_routing", "agent_minus", "moba", "topk")
+ARXIV_ROWS = tuple(f"arxiv/{n}-{a}" for n in ("16k", "32k", "64k") for a in ("full", "mita"))
 
 
 def compose(experiment: str, overrides: list[str]):
@@ -109,10 +111,15 @@ def time_experiment(experiment: str, steps: int, warmup: int, device: str, overr
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiments", nargs="*", default=[], help="experiment paths, e.g. lra/listops-mita")
-    parser.add_argument("--table", choices=["D"], help="every Table D row (5 tasks x 6 attentions)")
+    parser.add_argument(
+        "--table",
+        choices=["D", "E"],
+        action="append",
+        help="every row of Table D (5 tasks x 6 attentions) or E (3 lengths x full / MiTA); may be repeated",
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -120,8 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every experiment")
     args = parser.parse_args(argv)
     experiments = list(args.experiments)
-    if args.table == "D":
+    if "D" in (args.table or []):
         experiments += [f"lra/{t}-{r}" for t in TASKS for r in ROWS]
+    if "E" in (args.table or []):
+        experiments += list(ARXIV_ROWS)
     if not experiments:
         parser.error("give --experiments or --table")
     hw = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
@@ -152,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
+    return rows
 
 
 if __name__ == "__main__":

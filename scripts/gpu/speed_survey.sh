@@ -2,7 +2,8 @@
 # Where MiTA stands against dense attention at the lengths where the paper trains, in one GPU call (about 8 min on
 # one H200): the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel
 # GPU time and launch sequence of each point, the host time of each forward stage, and whole LRA training steps
-# (full attention, MiTA, per-query top-k and MoBA of ListOps and Pathfinder; every Table D row with FULL_TABLE=1).
+# (full attention, MiTA, per-query top-k and MoBA of ListOps and Pathfinder; every Table D and E row with
+# FULL_TABLE=1).
 # Each step's output goes to OUT as it finishes, so a call cut at its limit still returns what ran.
 #
 #   MITA_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/speed_survey.sh OUT
@@ -33,7 +34,7 @@ step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --po
 step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
 step host "${HOST_S:-60}" python3 scripts/bench/profiler.py host --points "${HOST_POINTS:-deit_s,B8_N4096,lra_listops}"
 if [ -n "${FULL_TABLE:-}" ]; then
-  step lra_time "${LRA_S:-180}" python3 scripts/lra_time.py --table D --out "$out/lra_time.csv"
+  step lra_time "${LRA_S:-240}" python3 scripts/lra_time.py --table D --table E --out "$out/lra_time.csv"
 else
   step lra_time "${LRA_S:-120}" python3 scripts/lra_time.py --out "$out/lra_time.csv" --experiments \
     lra/listops-full lra/listops-mita lra/listops-topk lra/listops-moba \
