@@ -2,7 +2,9 @@
 
 For each experiment file the script composes its config, builds the network, and times ``--steps`` optimiser
 steps (forward, backward, AdamW) on random full-length batches of the task's shape (batch size, length, dual
-inputs), after ``--warmup`` untimed steps, at the recipe's precision. The estimate is
+inputs), after ``--warmup`` untimed steps, at the recipe's precision. ``--valid-fraction F`` pads each sequence at
+random positions, leaving about F of its tokens valid, as Pathfinder images are (about 0.34 of the pixels inked):
+the encoder then compacts each batch to its longest row, as in training. The estimate is
 ``median step time x trainer.max_steps``; data loading and periodic evaluation are not included. The output
 says so, and the CSV it writes (``--out``) carries the hardware and versions.
 
@@ -11,6 +13,7 @@ Usage::
     python scripts/lra_time.py --experiments lra/listops-full lra/listops-mita --out results/lra/time_estimate.csv
     python scripts/lra_time.py --table D          # every Table D row
     python scripts/lra_time.py --table E          # every Table E row (arXiv, 16K-64K)
+    python scripts/lra_time.py --experiments lra/pathfinder-full lra/pathfinder-mita --valid-fraction 0.34
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ def compose(experiment: str, overrides: list[str]):
         return hydra_compose("train", overrides=[f"experiment={experiment}", *overrides])
 
 
-def time_experiment(experiment: str, steps: int, warmup: int, device: str, overrides: list[str]) -> dict:
+def time_experiment(
+    experiment: str, steps: int, warmup: int, device: str, overrides: list[str], valid_fraction: float = 1.0
+) -> dict:
     """Median seconds per optimiser step and the estimated total for one experiment file.
 
     Args:
@@ -53,9 +58,12 @@ def time_experiment(experiment: str, steps: int, warmup: int, device: str, overr
         warmup: untimed steps first (compilation, autotuning, allocator).
         device: ``cuda`` or ``cpu``.
         overrides: extra Hydra overrides (e.g. ``data.batch_size=8``).
+        valid_fraction: share of each sequence's tokens that are valid (the rest padding at random positions):
+            the encoder compacts valid tokens and cuts the batch to its longest row, as on Pathfinder images,
+            where about 0.34 of the pixels are inked (zero pixels are padding).
 
     Returns:
-        dict with experiment, batch, length, max_steps, step_s, estimate_h.
+        dict with experiment, batch, length, valid_fraction, max_steps, step_s, estimate_h.
     """
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
@@ -73,11 +81,16 @@ def time_experiment(experiment: str, steps: int, warmup: int, device: str, overr
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, eps=1e-6)
     B, N = int(data.batch_size), int(data.max_length)
     g = torch.Generator().manual_seed(0)
-    batch = {"x": torch.randint(1, int(data.vocab_size), (B, N), generator=g)}
-    batch["key_padding_mask"] = torch.zeros(B, N, dtype=torch.bool)
+    if not 0.0 < valid_fraction <= 1.0:
+        raise ValueError(f"valid_fraction must be in (0, 1], got {valid_fraction}")
+
+    def padding() -> torch.Tensor:
+        return torch.rand(B, N, generator=g) >= valid_fraction if valid_fraction < 1 else torch.zeros(B, N, dtype=bool)
+
+    batch = {"x": torch.randint(1, int(data.vocab_size), (B, N), generator=g), "key_padding_mask": padding()}
     if net.dual:
         batch["x2"] = torch.randint(1, int(data.vocab_size), (B, N), generator=g)
-        batch["key_padding_mask2"] = torch.zeros(B, N, dtype=torch.bool)
+        batch["key_padding_mask2"] = padding()
     batch = {k: v.to(device) for k, v in batch.items()}
     labels = torch.randint(0, int(data.num_classes), (B,), generator=g).to(device)
     bf16 = "bf16" in str(cfg.trainer.precision) and device == "cuda"
@@ -105,6 +118,7 @@ def time_experiment(experiment: str, steps: int, warmup: int, device: str, overr
         "experiment": experiment,
         "batch": B,
         "length": N,
+        "valid_fraction": valid_fraction,
         "max_steps": max_steps,
         "step_s": round(step_s, 6),
         "estimate_h": round(step_s * max_steps / 3600, 4),
@@ -124,6 +138,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, help="CSV to write")
+    parser.add_argument(
+        "--valid-fraction",
+        type=float,
+        default=1.0,
+        help="share of valid tokens per sequence, padding at random positions (Pathfinder images: about 0.34)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every experiment")
     args = parser.parse_args(argv)
     experiments = list(args.experiments)
@@ -136,12 +156,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     hw = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     print(
-        f"ESTIMATE, not a measured training time: median step time over {args.steps} synthetic full-length steps x "
+        f"ESTIMATE, not a measured training time: median step time over {args.steps} synthetic steps (valid fraction "
+        f"{args.valid_fraction:g}) x "
         f"trainer.max_steps; excludes data loading and evaluation. {hw}, torch {torch.__version__}, {stamp}"
     )
     rows = []
     for exp in experiments:
-        row = time_experiment(exp, args.steps, args.warmup, args.device, args.overrides)
+        row = time_experiment(exp, args.steps, args.warmup, args.device, args.overrides, args.valid_fraction)
         row.update({"hardware": hw, "torch": torch.__version__, "date": stamp, "kind": "estimate"})
         rows.append(row)
         print(

@@ -36,9 +36,11 @@ step host "${HOST_S:-60}" python3 scripts/bench/profiler.py host --points "${HOS
 if [ -n "${FULL_TABLE:-}" ]; then
   step lra_time "${LRA_S:-240}" python3 scripts/lra_time.py --table D --table E --out "$out/lra_time.csv"
 else
-  step lra_time "${LRA_S:-120}" python3 scripts/lra_time.py --out "$out/lra_time.csv" --experiments \
-    lra/listops-full lra/listops-mita lra/listops-topk lra/listops-moba \
-    lra/pathfinder-full lra/pathfinder-mita lra/pathfinder-topk lra/pathfinder-moba
+  step lra_time "${LRA_S:-60}" python3 scripts/lra_time.py --out "$out/lra_time.csv" --experiments \
+    lra/listops-full lra/listops-mita lra/listops-topk lra/listops-moba
+  # Pathfinder batches as training sees them: about 0.34 of the pixels inked, the rest padding, compacted.
+  step lra_time_pathfinder "${LRA_PF_S:-60}" python3 scripts/lra_time.py --out "$out/lra_time_pathfinder.csv" \
+    --valid-fraction 0.34 --experiments lra/pathfinder-full lra/pathfinder-mita lra/pathfinder-topk lra/pathfinder-moba
 fi
 tail -n 25 "$out/op_bench.log"
-tail -n 12 "$out/lra_time.log"
+tail -n 6 "$out/lra_time.log" "$out/lra_time_pathfinder.log" 2>/dev/null

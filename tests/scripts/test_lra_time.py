@@ -49,3 +49,24 @@ def test_table_options_list_every_row(lra_time, monkeypatch):
     assert seen[-6:] == list(lra_time.ARXIV_ROWS)
     for exp in seen:
         assert (ROOT / "configs" / "experiment" / f"{exp}.yaml").exists(), exp
+
+
+def test_valid_fraction_pads_the_batches(lra_time, monkeypatch):
+    """With padding the encoder compacts each batch to its longest row (here 256 -> at most 128 tokens) and the row
+    records the fraction."""
+    import mita.models.lra as lra_model
+
+    real, lengths = lra_model.compact_padding, []
+
+    def compact(*args, **kwargs):
+        out = real(*args, **kwargs)
+        lengths.append(out[0].shape[1])
+        return out
+
+    monkeypatch.setattr(lra_model, "compact_padding", compact)
+    kw = dict(steps=1, warmup=1, device="cpu", overrides=["data.batch_size=2", "data.max_length=256"])
+    row = lra_time.time_experiment("lra/pathfinder-mita", valid_fraction=0.3, **kw)
+    assert row["valid_fraction"] == 0.3 and row["length"] == 256 and row["step_s"] > 0
+    assert lengths and max(lengths) <= 128
+    with pytest.raises(ValueError, match="valid_fraction"):
+        lra_time.time_experiment("lra/pathfinder-mita", valid_fraction=0.0, **kw)
