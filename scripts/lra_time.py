@@ -119,6 +119,7 @@ def time_experiment(
         "batch": B,
         "length": N,
         "valid_fraction": valid_fraction,
+        "overrides": " ".join(overrides),
         "max_steps": max_steps,
         "step_s": round(step_s, 6),
         "estimate_h": round(step_s * max_steps / 3600, 4),

@@ -41,6 +41,12 @@ else
   # Pathfinder batches as training sees them: about 0.34 of the pixels inked, the rest padding, compacted.
   step lra_time_pathfinder "${LRA_PF_S:-60}" python3 scripts/lra_time.py --out "$out/lra_time_pathfinder.csv" \
     --valid-fraction 0.34 --experiments lra/pathfinder-full lra/pathfinder-mita lra/pathfinder-topk lra/pathfinder-moba
+  # Per-query top-k's other form of the attention over the selected keys (softmax on the selection's scores).
+  # (Hydra overrides before --experiments, which takes every word after it.)
+  step lra_time_topk_math "${LRA_M_S:-40}" python3 scripts/lra_time.py model.attention.impl=math \
+    --out "$out/lra_time_topk_math.csv" --experiments lra/listops-topk
+  step lra_time_topk_math_pathfinder "${LRA_M_S:-40}" python3 scripts/lra_time.py model.attention.impl=math \
+    --out "$out/lra_time_topk_math_pathfinder.csv" --valid-fraction 0.34 --experiments lra/pathfinder-topk
 fi
 tail -n 25 "$out/op_bench.log"
 tail -n 6 "$out/lra_time.log" "$out/lra_time_pathfinder.log" 2>/dev/null

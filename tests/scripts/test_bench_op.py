@@ -77,7 +77,7 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
     assert {p["name"] for p in prof.point.__globals__["TRAINING_POINTS"]} <= set(names)
     for name in names + re.search(r"HOST_POINTS:-([^}]*)\}", text).group(1).split(","):
         assert prof.point(name)["name"] == name
-    experiments = re.findall(r"lra/[a-z]+-[a-z_]+", text)
+    experiments = set(re.findall(r"lra/[a-z]+-[a-z_]+", text))
     assert len(experiments) == 8
     for exp in experiments:
         assert (root / "configs" / "experiment" / f"{exp}.yaml").exists(), exp

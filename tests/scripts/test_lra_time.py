@@ -44,6 +44,14 @@ def test_table_options_list_every_row(lra_time, monkeypatch):
                                                                           "estimate_h": 0.0}
     )  # fmt: skip
     lra_time.main(["--table", "D", "--table", "E", "--device", "cpu"])
+    # Hydra overrides go before --experiments (speed_survey.sh's form), which would take them as experiment names.
+    calls = []
+    monkeypatch.setattr(lra_time, "time_experiment", lambda exp, steps, warmup, device, overrides, vf: calls.append(
+        (exp, overrides, vf)) or {"experiment": exp, "batch": 1, "length": 1, "max_steps": 1, "step_s": 0.0,
+                                  "estimate_h": 0.0})  # fmt: skip
+    lra_time.main(["model.attention.impl=math", "--valid-fraction", "0.34", "--experiments", "lra/listops-topk",
+                   "--device", "cpu"])  # fmt: skip
+    assert calls == [("lra/listops-topk", ["model.attention.impl=math"], 0.34)]
     assert len(seen) == 30 + 6
     assert seen[:6] == [f"lra/listops-{r}" for r in lra_time.ROWS]
     assert seen[-6:] == list(lra_time.ARXIV_ROWS)
