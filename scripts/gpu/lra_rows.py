@@ -8,7 +8,8 @@ rows write their run records (evaluated with the best-validation checkpoint, as 
 Everything a later call needs lives under ``--state`` (checkpoints, CSV curves, logs, records); ``--out`` gets
 what to bring back: ``records.tar.gz`` (records, curves, logs of the rows that finished, rewritten as each one
 finishes), ``state.tar.partNN`` (the state of unfinished rows, in parts of at most 15 MiB) and ``summary.json``.
-Unpack both tars into the state folder before the next call and carry it there.
+``scripts/gpu/lra_state.py`` merges both into the local state folder (and the records into results/runs) before the
+next call, which carries the state folder there.
 
 The data are generated on the machine if missing (ListOps and Pathfinder-32 with their generators, seed 0).
 
@@ -99,11 +100,33 @@ def prepare_data(tasks: set[str], data: Path, log) -> dict[str, float]:
             continue
         t0 = time.time()
         if task == "listops":
-            cmd = [sys.executable, "scripts/prepare_data/listops.py", "--out", str(root), "--train", "96000",
-                   "--val", "2000", "--test", "2000", "--seed", "0", "--no-progress"]
+            cmd = [
+                sys.executable,
+                "scripts/prepare_data/listops.py",
+                "--out",
+                str(root),
+                "--train",
+                "96000",
+                "--val",
+                "2000",
+                "--test",
+                "2000",
+                "--seed",
+                "0",
+                "--no-progress",
+            ]
         elif task == "pathfinder":
-            cmd = [sys.executable, "scripts/prepare_data/pathfinder.py", "--out", str(root), "--n", "200000",
-                   "--seed", "0", "--no-progress"]
+            cmd = [
+                sys.executable,
+                "scripts/prepare_data/pathfinder.py",
+                "--out",
+                str(root),
+                "--n",
+                "200000",
+                "--seed",
+                "0",
+                "--no-progress",
+            ]
         else:
             raise SystemExit(f"lra_rows: no generator for task {task!r} (its data must be the release files)")
         subprocess.run(cmd, cwd=REPO, check=True)
@@ -115,7 +138,9 @@ def prepare_data(tasks: set[str], data: Path, log) -> dict[str, float]:
 
 def command(job: Job, args: argparse.Namespace, deadline: float) -> list[str]:
     return [
-        sys.executable, "-m", "tasks.run",
+        sys.executable,
+        "-m",
+        "tasks.run",
         f"experiment={job.experiment}",
         f"seed={job.seed}",
         f"run_name={job.name}",
@@ -163,7 +188,7 @@ def pack_records(state: Path, out: Path, jobs: list[Job]) -> None:
             rdir = run_dir(state, job) if job else None
             if rdir is None:
                 continue
-            for i, metrics in enumerate(sorted(rdir.glob("csv/metrics*.csv"))):
+            for metrics in sorted(rdir.glob("csv/metrics*.csv")):
                 suffix = "" if metrics.name == "metrics.csv" else f"-{metrics.stem}"
                 tar.add(metrics, arcname=f"records/{rel.with_suffix('')}{suffix}.metrics.csv")
             log = state / "logs" / f"{name}.log"
@@ -230,10 +255,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=Path("/tmp/lra_release"), help="generated data sets")
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per process")
     parser.add_argument("--group", default=None, help="name of this batch of runs (default: the date)")
-    parser.add_argument("--eval-margin", type=float, default=EVAL_MARGIN_S,
-                        help="seconds between the training deadline and the end of the budget")
-    parser.add_argument("--min-slot", type=float, default=MIN_SLOT_S,
-                        help="start no row with fewer seconds than this to the deadline")
+    parser.add_argument(
+        "--eval-margin",
+        type=float,
+        default=EVAL_MARGIN_S,
+        help="seconds between the training deadline and the end of the budget",
+    )
+    parser.add_argument(
+        "--min-slot", type=float, default=MIN_SLOT_S, help="start no row with fewer seconds than this to the deadline"
+    )
     args = parser.parse_args(argv)
     t0 = time.time()
     args.state, args.out = args.state.resolve(), args.out.resolve()
@@ -248,7 +278,9 @@ def main(argv: list[str] | None = None) -> None:
         summary_log.flush()
 
     if not os.environ.get("MITA_COMMIT"):
-        raise SystemExit("lra_rows: set MITA_COMMIT=<the commit of this tree> (the copy on the GPU machine has no .git)")
+        raise SystemExit(
+            "lra_rows: set MITA_COMMIT=<the commit of this tree> (the copy on the GPU machine has no .git)"
+        )
     jobs = parse_rows(args.rows, args.seeds)
     done = finished_records(args.state)
     for job in jobs:
@@ -260,11 +292,18 @@ def main(argv: list[str] | None = None) -> None:
     deadline = end - args.eval_margin
     concurrency = min(args.parallel, len(todo))
     # One intra-op thread per process: the processes share the machine's cores.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               MITA_CONCURRENT_RUNS=str(concurrency),
-               MITA_RUN_GROUP=args.group or time.strftime("%Y-%m-%d"))
-    log(f"{len(todo)} rows to run, {len(jobs) - len(todo)} finished earlier; {concurrency} at a time; "
-        f"deadline in {deadline - time.time():.0f} s")
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        MITA_CONCURRENT_RUNS=str(concurrency),
+        MITA_RUN_GROUP=args.group or time.strftime("%Y-%m-%d"),
+    )
+    log(
+        f"{len(todo)} rows to run, {len(jobs) - len(todo)} finished earlier; {concurrency} at a time; "
+        f"deadline in {deadline - time.time():.0f} s"
+    )
     queue = list(todo)
     running: list[Job] = []
     while queue or running:
@@ -272,8 +311,9 @@ def main(argv: list[str] | None = None) -> None:
             job = queue.pop(0)
             (args.state / "logs" / job.name).parent.mkdir(parents=True, exist_ok=True)
             out = (args.state / "logs" / f"{job.name}.log").open("a")
-            job.proc = subprocess.Popen(command(job, args, deadline), cwd=REPO, env=env, stdout=out,
-                                        stderr=subprocess.STDOUT)
+            job.proc = subprocess.Popen(
+                command(job, args, deadline), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
             job.status, job.started = "running", time.time()
             running.append(job)
             log(f"started {job.name}")
@@ -293,8 +333,10 @@ def main(argv: list[str] | None = None) -> None:
             if job.status == "running":
                 job.status = {0: "done", PAUSED: "paused"}.get(rc, f"failed (exit {rc})")
             m = last_metrics(run_dir(args.state, job))
-            log(f"{job.name}: {job.status} after {job.ended - job.started:.0f} s, step {m.get('step')}, "
-                f"val/acc1 {m.get('val/acc1')}, step time {m.get('perf/step_time_s')}")
+            log(
+                f"{job.name}: {job.status} after {job.ended - job.started:.0f} s, step {m.get('step')}, "
+                f"val/acc1 {m.get('val/acc1')}, step time {m.get('perf/step_time_s')}"
+            )
             if job.status == "done":
                 pack_records(args.state, args.out, jobs)
     for job in queue:

@@ -86,8 +86,18 @@ def main() -> None:
         first, second = run(case, dtype), run(case, dtype)
         d1, d2 = digest(first), digest(second)
         sums = [round(t.double().sum().item(), 6) for t in first]
-        print(json.dumps({"case": case, "dtype": str(dtype).split(".")[-1], "sha": d1,
-                          "deterministic": d1 == d2, "sums_out_dq_dk_dv": sums}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "case": case,
+                    "dtype": str(dtype).split(".")[-1],
+                    "sha": d1,
+                    "deterministic": d1 == d2,
+                    "sums_out_dq_dk_dv": sums,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
