@@ -29,6 +29,7 @@ import re
 import shutil
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -665,20 +666,32 @@ def readme_summary(table_dir: Path, link_prefix: str) -> str:
     return "\n".join(lines)
 
 
+def replace_block(path: Path, begin: str, end: str, make_body: Callable[[], str]) -> bool:
+    """Replace the text between the markers ``begin`` and ``end`` in the file ``path`` with ``make_body()`` (a
+    blank line on each side); the file is written only if it changes. Returns False (and neither builds the body
+    nor touches the file) when a marker is absent. Used for README's generated blocks (here and by
+    scripts/bench/make_report.py)."""
+    text = path.read_text()
+    if begin not in text or end not in text:
+        return False
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    new = f"{head}{begin}\n\n{make_body()}\n\n{end}{tail}"
+    if new != text:
+        path.write_text(new)
+    return True
+
+
 def update_readme(readme: Path, table_dir: Path) -> bool:
     """Replace the text between README_BEGIN and README_END in ``readme`` with a summary of the tables in
     ``table_dir`` (links relative to the README). Returns False (and leaves the file alone) when the markers are
     absent."""
-    text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        return False
-    prefix = table_dir.resolve().relative_to(readme.resolve().parent).as_posix()
-    head, rest = text.split(README_BEGIN, 1)
-    tail = rest.split(README_END, 1)[1]
-    new = head + README_BEGIN + "\n\n" + readme_summary(table_dir, prefix) + "\n\n" + README_END + tail
-    if new != text:
-        readme.write_text(new)
-    return True
+
+    def summary() -> str:
+        prefix = table_dir.resolve().relative_to(readme.resolve().parent).as_posix()
+        return readme_summary(table_dir, prefix)
+
+    return replace_block(readme, README_BEGIN, README_END, summary)
 
 
 def main() -> None:

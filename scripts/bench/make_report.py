@@ -17,6 +17,10 @@ import argparse
 import csv
 import os
 import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from make_tables import replace_block  # noqa: E402  (scripts/make_tables.py: README's generated blocks)
 
 # Paper (RTX 4090, whole-model Figure F speed-ups over full attention on FlashAttention).
 PAPER_FIGF_SPEEDUP = {65536: 19.0, 262144: 56.0, 1048576: 159.0}
@@ -241,8 +245,8 @@ def add_run(out: str, run: str, paths: list[str], commit: str = "", current: boo
                HISTORY_FIRST)  # fmt: skip
     for bench, rows in by_bench.items():
         if bench and current:
-            current = [{"run": r["run"], **{k: v for k, v in r.items() if k not in HISTORY_FIRST}} for r in rows]
-            write_rows(os.path.join(out, CURRENT[bench]), current, ["run"])
+            latest = [{"run": r["run"], **{k: v for k, v in r.items() if k not in HISTORY_FIRST}} for r in rows]
+            write_rows(os.path.join(out, CURRENT[bench]), latest, ["run"])
 
 
 def layers_table(rows: list[dict]) -> str:
@@ -289,15 +293,16 @@ SPEED_TIMINGS = (("eager", "eager"), ("cuda_graph_queued", "CUDA graph"))
 def speed_table(history: list[dict]) -> str:
     """MiTA (Triton) against the fastest dense SDPA backend of the same run and timing, per op benchmark point:
     the newest eager row beside the newest CUDA-graph (queued) row of history.csv, each with its run and commit."""
+
+    def age(r: dict) -> tuple:
+        return run_order(r["run"]), r.get("date", "")
+
     newest: dict[tuple[str, str], dict] = {}
     for r in history:
         if r.get("benchmark") != "op" or r.get("method") != "mita_triton" or num(r.get("fwd_ms")) is None:
             continue
         key = (r["point"], r.get("timing") or "eager")
-        if key not in newest or (run_order(r["run"]), r.get("date", "")) >= (
-            run_order(newest[key]["run"]),
-            newest[key].get("date", ""),
-        ):
+        if key not in newest or age(r) >= age(newest[key]):
             newest[key] = r
     points = sorted({p for p, _ in newest}, key=lambda p: (p != "deit_s", int(p[1:]) if p[1:].isdigit() else 0, p))
     head = "| point (B x H, N, d, m, k) |"
@@ -322,19 +327,6 @@ def speed_table(history: list[dict]) -> str:
             ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
-
-
-def write_speed_table(readme: str, table: str) -> bool:
-    """Replace the block between the speed-table markers of ``readme`` by ``table``; False if there are none."""
-    with open(readme) as f:
-        text = f.read()
-    if SPEED_BEGIN not in text or SPEED_END not in text:
-        return False
-    head, rest = text.split(SPEED_BEGIN, 1)
-    tail = rest.split(SPEED_END, 1)[1]
-    with open(readme, "w") as f:
-        f.write(f"{head}{SPEED_BEGIN}\n\n{table}\n\n{SPEED_END}{tail}")
-    return True
 
 
 def main(argv=None) -> None:
@@ -373,7 +365,12 @@ def main(argv=None) -> None:
     readme = args.readme
     if readme is None and os.path.abspath(args.out) == os.path.abspath(BENCH_DIR):
         readme = os.path.normpath(README)
-    if all_history and readme and os.path.exists(readme) and not write_speed_table(readme, speed_table(all_history)):
+    if (
+        all_history
+        and readme
+        and os.path.exists(readme)
+        and not replace_block(Path(readme), SPEED_BEGIN, SPEED_END, lambda: speed_table(all_history))
+    ):
         raise SystemExit(f"{readme}: no speed-table markers ({SPEED_BEGIN} ... {SPEED_END})")
     # The figure: each run's published Figure F CSVs (a run folder's top level; not its calls' partial repeats).
     history = [r for r in all_history if r.get("benchmark") == "figf" and r.get("source", "").count("/") == 1]
