@@ -10,9 +10,9 @@ largest value by bisection on order-preserving int32 keys and writes the bias di
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from mita.ops.mita.triton.launch import interpreting
 
 try:
     import triton
@@ -25,17 +25,13 @@ MAX_COLS = 8192
 _ELEMENTS = 8192
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def kernel_supported(scores: torch.Tensor) -> bool:
     """Whether :func:`row_topk_bias` runs its Triton kernel on ``scores`` (CUDA, or the CPU when interpreting)."""
     if triton is None or scores.dim() < 1 or scores.shape[-1] > MAX_COLS or scores.numel() == 0:
         return False
     if scores.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
-    return scores.is_cuda or (scores.device.type == "cpu" and _interpreting())
+    return scores.is_cuda or (scores.device.type == "cpu" and interpreting())
 
 
 def row_topk_bias(
