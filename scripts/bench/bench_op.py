@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import math
 import os
@@ -75,10 +76,12 @@ TRAINING_POINTS = [
 ]
 
 
-def lra_points() -> list[dict]:
+@functools.lru_cache(maxsize=1)
+def lra_points() -> tuple[dict, ...]:
     """One point per LRA task, from its MiTA experiment file: the batch (doubled for two-document tasks), heads,
     full sequence length, head dim, m and k that a training step of that row runs (padding compaction can make the
-    real rows shorter: Pathfinder keeps about a third of its pixels)."""
+    real rows shorter: Pathfinder keeps about a third of its pixels). Composed once per process (profiler.py asks
+    for each LRA point by name)."""
     spec = importlib.util.spec_from_file_location(
         "lra_time", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lra_time.py")
     )
@@ -93,7 +96,7 @@ def lra_points() -> list[dict]:
         B = int(cfg.data.batch_size) * (2 if cfg.model.dual else 1)
         H, N, d = int(cfg.model.num_heads), int(cfg.data.max_length), int(cfg.model.head_dim)
         pts.append(dict(name=f"lra_{task}", B=B, H=H, N=N, d=d, m=int(att.m), k=int(att.k), layout="1d"))
-    return pts
+    return tuple(pts)
 
 
 def shapes(max_n: int, point_set: str = "long") -> list[dict]:
