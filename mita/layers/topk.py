@@ -62,9 +62,9 @@ def topk_attention(
 ) -> torch.Tensor:
     """Each query attends, with one softmax, to its own ``topk`` highest-scoring valid keys.
 
-    Scores are computed densely (quadratic time) to select the keys, without gradient; the selection
-    (:func:`mita.ops.row_topk_bias`: one Triton kernel on CUDA) writes the additive mask of one masked SDPA call per
-    chunk of queries, so working memory is O(B * H * chunk * M). With ``topk >=`` the number of valid keys the
+    Scores are computed densely (quadratic time) to select the keys; the selection (:func:`mita.ops.row_topk_bias`:
+    one Triton kernel on CUDA) writes an additive mask per chunk of queries, which ``impl`` applies, so working
+    memory is O(B * H * chunk * M). With ``topk >=`` the number of valid keys the
     result equals full softmax attention. The selection is not differentiated (as in the paper); gradients flow
     through the selected scores and values. Ties at the k-th score go to the lower key index. No host
     synchronisation.
