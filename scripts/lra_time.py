@@ -31,10 +31,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
-ROWS = ("full", "mita", "mita_routing", "agent_minus", "moba", "topk")
-ARXIV_ROWS = tuple(f"arxiv/{n}-{a}" for n in ("16k", "32k", "64k") for a in ("full", "mita"))
-
 
 def compose(experiment: str, overrides: list[str]):
     """The resolved config of ``experiment`` (path under configs/experiment) with extra overrides."""
@@ -147,11 +143,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every experiment")
     args = parser.parse_args(argv)
+    from tasks.common.experiments import list_experiments
+
     experiments = list(args.experiments)
-    if "D" in (args.table or []):
-        experiments += [f"lra/{t}-{r}" for t in TASKS for r in ROWS]
-    if "E" in (args.table or []):
-        experiments += list(ARXIV_ROWS)
+    for table in args.table or []:
+        experiments += list_experiments(table)  # the table's row files, by their paper: blocks
     if not experiments:
         parser.error("give --experiments or --table")
     hw = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"

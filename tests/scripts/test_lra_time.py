@@ -53,8 +53,10 @@ def test_table_options_list_every_row(lra_time, monkeypatch):
                    "--device", "cpu"])  # fmt: skip
     assert calls == [("lra/listops-topk", ["model.attention.impl=math"], 0.34)]
     assert len(seen) == 30 + 6
-    assert seen[:6] == [f"lra/listops-{r}" for r in lra_time.ROWS]
-    assert seen[-6:] == list(lra_time.ARXIV_ROWS)
+    rows = ("full", "mita", "mita_routing", "agent_minus", "moba", "topk")
+    tasks = ("listops", "text", "retrieval", "image", "pathfinder")
+    assert seen[:30] == sorted(f"lra/{t}-{r}" for t in tasks for r in rows)
+    assert seen[-6:] == [f"arxiv/{n}-{a}" for n in ("16k", "32k", "64k") for a in ("full", "mita")]
     for exp in seen:
         assert (ROOT / "configs" / "experiment" / f"{exp}.yaml").exists(), exp
 
