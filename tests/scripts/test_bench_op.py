@@ -74,7 +74,7 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
     text = (root / "scripts" / "gpu" / "speed_survey.sh").read_text()
     prof = fresh_bench_script(monkeypatch, "profiler")
     names = re.search(r"points=\$\{POINTS:-([^}]*)\}", text).group(1).split(",")
-    assert {p["name"] for p in prof.point.__globals__["TRAINING_POINTS"]} <= set(names)
+    assert {p["name"] for p in prof.TRAINING_POINTS} <= set(names)
     for name in names + re.search(r"HOST_POINTS:-([^}]*)\}", text).group(1).split(","):
         assert prof.point(name)["name"] == name
     experiments = set(re.findall(r"lra/[a-z]+-[a-z_]+", text))
