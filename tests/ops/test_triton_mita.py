@@ -253,6 +253,39 @@ def test_short_path_limits():
     assert not ts.small_supported(197, 25, 128) and ts.small_supported(128, 16, 128)
 
 
+def test_short_path_last_block_size():
+    """The separate last key / query block of the short kernels: N % block rounded up to a power of two (at least
+    16) with ``tail`` on; none (0: the last block is a whole one, masked) with it off, when the block divides N or
+    when the rounding reaches the block."""
+    for name in ("attn", "bwd"):
+        assert ts.CONFIG[name]["tail"] == 1
+        assert [ts._tail(n, 64, name) for n in (197, 150, 100, 128, 64, 65, 81)] == [16, 32, 0, 0, 0, 16, 32]
+        assert ts._tail(17, 32, name) == 0
+    old = ts.CONFIG["attn"]["tail"]
+    try:
+        ts.CONFIG["attn"]["tail"] = 0
+        assert [ts._tail(n, 64, "attn") for n in (197, 150, 128)] == [0, 0, 0]
+    finally:
+        ts.CONFIG["attn"]["tail"] = old
+
+
+@pytest.mark.parametrize("tail", [0, 1])
+@pytest.mark.parametrize(
+    "B,N,m,topk,dtype,S,shared,pad_from",
+    [
+        (2, 150, 9, 20, torch.bfloat16, 2, True, (150, 131)),  # 2 x 64 + 22: a 32-row last block
+        (1, 197, 25, 25, torch.float32, 1, False, None),  # 3 x 64 + 5: a 16-row last block, routing only
+        (1, 81, 6, 12, torch.float16, 1, True, None),  # 64 + 17: a 32-row last block
+    ],
+)
+def test_short_path_last_block(poison, monkeypatch, tail, B, N, m, topk, dtype, S, shared, pad_from):
+    """Both last-block forms of the short kernels (``tail``) against naive_mita, forward and backward."""
+    monkeypatch.setitem(ts.CONFIG["attn"], "tail", tail)
+    monkeypatch.setitem(ts.CONFIG["bwd"], "tail", tail)
+    assert ts.small_supported(N, m, 64)
+    _check(B, 2, N, 64, m, topk, dtype, S, shared, pad_from)
+
+
 def test_imbalanced_routing(poison, path):
     (q, k, v, r), _ = _inputs(1, 1, 96, 32, 6, torch.float32, imbalanced=True)
     route = torch.argmax(q.detach() @ r.detach().transpose(-1, -2), dim=-1)

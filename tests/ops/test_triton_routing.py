@@ -18,6 +18,7 @@ if not _CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
 triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 from mita.ops.mita.naive import stable_topk_indices  # noqa: E402
 from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
@@ -930,3 +931,57 @@ def test_fallback_programs_resident_per_sm(monkeypatch):
     assert ttk._resident_per_sm(types.SimpleNamespace(), 4, dev) == 1
     del prop.regs_per_multiprocessor
     assert ttk._resident_per_sm(kern(0), 4, dev) == 1
+
+
+@triton.jit
+def _select_probe_kernel(KEY, VALID, ROWV, KK, SEL, L: tl.constexpr, R: tl.constexpr):
+    o_r = tl.arange(0, R)
+    o_l = tl.arange(0, L)
+    p = o_r[:, None] * L + o_l[None, :]
+    m_j = tl.load(ROWV + o_r) != 0
+    m_v = (tl.load(VALID + p) != 0) & m_j[:, None]
+    sel = tks._topk_select(tl.load(KEY + p), m_v, m_j, tl.load(KK))
+    tl.store(SEL + p, sel.to(tl.int8))
+
+
+def _select_reference(key, valid, row_valid, kk):
+    """Top-kk of each valid row among its valid entries: larger key first, ties to the lower column."""
+    sel = torch.zeros_like(key, dtype=torch.int8)
+    for i in range(key.shape[0]):
+        if not row_valid[i]:
+            continue
+        cols = [j for j in range(key.shape[1]) if valid[i, j]]
+        cols.sort(key=lambda j: (-int(key[i, j]), j))
+        sel[i, cols[:kk]] = 1
+    return sel
+
+
+@pytest.mark.parametrize("L", [16, 64, 512])
+def test_topk_select_four_way_search(L):
+    """``_topk_select`` (the short kernels' exact top-k over int32 order keys) against a sort: keys at both ends of
+    int32 (the order key of a NaN with every bit set is the smallest int32), rows of one repeated key, keys one or two
+    apart (the search's last steps), kk above a row's valid count, rows with no valid entry, masked rows."""
+    R = 16
+    g = torch.Generator().manual_seed(L)
+    lo, hi = -(2**31), 2**31 - 1
+    key = torch.randint(lo, hi, (R, L), generator=g, dtype=torch.int64)
+    key[1] = torch.randint(-3, 3, (L,), generator=g)  # many ties, w <= 6
+    key[2] = 7  # one repeated key
+    key[3, ::2] = lo  # the smallest int32 (a NaN's order key), valid
+    key[3, 1::2] = hi
+    key[4] = torch.randint(lo, lo + 4, (L,), generator=g)  # near the bottom: thresholds just above lo
+    key[5] = torch.randint(hi - 4, hi + 1, (L,), generator=g)  # near the top: hi = max + 1 past int32
+    key[6] = torch.arange(L) * 2  # distinct, two apart
+    key = key.to(torch.int32)
+    valid = torch.rand(R, L, generator=g) > 0.2
+    valid[2] = True
+    valid[7] = False  # no valid entry
+    valid[8] = torch.arange(L) < 3  # fewer valid entries than kk
+    row_valid = torch.ones(R, dtype=torch.bool)
+    row_valid[9] = False
+    for kk in (1, 5, L // 2, L):
+        sel = torch.empty(R, L, dtype=torch.int8)
+        _select_probe_kernel[(1,)](
+            key, valid.to(torch.int8), row_valid.to(torch.int8), torch.tensor([kk], dtype=torch.int32), sel, L=L, R=R
+        )
+        assert torch.equal(sel, _select_reference(key, valid, row_valid, kk)), kk

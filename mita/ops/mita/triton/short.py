@@ -1,12 +1,12 @@
-"""Short-sequence MiTA (image sizes, N <= 256): the whole operator in two forward and two backward launches.
+"""Short-sequence MiTA (image sizes, N <= 256): the whole operator in two forward launches and one backward.
 
 At DeiT shapes (N = 197, m = k = 25) every routed key list covers a large part of the sequence, so the sparse
 path (query tiles per expert, ~8 queries each, keys read through index lists) wastes most of each tile and pays
 for a plan, a sort and five launches. Here the whole key tile of a (batch, head) stays on chip:
 
 - ``_small_route_kernel`` (16 landmarks per program): the exact top-k of each landmark's raw scores ``R k^T`` by
-  bisection on the scores' int32 order keys (ties to the lower key index), written as a [m, N] 0/1 membership
-  tile, and the landmark values ``softmax(R k^T scale) v`` from the same scores;
+  a four-way search on the scores' int32 order keys (ties to the lower key index), written as a [m, N] 0/1
+  membership tile, and the landmark values ``softmax(R k^T scale) v`` from the same scores;
 - ``_small_attn_kernel`` (a block of queries per program): routing (top-S of ``q R^T``, ties to the lower
   landmark index), then one dense softmax over [m landmarks ; N keys], where key n counts for query i as many
   times as it appears in the routed lists of i's experts: ``c_in = onehot(route_i) . membership[:, n]`` (one
@@ -53,16 +53,29 @@ def small_supported(N: int, m: int, d: int) -> bool:
     return NP <= SMALL_MAX_N and MP * NP <= SMALL_MAX_TILE and NP * d <= 256 * 64
 
 
-# Launch settings per kernel (block sizes above are capped at NP); scripts/bench/tune_small.py sweeps them.
+# Launch settings per kernel (block sizes above are capped at NP); scripts/bench/sweep.py sweeps them
+# (``--sweep small.bwd.BM=32,64``). ``tail`` 1: the last query and key blocks of the attention (the last query block
+# of the backward) hold N % block rows rounded up to a power of two, not a whole block (N = 197, blocks of 64: 208
+# rows against 256); 0: whole blocks, masked.
 CONFIG = {
     "route": dict(BS=16, num_warps=4, num_stages=1),
-    "attn": dict(BM=64, BN=64, num_warps=4, num_stages=2),
-    "bwd": dict(BM=64, BN=64, num_warps=4, num_stages=1),
+    "attn": dict(BM=64, BN=64, tail=1, num_warps=4, num_stages=2),
+    "bwd": dict(BM=64, BN=64, tail=1, num_warps=4, num_stages=1),
 }
 
 
 def _cfg(name: str, NP: int) -> dict:
-    return {k: (min(v, NP) if k in ("BM", "BN") else v) for k, v in CONFIG[name].items()}
+    """Launch keywords of a short-path kernel from CONFIG (without ``tail``, which :func:`_tail` reads)."""
+    return {k: (min(v, NP) if k in ("BM", "BN") else v) for k, v in CONFIG[name].items() if k != "tail"}
+
+
+def _tail(N: int, block: int, name: str) -> int:
+    """Size of a separate last block after the whole blocks of ``block`` rows, or 0 for none (the last block is then
+    a whole one, masked): N % block rounded up to a power of two (at least 16, the smallest tensor-core tile) when
+    CONFIG[name]["tail"] is on and that is smaller than ``block``."""
+    r = N % block
+    t = max(16, _next_pow2(r))
+    return t if CONFIG[name]["tail"] and r and t < block else 0
 
 
 def _pads(N: int, m: int) -> tuple[int, int]:
@@ -101,6 +114,21 @@ def _routed_p_ds(b_q, b_k, b_v, b_do, b_c, b_lse, b_delta, scale_log2, PREC: tl.
     dS = P (dO v^T - delta)."""
     b_p = tl.exp2(_routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP) - b_lse[:, None])
     return b_p, b_p * (_dot(b_do, tl.trans(b_v), PREC, UP) - b_delta[:, None])
+
+
+@triton.jit
+def _attn_keys(b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP: tl.constexpr,
+               BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):  # fmt: skip
+    """The online softmax of BM queries (routes b_oh [BM, MP]) over keys n0 .. n0 + BN."""
+    o_n = n0 + tl.arange(0, BN)
+    m_n = o_n < N
+    b_k = tl.load(K_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+    b_v = tl.load(V_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
+    b_mb = tl.load(MEMB_h + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
+    # [BM, BN] how many of the query's experts hold each key (0 for padding: it is in no list).
+    b_c = tl.dot(b_oh, b_mb)
+    b_s = _routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP)
+    return _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
 
 
 @triton.jit
@@ -168,6 +196,60 @@ def _small_route_kernel(
 
 
 @triton.jit
+def _attn_rows(Q, K, V, R, VT, MEMB, O, LSE, ROUTE, i0, i_bh, N, M, H, SB, SH, SN, scale_log2, sscale_log2,
+               S: tl.constexpr, SHARED: tl.constexpr, D: tl.constexpr, MP: tl.constexpr, NP: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+               EXACT: tl.constexpr):  # fmt: skip
+    """The small attention kernel's work for query rows i0 .. i0 + BM of head i_bh."""
+    o_d = tl.arange(0, D)
+    o_j = tl.arange(0, MP)
+    m_j = o_j < M
+    o_i = i0 + tl.arange(0, BM)
+    m_i = o_i < N
+    K_h = _head_ptr(K, i_bh, H, SB, SH)
+    V_h = _head_ptr(V, i_bh, H, SB, SH)
+    MEMB_h = MEMB + i_bh * MP * NP
+    b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
+    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    # [BM, MP] raw q . R: routing, and (scaled) the shared logits.
+    b_qr = _score(b_q, b_r, PREC, UP, EXACT)
+    b_qr = tl.where(b_qr == 0.0, 0.0, b_qr)
+    b_oh = _onehot_route(b_qr, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S, MP).to(tl.float16)
+    if SHARED:
+        b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+        b_a = tl.where(m_j[None, :], b_qr * sscale_log2, float("-inf"))
+        b_m = tl.max(b_a, 1)
+        b_pa = tl.exp2(b_a - b_m[:, None])
+        b_l = tl.sum(b_pa, 1)
+        b_acc = _dot(b_pa.to(b_vt.dtype), b_vt, PREC, UP)
+    else:
+        b_m = tl.full([BM], float("-inf"), tl.float32)
+        b_l = tl.zeros([BM], tl.float32)
+        b_acc = tl.zeros([BM, D], tl.float32)
+    if BT > 0:
+        # Whole key blocks of BN, then the last BT keys (N % BN rounded up to a power of two).
+        n_full = (N // BN) * BN
+        for n0 in range(0, n_full, BN):
+            b_m, b_l, b_acc = _attn_keys(
+                b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, BN, PREC, UP
+            )
+        b_m, b_l, b_acc = _attn_keys(
+            b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n_full, N, SN, scale_log2, b_m, b_l, b_acc, NP, BT, PREC, UP
+        )
+    else:
+        for n0 in range(0, N, BN):
+            b_m, b_l, b_acc = _attn_keys(
+                b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, BN, PREC, UP
+            )
+    m_nz = b_l > 0
+    b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
+    O_h = _out_ptr(O, i_bh, H, N, D)
+    tl.store(O_h + o_i[:, None] * (H * D) + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_i[:, None])
+    b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
+    tl.store(LSE + i_bh * N + o_i, b_lse, mask=m_i)
+
+
+@triton.jit
 def _small_attn_kernel(
     Q,
     K,
@@ -193,54 +275,32 @@ def _small_attn_kernel(
     NP: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
+    TQ: tl.constexpr,
+    BT: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
     EXACT: tl.constexpr,
 ):
-    """BM queries: routing, then one online softmax over [m landmarks ; N keys weighted by their routed
-    multiplicity], the keys in blocks of BN."""
-    i_m = tl.program_id(0)
+    """BM queries (the last program: TQ, when TQ > 0): routing, then one online softmax over [m landmarks ; N keys
+    weighted by their routed multiplicity], the keys in blocks of BN and a last block of BT."""
+    i0 = tl.program_id(0) * BM
     i_bh = tl.program_id(1).to(tl.int64)
-    o_d = tl.arange(0, D)
-    o_j = tl.arange(0, MP)
-    m_j = o_j < M
-    o_i = i_m * BM + tl.arange(0, BM)
-    m_i = o_i < N
-    K_h = _head_ptr(K, i_bh, H, SB, SH)
-    V_h = _head_ptr(V, i_bh, H, SB, SH)
-    b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_i[:, None] * SN + o_d[None, :], mask=m_i[:, None], other=0.0)
-    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    # [BM, MP] raw q . R: routing, and (scaled) the shared logits.
-    b_qr = _score(b_q, b_r, PREC, UP, EXACT)
-    b_qr = tl.where(b_qr == 0.0, 0.0, b_qr)
-    b_oh = _onehot_route(b_qr, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S, MP).to(tl.float16)
-    if SHARED:
-        b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-        b_a = tl.where(m_j[None, :], b_qr * sscale_log2, float("-inf"))
-        b_m = tl.max(b_a, 1)
-        b_pa = tl.exp2(b_a - b_m[:, None])
-        b_l = tl.sum(b_pa, 1)
-        b_acc = _dot(b_pa.to(b_vt.dtype), b_vt, PREC, UP)
+    if TQ > 0:
+        if i0 + BM > N:
+            _attn_rows(
+                Q, K, V, R, VT, MEMB, O, LSE, ROUTE, i0, i_bh, N, M, H, SB, SH, SN, scale_log2, sscale_log2,
+                S, SHARED, D, MP, NP, TQ, BN, BT, PREC, UP, EXACT,
+            )  # fmt: skip
+        else:
+            _attn_rows(
+                Q, K, V, R, VT, MEMB, O, LSE, ROUTE, i0, i_bh, N, M, H, SB, SH, SN, scale_log2, sscale_log2,
+                S, SHARED, D, MP, NP, BM, BN, BT, PREC, UP, EXACT,
+            )  # fmt: skip
     else:
-        b_m = tl.full([BM], float("-inf"), tl.float32)
-        b_l = tl.zeros([BM], tl.float32)
-        b_acc = tl.zeros([BM, D], tl.float32)
-    for n0 in range(0, N, BN):
-        o_n = n0 + tl.arange(0, BN)
-        m_n = o_n < N
-        b_k = tl.load(K_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_v = tl.load(V_h + o_n[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
-        b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
-        # [BM, BN] how many of the query's experts hold each key (0 for padding: it is in no list).
-        b_c = tl.dot(b_oh, b_mb)
-        b_s = _routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP)
-        b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
-    m_nz = b_l > 0
-    b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
-    O_h = _out_ptr(O, i_bh, H, N, D)
-    tl.store(O_h + o_i[:, None] * (H * D) + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_i[:, None])
-    b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
-    tl.store(LSE + i_bh * N + o_i, b_lse, mask=m_i)
+        _attn_rows(
+            Q, K, V, R, VT, MEMB, O, LSE, ROUTE, i0, i_bh, N, M, H, SB, SH, SN, scale_log2, sscale_log2,
+            S, SHARED, D, MP, NP, BM, BN, BT, PREC, UP, EXACT,
+        )  # fmt: skip
 
 
 def small_fwd(q, k, v, r, key_valid, topk: int, S: int, shared: bool, scale: float, sscale: float):
@@ -280,6 +340,7 @@ def small_fwd(q, k, v, r, key_valid, topk: int, S: int, shared: bool, scale: flo
         r, k, v, kv, kk, memb, vt, lvlse, N, M, topk, *lay, scale * LOG2E, HAS_KV=has_kv, **common, **cr
     )
     fast(_small_attn_kernel)[(_cdiv(N, ca["BM"]), BH)](
-        q, k, v, r, vt, memb, o, lse, route, N, M, *lay, scale * LOG2E, sscale * LOG2E, S=S, **common, **ca
-    )
+        q, k, v, r, vt, memb, o, lse, route, N, M, *lay, scale * LOG2E, sscale * LOG2E, S=S,
+        TQ=_tail(N, ca["BM"], "attn"), BT=_tail(N, ca["BN"], "attn"), **common, **ca,
+    )  # fmt: skip
     return o, lse, memb, route, vt, lvlse

@@ -22,7 +22,7 @@ from mita.ops.mita.triton.common import (
     heads_layout,
 )
 from mita.ops.mita.triton.launch import fast
-from mita.ops.mita.triton.short import _cfg, _pads, _routed_p_ds
+from mita.ops.mita.triton.short import _cfg, _pads, _routed_p_ds, _tail
 
 
 @triton.jit
@@ -72,6 +72,26 @@ def _lv_key_block(
 
 
 @triton.jit
+def _bwd_tile(Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN, scale,
+              scale_log2, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr, BM: tl.constexpr,
+              PREC: tl.constexpr, UP: tl.constexpr):  # fmt: skip
+    """Query rows i0 .. i0 + BM against one key block: (dk, dv) of the key block with this tile's share added, and the
+    tile's share of dq added to the rows' float32 accumulator."""
+    o_i = i0 + tl.arange(0, BM)
+    m_i = o_i < N
+    b_q, b_do, b_p, b_ds = _query_block_p_ds(
+        Q_h, DO_h, LSE, DELTA, ROUTE, b_kb, b_vb, b_mb, o_i, m_i, o_j, o_d, i_bh, N, SN, DSN, scale_log2,
+        S, BM, MP, PREC, UP,
+    )  # fmt: skip
+    b_dv += _dot(tl.trans(b_p).to(b_do.dtype), b_do, PREC, UP)
+    b_dk += _dot(tl.trans(b_ds).to(b_q.dtype), b_q, PREC, UP)
+    p_acc = ACC_h + o_i[:, None] * D + o_d[None, :]
+    b_acc = tl.load(p_acc, mask=m_i[:, None], other=0.0)
+    tl.store(p_acc, b_acc + _dot(b_ds.to(b_kb.dtype), b_kb, PREC, UP) * scale, mask=m_i[:, None])
+    return b_dk, b_dv
+
+
+@triton.jit
 def _small_bwd_kernel(
     Q,
     K,
@@ -115,6 +135,7 @@ def _small_bwd_kernel(
     NP: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
+    TQ: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
 ):
@@ -179,18 +200,24 @@ def _small_bwd_kernel(
         b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_kn[None, :]).to(tl.float16)
         b_dk = tl.zeros([BN, D], tl.float32)
         b_dv = tl.zeros([BN, D], tl.float32)
-        for i0 in range(0, N, BM):
-            o_i = i0 + tl.arange(0, BM)
-            m_i = o_i < N
-            b_q, b_do, b_p, b_ds = _query_block_p_ds(
-                Q_h, DO_h, LSE, DELTA, ROUTE, b_kb, b_vb, b_mb, o_i, m_i, o_j, o_d, i_bh, N, SN, DSN, scale_log2,
-                S, BM, MP, PREC, UP,
+        if TQ > 0:
+            # Whole query blocks of BM, then the last TQ rows (N % BM rounded up to a power of two).
+            i_full = (N // BM) * BM
+            for i0 in range(0, i_full, BM):
+                b_dk, b_dv = _bwd_tile(
+                    Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
+                    scale, scale_log2, S, D, MP, BM, PREC, UP,
+                )  # fmt: skip
+            b_dk, b_dv = _bwd_tile(
+                Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i_full, o_j, o_d, i_bh, N, SN, DSN,
+                scale, scale_log2, S, D, MP, TQ, PREC, UP,
             )  # fmt: skip
-            b_dv += _dot(tl.trans(b_p).to(b_do.dtype), b_do, PREC, UP)
-            b_dk += _dot(tl.trans(b_ds).to(b_q.dtype), b_q, PREC, UP)
-            p_acc = ACC_h + o_i[:, None] * D + o_d[None, :]
-            b_acc = tl.load(p_acc, mask=m_i[:, None], other=0.0)
-            tl.store(p_acc, b_acc + _dot(b_ds.to(b_kb.dtype), b_kb, PREC, UP) * scale, mask=m_i[:, None])
+        else:
+            for i0 in range(0, N, BM):
+                b_dk, b_dv = _bwd_tile(
+                    Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
+                    scale, scale_log2, S, D, MP, BM, PREC, UP,
+                )  # fmt: skip
         b_dk = b_dk * scale
         if SHARED:
             b_l, b_dls = _lv_key_block(b_r, b_kb, b_vb, b_dvt_c, b_lvlse, b_lvdelta, m_j, m_kn, scale_log2, PREC, UP)
@@ -235,6 +262,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
     dr = torch.empty_like(r) if shared else torch.zeros_like(r)
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else q
     o, do, dlay = grad_layouts(o, do)
+    cfg = _cfg("bwd", NP)
     fast(_small_bwd_kernel)[(BH,)](
         q,
         k,
@@ -273,6 +301,7 @@ def small_bwd(do, q, k, v, r, key_valid, o, lse, memb, route, vt, lvlse, S, shar
         NP=NP,
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
-        **_cfg("bwd", NP),
+        TQ=_tail(N, cfg["BM"], "bwd"),
+        **cfg,
     )
     return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr

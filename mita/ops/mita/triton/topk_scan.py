@@ -2,7 +2,7 @@
 long rows.
 
 - ``_topk_small_kernel`` (rows up to ``topk.SMALL_N`` keys): one program per (16 landmarks, head) keeps the
-  [landmarks, N] order keys on chip and finds the k-th largest by bisection (``_topk_select``).
+  [landmarks, N] order keys on chip and finds the k-th largest by a four-way search (``_topk_select``).
 - ``_topk_scan_body`` / ``_topk_scan_kernel``: the passes over a long row's key blocks, one helper each: block tops
   (``_scan_block_tops``), with the landmark values' split-key partials computed from the same scores (``LVF``);
   the fallback's refinement passes (``_scan_counts``), recount and ordered emission (``_scan_band``).
@@ -66,21 +66,40 @@ def _key_threshold(lo):
 
 @triton.jit
 def _topk_select(b_key, m_v, m_j, kk):
-    """Top-kk of each row of the int32 order keys b_key [R, L] among the entries m_v (rows m_j), ties to the lower
-    column: a 0/1 [R, L] selection. The kk-th largest key is the largest t with count(key >= t) >= kk, found by
-    bisection from [row min, row max + 1); a row stops as soon as count(key >= lo) == kk ({key >= lo} is then its
-    top-kk), otherwise when hi = lo + 1, and the ties at lo are taken in column order."""
+    """Top-kk of each row of the int32 order keys b_key [R, L] (L < 1024) among the entries m_v (rows m_j), ties to
+    the lower column: a 0/1 [R, L] selection. The kk-th largest key is the largest t with count(key >= t) >= kk,
+    found by a four-way search from [row min, row max + 1): each step counts the keys at or above the three
+    thresholds that split [lo, hi) in four, as one sum of 10-bit fields, and keeps the quarter holding the kk-th
+    largest key. A row stops as soon as count(key >= lo) == kk ({key >= lo} is then its top-kk), otherwise when
+    hi = lo + 1, and the ties at lo are taken in column order. (About half the steps of a bisection: each step's
+    block-wide reduction, not its arithmetic, is what the short kernels wait on.)"""
+    tl.static_assert(b_key.shape[1] < 1024)
     lo = tl.min(tl.where(m_v, b_key, 2147483647), 1).to(tl.int64)
     hi = tl.max(tl.where(m_v, b_key, -2147483648), 1).to(tl.int64) + 1
     c_lo = tl.sum(m_v.to(tl.int32), 1)
+    # Entries outside m_v never reach a threshold: every threshold is above lo, so above the smallest int32.
+    b_key = tl.where(m_v, b_key, -2147483648)
     busy = m_j & (c_lo != kk) & (hi - lo > 1)
     while tl.max(busy.to(tl.int32), 0) > 0:
-        mid = lo + (hi - lo) // 2
-        c = tl.sum((m_v & (b_key >= mid[:, None])).to(tl.int32), 1)
-        ok = busy & (c >= kk)
-        lo = tl.where(ok, mid, lo)
-        c_lo = tl.where(ok, c, c_lo)
-        hi = tl.where(busy & (c < kk), mid, hi)
+        w = hi - lo
+        # lo < t1 <= t2 <= t3 < hi for a busy row (w >= 2), so all within int32.
+        t1 = lo + tl.maximum(w // 4, 1)
+        t2 = lo + w // 2
+        t3 = lo + (3 * w) // 4
+        f = tl.where(b_key >= t1.to(tl.int32)[:, None], 1, 0)
+        f += tl.where(b_key >= t2.to(tl.int32)[:, None], 1024, 0)
+        f += tl.where(b_key >= t3.to(tl.int32)[:, None], 1048576, 0)
+        c = tl.sum(f, 1)
+        c1 = c & 1023
+        c2 = (c >> 10) & 1023
+        c3 = c >> 20
+        # The largest threshold that kk keys reach (lo always does) and the next one above it.
+        ok1 = busy & (c1 >= kk)
+        ok2 = busy & (c2 >= kk)
+        ok3 = busy & (c3 >= kk)
+        hi = tl.where(ok3, hi, tl.where(ok2, t3, tl.where(ok1, t2, tl.where(busy, t1, hi))))
+        lo = tl.where(ok3, t3, tl.where(ok2, t2, tl.where(ok1, t1, lo)))
+        c_lo = tl.where(ok3, c3, tl.where(ok2, c2, tl.where(ok1, c1, c_lo)))
         busy = m_j & (c_lo != kk) & (hi - lo > 1)
     m_gt = m_v & (b_key > lo[:, None])
     m_eq = m_v & (b_key == lo[:, None])
