@@ -8,10 +8,15 @@
 #
 #   MITA_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/speed_survey.sh OUT
 #
+# BEFORE=DIR (a copy of an earlier tree, e.g. `git archive <commit> | tar -x -C DIR`, carried to the machine): the
+# op benchmark's short and medium training points on that tree and this one in turn (before, after, before,
+# after; each process alone on the GPU), for a before / after comparison in one call.
+#
 # Needs hydra-core and omegaconf importable (the LRA shapes are read from the experiment files).
 set -o pipefail
 out=${1:?usage: speed_survey.sh OUT}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 commit=${MITA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache-survey}
 points=${POINTS:-deit_s,seg_1025,B8_N4096,N16384,N65536,lra_listops,lra_text,lra_retrieval,lra_image,lra_pathfinder}
@@ -31,6 +36,21 @@ step() {  # step NAME LIMIT_S COMMAND...: run one part, its log in OUT/NAME.log,
 } >"$out/environment.txt" 2>&1
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
   --timing eager,cuda_graph_queued --backends triton
+# The short path's settings side by side at DeiT-S (one process, same inputs): the last-block form of the attention
+# and backward kernels (CONFIG["attn"/"bwd"]["tail"]).
+step short_tail "${TAIL_S:-90}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
+  --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1
+if [ -n "${BEFORE:-}" ]; then
+  for i in 1 2; do
+    for side in before after; do
+      tree=.
+      [ "$side" = before ] && tree=$BEFORE
+      mkdir -p "$out/ab_${side}_$i"
+      step "ab_${side}_$i" "${AB_S:-60}" bash -c "cd '$tree' && python3 scripts/bench/bench_op.py --out '$out/ab_${side}_$i' \
+        --points deit_s,seg_1025,B8_N4096 --timing eager,cuda_graph_queued --backends triton"
+    done
+  done
+fi
 step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
 step host "${HOST_S:-60}" python3 scripts/bench/profiler.py host --points "${HOST_POINTS:-deit_s,B8_N4096,lra_listops}"
 if [ -n "${FULL_TABLE:-}" ]; then

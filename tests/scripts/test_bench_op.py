@@ -81,6 +81,14 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
     assert len(experiments) == 8
     for exp in experiments:
         assert (root / "configs" / "experiment" / f"{exp}.yaml").exists(), exp
+    # The short path's A/B sweep names settings sweep.py knows; the before / after step names known points.
+    sweep = fresh_bench_script(monkeypatch, "sweep")
+    sweeps = re.findall(r"--sweep (\S+)", text)
+    assert sweeps == ["small.attn.tail=0,1", "small.bwd.tail=0,1"]
+    for item in sweeps:
+        assert sweep.parse_sweep(item)[2] == [0, 1]
+    for name in re.search(r"--points (\S+) .*--timing eager,cuda_graph_queued", text).group(1).split(","):
+        assert prof.point(name)["name"] == name
 
 
 def test_main_times_every_point_in_every_mode(bench, tmp_path, monkeypatch):

@@ -92,6 +92,35 @@ def _bwd_tile(Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv,
 
 
 @triton.jit
+def _bwd_query_blocks(Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, o_j, o_d, i_bh, N, SN, DSN, scale,
+                      scale_log2, S: tl.constexpr, D: tl.constexpr, MP: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, TQ: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):  # fmt: skip
+    """One key block (b_kb, b_vb, membership columns b_mb) against every query block: its routed (dk / scale, dv), and
+    each query block's share of dq added to the rows' float32 accumulator."""
+    b_dk = tl.zeros([BN, D], tl.float32)
+    b_dv = tl.zeros([BN, D], tl.float32)
+    if TQ > 0:
+        # Whole query blocks of BM, then the last TQ rows (N % BM rounded up to a power of two).
+        i_full = (N // BM) * BM
+        for i0 in range(0, i_full, BM):
+            b_dk, b_dv = _bwd_tile(
+                Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
+                scale, scale_log2, S, D, MP, BM, PREC, UP,
+            )  # fmt: skip
+        b_dk, b_dv = _bwd_tile(
+            Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i_full, o_j, o_d, i_bh, N, SN, DSN,
+            scale, scale_log2, S, D, MP, TQ, PREC, UP,
+        )  # fmt: skip
+    else:
+        for i0 in range(0, N, BM):
+            b_dk, b_dv = _bwd_tile(
+                Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
+                scale, scale_log2, S, D, MP, BM, PREC, UP,
+            )  # fmt: skip
+    return b_dk, b_dv
+
+
+@triton.jit
 def _small_bwd_kernel(
     Q,
     K,
@@ -198,26 +227,10 @@ def _small_bwd_kernel(
         b_kb = tl.load(K_h + o_key, mask=m_kn[:, None], other=0.0)
         b_vb = tl.load(V_h + o_key, mask=m_kn[:, None], other=0.0)
         b_mb = tl.load(MEMB + i_bh * MP * NP + o_j[:, None] * NP + o_kn[None, :]).to(tl.float16)
-        b_dk = tl.zeros([BN, D], tl.float32)
-        b_dv = tl.zeros([BN, D], tl.float32)
-        if TQ > 0:
-            # Whole query blocks of BM, then the last TQ rows (N % BM rounded up to a power of two).
-            i_full = (N // BM) * BM
-            for i0 in range(0, i_full, BM):
-                b_dk, b_dv = _bwd_tile(
-                    Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
-                    scale, scale_log2, S, D, MP, BM, PREC, UP,
-                )  # fmt: skip
-            b_dk, b_dv = _bwd_tile(
-                Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i_full, o_j, o_d, i_bh, N, SN, DSN,
-                scale, scale_log2, S, D, MP, TQ, PREC, UP,
-            )  # fmt: skip
-        else:
-            for i0 in range(0, N, BM):
-                b_dk, b_dv = _bwd_tile(
-                    Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
-                    scale, scale_log2, S, D, MP, BM, PREC, UP,
-                )  # fmt: skip
+        b_dk, b_dv = _bwd_query_blocks(
+            Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, o_j, o_d, i_bh, N, SN, DSN, scale, scale_log2,
+            S, D, MP, BM, BN, TQ, PREC, UP,
+        )  # fmt: skip
         b_dk = b_dk * scale
         if SHARED:
             b_l, b_dls = _lv_key_block(b_r, b_kb, b_vb, b_dvt_c, b_lvlse, b_lvdelta, m_j, m_kn, scale_log2, PREC, UP)
