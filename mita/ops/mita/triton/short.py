@@ -101,24 +101,32 @@ def _onehot_route(SCORE, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S: tl.constexpr, MP
 
 
 @triton.jit
-def _routed_logits(b_q, b_k, b_c, scale_log2, PREC: tl.constexpr, UP: tl.constexpr):
+def _routed_logits(b_q, b_k, b_c, scale_log2, S: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """[BM, BN] log2-unit logits of the routed keys: ``q . k * scale`` plus log2 of the key's multiplicity c in the
-    query's routed lists; -inf where c = 0 (the key is in none of them, or is padding)."""
+    query's routed lists; -inf where c = 0 (the key is in none of them, or is padding). log2 c is exact without
+    ``tl.log2`` (a libdevice routine of some thirty instructions per entry) for c <= 2: 0 with S = 1, c - 1 with S = 2
+    (the same bits as log2)."""
     b_s = _dot(b_q, tl.trans(b_k), PREC, UP) * scale_log2
-    return tl.where(b_c > 0, b_s + tl.log2(tl.maximum(b_c, 1.0)), float("-inf"))
+    if S == 2:
+        b_s = b_s + (b_c - 1.0)
+    elif S > 2:
+        b_s = b_s + tl.log2(tl.maximum(b_c, 1.0))
+    return tl.where(b_c > 0, b_s, float("-inf"))
 
 
 @triton.jit
-def _routed_p_ds(b_q, b_k, b_v, b_do, b_c, b_lse, b_delta, scale_log2, PREC: tl.constexpr, UP: tl.constexpr):
+def _routed_p_ds(
+    b_q, b_k, b_v, b_do, b_c, b_lse, b_delta, scale_log2, S: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr
+):
     """Backward of the routed entries of a [BM queries, BN keys] tile: probabilities P (from the rows' LSE) and
     dS = P (dO v^T - delta)."""
-    b_p = tl.exp2(_routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP) - b_lse[:, None])
+    b_p = tl.exp2(_routed_logits(b_q, b_k, b_c, scale_log2, S, PREC, UP) - b_lse[:, None])
     return b_p, b_p * (_dot(b_do, tl.trans(b_v), PREC, UP) - b_delta[:, None])
 
 
 @triton.jit
 def _attn_keys(b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP: tl.constexpr,
-               BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):  # fmt: skip
+               S: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):  # fmt: skip
     """The online softmax of BM queries (routes b_oh [BM, MP]) over keys n0 .. n0 + BN."""
     o_n = n0 + tl.arange(0, BN)
     m_n = o_n < N
@@ -127,7 +135,7 @@ def _attn_keys(b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m
     b_mb = tl.load(MEMB_h + o_j[:, None] * NP + o_n[None, :]).to(tl.float16)
     # [BM, BN] how many of the query's experts hold each key (0 for padding: it is in no list).
     b_c = tl.dot(b_oh, b_mb)
-    b_s = _routed_logits(b_q, b_k, b_c, scale_log2, PREC, UP)
+    b_s = _routed_logits(b_q, b_k, b_c, scale_log2, S, PREC, UP)
     return _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
 
 
@@ -231,15 +239,15 @@ def _attn_rows(Q, K, V, R, VT, MEMB, O, LSE, ROUTE, i0, i_bh, N, M, H, SB, SH, S
         n_full = (N // BN) * BN
         for n0 in range(0, n_full, BN):
             b_m, b_l, b_acc = _attn_keys(
-                b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, BN, PREC, UP
+                b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, S, BN, PREC, UP
             )
         b_m, b_l, b_acc = _attn_keys(
-            b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n_full, N, SN, scale_log2, b_m, b_l, b_acc, NP, BT, PREC, UP
+            b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n_full, N, SN, scale_log2, b_m, b_l, b_acc, NP, S, BT, PREC, UP
         )
     else:
         for n0 in range(0, N, BN):
             b_m, b_l, b_acc = _attn_keys(
-                b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, BN, PREC, UP
+                b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, S, BN, PREC, UP
             )
     m_nz = b_l > 0
     b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]

@@ -47,7 +47,7 @@ def _query_block_p_ds(
     b_lse = tl.where(b_lse == float("-inf"), float("inf"), b_lse)
     b_delta = tl.load(DELTA + i_bh * N + o_i, mask=m_i, other=0.0)
     b_c = tl.dot(_load_route_onehot(ROUTE, o_i, m_i, o_j, i_bh, N, S, BM, MP), b_mb)
-    b_p, b_ds = _routed_p_ds(b_q, b_kb, b_vb, b_do, b_c, b_lse, b_delta, scale_log2, PREC, UP)
+    b_p, b_ds = _routed_p_ds(b_q, b_kb, b_vb, b_do, b_c, b_lse, b_delta, scale_log2, S, PREC, UP)
     return b_q, b_do, b_p, b_ds
 
 
