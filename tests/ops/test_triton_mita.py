@@ -257,16 +257,10 @@ def test_short_path_last_block_size():
     """The separate last key / query block of the short kernels: N % block rounded up to a power of two (at least
     16) with ``tail`` on; none (0: the last block is a whole one, masked) with it off, when the block divides N or
     when the rounding reaches the block."""
-    for name in ("attn", "bwd"):
-        assert ts.CONFIG[name]["tail"] == 1
-        assert [ts._tail(n, 64, name) for n in (197, 150, 100, 128, 64, 65, 81)] == [16, 32, 0, 0, 0, 16, 32]
-        assert ts._tail(17, 32, name) == 0
-    old = ts.CONFIG["attn"]["tail"]
-    try:
-        ts.CONFIG["attn"]["tail"] = 0
-        assert [ts._tail(n, 64, "attn") for n in (197, 150, 128)] == [0, 0, 0]
-    finally:
-        ts.CONFIG["attn"]["tail"] = old
+    assert (ts.CONFIG["attn"]["tail"], ts.CONFIG["bwd"]["tail"]) == (1, 0)
+    assert [ts._tail(n, 64, "attn") for n in (197, 150, 100, 128, 64, 65, 81)] == [16, 32, 0, 0, 0, 16, 32]
+    assert ts._tail(17, 32, "attn") == 0
+    assert [ts._tail(n, 64, "bwd") for n in (197, 150, 128)] == [0, 0, 0]
 
 
 @pytest.mark.parametrize("tail", [0, 1])
