@@ -37,9 +37,10 @@ step() {  # step NAME LIMIT_S COMMAND...: run one part, its log in OUT/NAME.log,
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
   --timing eager,cuda_graph_queued --backends triton
 # The short path's settings side by side at DeiT-S (one process, same inputs): the last-block form of the attention
-# and backward kernels (CONFIG["attn"/"bwd"]["tail"]).
+# and backward kernels (CONFIG["attn"/"bwd"]["tail"]) and the route kernel's register cap.
 step short_tail "${TAIL_S:-90}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
-  --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1
+  --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1 \
+  --sweep small.route.maxnreg=None,128
 if [ -n "${BEFORE:-}" ]; then
   for i in 1 2; do
     for side in before after; do

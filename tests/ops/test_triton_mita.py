@@ -263,6 +263,16 @@ def test_short_path_last_block_size():
     assert [ts._tail(n, 64, "bwd") for n in (197, 150, 128)] == [0, 0, 0]
 
 
+def test_short_path_launch_settings(poison, monkeypatch):
+    """short.CONFIG to launch keywords: block sizes capped at the padded length, ``tail`` left to ``_tail``, a
+    ``maxnreg`` cap passed only when set (the interpreter takes and ignores it)."""
+    assert ts._cfg("attn", 32)["BM"] == 32 and "tail" not in ts._cfg("attn", 256)
+    assert "maxnreg" not in ts._cfg("route", 256)
+    monkeypatch.setitem(ts.CONFIG["route"], "maxnreg", 128)
+    assert ts._cfg("route", 256)["maxnreg"] == 128
+    _check(1, 2, 197, 64, 25, 25, torch.bfloat16)
+
+
 @pytest.mark.parametrize("tail", [0, 1])
 @pytest.mark.parametrize(
     "B,N,m,topk,dtype,S,shared,pad_from",

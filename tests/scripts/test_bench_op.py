@@ -84,9 +84,8 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
     # The short path's A/B sweep names settings sweep.py knows; the before / after step names known points.
     sweep = fresh_bench_script(monkeypatch, "sweep")
     sweeps = re.findall(r"--sweep (\S+)", text)
-    assert sweeps == ["small.attn.tail=0,1", "small.bwd.tail=0,1"]
-    for item in sweeps:
-        assert sweep.parse_sweep(item)[2] == [0, 1]
+    assert sweeps == ["small.attn.tail=0,1", "small.bwd.tail=0,1", "small.route.maxnreg=None,128"]
+    assert [sweep.parse_sweep(item)[2] for item in sweeps] == [[0, 1], [0, 1], [None, 128]]
     for name in re.search(r"--points (\S+) .*--timing eager,cuda_graph_queued", text).group(1).split(","):
         assert prof.point(name)["name"] == name
 

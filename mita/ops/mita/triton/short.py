@@ -36,6 +36,7 @@ from mita.ops.mita.triton.common import (
     _upcast,
     heads_layout,
     out_layout,
+    regs_cap,
 )
 from mita.ops.mita.triton.launch import fast, interpreting
 from mita.ops.mita.triton.topk import _valid_counts
@@ -57,17 +58,19 @@ def small_supported(N: int, m: int, d: int) -> bool:
 # (``--sweep small.bwd.BM=32,64``). ``tail`` 1: the last query and key blocks of the attention (the last query block
 # of the backward) hold N % block rows rounded up to a power of two, not a whole block (N = 197, blocks of 64: 208
 # rows against 256); 0: whole blocks, masked. The backward's stays 0 until timed: its second tile body spills (sm_90,
-# 456 B of stack against 120 B).
+# 456 B of stack against 120 B). ``maxnreg``: a register cap (route at 128: 4 programs per SM instead of 3 on sm_90,
+# no spill; untimed).
 CONFIG = {
-    "route": dict(BS=16, num_warps=4, num_stages=1),
+    "route": dict(BS=16, num_warps=4, num_stages=1, maxnreg=None),
     "attn": dict(BM=64, BN=64, tail=1, num_warps=4, num_stages=2),
     "bwd": dict(BM=64, BN=64, tail=0, num_warps=4, num_stages=1),
 }
 
 
 def _cfg(name: str, NP: int) -> dict:
-    """Launch keywords of a short-path kernel from CONFIG (without ``tail``, which :func:`_tail` reads)."""
-    return {k: (min(v, NP) if k in ("BM", "BN") else v) for k, v in CONFIG[name].items() if k != "tail"}
+    """Launch keywords of a short-path kernel from CONFIG (``tail`` is :func:`_tail`'s; ``maxnreg`` None: no cap)."""
+    cfg = {k: (min(v, NP) if k in ("BM", "BN") else v) for k, v in CONFIG[name].items() if k not in ("tail", "maxnreg")}
+    return {**cfg, **regs_cap(CONFIG[name].get("maxnreg"))}
 
 
 def _tail(N: int, block: int, name: str) -> int:
