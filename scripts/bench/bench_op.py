@@ -301,6 +301,14 @@ def main(argv: list[str] | None = None) -> None:
 
         ttk.SCAN_CONFIG["block_top"] = args.block_top
         print(f"top-k start: {args.block_top} scores per key block", flush=True)
+    wanted = [x for x in args.points.split(",") if x]
+    points = shapes(args.max_n, args.point_set)
+    unknown = sorted(set(wanted) - {p["name"] for p in points})
+    if unknown:
+        raise SystemExit(
+            f"--points: {unknown} not in point set {args.point_set!r} (up to --max-n {args.max_n}): "
+            f"{[p['name'] for p in points]}"
+        )
     out_csv = csv_name(args.point_set, timings, args.rho, args.block_top)
     os.makedirs(args.out, exist_ok=True)
     env = environment()
@@ -312,8 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     for b, (ok, msg) in gate.items():
         print(f"correctness gate {b}: {'PASS' if ok else 'FAIL'} ({msg})", flush=True)
     rows = []
-    wanted = [x for x in args.points.split(",") if x]
-    for p in shapes(args.max_n, args.point_set):
+    for p in points:
         if wanted and p["name"] not in wanted:
             continue
         B, H, N, d = p["B"], p["H"], p["N"], p["d"]

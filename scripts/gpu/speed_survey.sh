@@ -48,7 +48,7 @@ if [ -n "${BEFORE:-}" ]; then
       [ "$side" = before ] && tree=$BEFORE
       mkdir -p "$out/ab_${side}_$i"
       step "ab_${side}_$i" "${AB_S:-60}" bash -c "cd '$tree' && python3 scripts/bench/bench_op.py --out '$out/ab_${side}_$i' \
-        --points deit_s,seg_1025,B8_N4096 --timing eager,cuda_graph_queued --backends triton"
+        --point-set training --points deit_s,seg_1025,B8_N4096 --timing eager,cuda_graph_queued --backends triton"
     done
   done
 fi

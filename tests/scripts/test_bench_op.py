@@ -117,3 +117,13 @@ def test_main_times_every_point_in_every_mode(bench, tmp_path, monkeypatch):
     for r in rows:
         if r["method"] == "mita_triton":
             assert float(r["speedup_fwd"]) == 0.5 and r["correctness"] == "PASS"
+
+
+def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch):
+    """A --points name outside the chosen point set (here a training point with the default long set) stops the run
+    with the set's names, before the correctness gate or any timing (it used to be skipped silently)."""
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "mita_correct", lambda backend: pytest.fail("the gate ran"))
+    with pytest.raises(SystemExit, match=r"\['seg_1025'\] not in point set 'long'.*N1048576"):
+        bench.main(["--out", str(tmp_path), "--points", "deit_s,seg_1025", "--backends", "triton"])
+    assert not list(tmp_path.iterdir())
