@@ -70,8 +70,15 @@ def mita_layer_reference(layer: AttentionBase, x: torch.Tensor) -> torch.Tensor:
     start = 0 if L.landmark_layout == "official" else L.num_prefix_tokens  # "official": the first h*w tokens
     R = _adaptive_pool_grid(q, start, L.grid_size, landmark_grid(L.m))
     o = dense_mita(
-        q, k, v, R, L.topk, experts_per_query=L.experts_per_query, shared=not L.routing_only,
-        shared_scale=L.shared_scale, scale=L.scale,
+        q,
+        k,
+        v,
+        R,
+        L.topk,
+        experts_per_query=L.experts_per_query,
+        shared=not L.routing_only,
+        shared_scale=L.shared_scale,
+        scale=L.scale,
     )
     return L.output(L.merge_heads(o))
 

@@ -17,7 +17,6 @@ if not os.path.exists("/dev/nvidia0"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-
 # GPU tests with a million-token row (any integer parameter at least this large) need tens of GiB each; under
 # pytest-xdist (`--dist loadgroup`, scripts/gpu/gpu_suite.sh) they share one worker so they never run side by side.
 LARGE_ROW = 1 << 20

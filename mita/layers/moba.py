@@ -32,7 +32,8 @@ def moba_attention(
     the ``topk_blocks`` best blocks that hold at least one valid key. Tokens with ``block_ids < 0`` belong to no
     routed block and are attended by every query (e.g. a CLS token). Routing is a hard selection (no gradient, as
     in the paper). Queries are processed ``chunk_size`` at a time (memory O(B * H * chunk_size * N)), each chunk
-    in one masked SDPA call; no host synchronisation. With ``topk_blocks >= num_blocks`` the result equals full softmax attention.
+    in one masked SDPA call; no host synchronisation. With ``topk_blocks >= num_blocks`` the result equals full
+    softmax attention.
 
     Args:
         q, k, v: [B, H, N, d].

@@ -253,10 +253,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-length", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--baseline", action="store_true",
-                        help="generate nothing: report the first-operator rule's accuracy on each split of --out")
-    parser.add_argument("--baseline-json", type=Path, default=None,
-                        help="with --baseline: also write the numbers, with the command and date, to this file")
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="generate nothing: report the first-operator rule's accuracy on each split of --out",
+    )
+    parser.add_argument(
+        "--baseline-json",
+        type=Path,
+        default=None,
+        help="with --baseline: also write the numbers, with the command and date, to this file",
+    )
     args = parser.parse_args(argv)
     if args.baseline:
         stats = first_operator_baseline(args.out)

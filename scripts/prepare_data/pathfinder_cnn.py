@@ -83,8 +83,18 @@ def main(argv: list[str] | None = None) -> None:
             best = max(best, acc)
             history.append((step, round(time.time() - t0, 1), round(loss.item(), 4), round(acc, 4)))
             print(f"step {step} {history[-1][1]} s loss {history[-1][2]} val_acc {acc:.4f}", flush=True)
-    print(json.dumps({"difficulty": args.difficulty, "train": len(ytr), "val": len(yva), "steps": step,
-                      "best_val_acc": best, "history": history}))
+    print(
+        json.dumps(
+            {
+                "difficulty": args.difficulty,
+                "train": len(ytr),
+                "val": len(yva),
+                "steps": step,
+                "best_val_acc": best,
+                "history": history,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -36,9 +36,7 @@ def _inputs(N, m, d=32, B=2, H=1, pad=False, dtype=torch.float32, seed=0):
     return (q, k, v, r), mask
 
 
-@pytest.mark.parametrize(
-    "short,case", [(s, c) for s in (True, False) for c in CASES]
-)
+@pytest.mark.parametrize("short,case", [(s, c) for s in (True, False) for c in CASES])
 def test_compiled_op_matches_eager_without_graph_break(monkeypatch, short, case):
     """The compiled custom op against the eager autograd path, bitwise."""
     N, m, k, S, shared, pad = case

@@ -174,8 +174,9 @@ def test_reproduce_sh_help_smoke_and_missing_environment(tmp_path):
     # A checkout without .venv, no $PYTHON, and no python with the project on PATH: one line saying how to set up.
     (tmp_path / "reproduce.sh").write_text((REPO / "reproduce.sh").read_text())
     bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    proc = subprocess.run(["bash", "reproduce.sh", "all", "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
-                          env=bare)
+    proc = subprocess.run(
+        ["bash", "reproduce.sh", "all", "--dry-run"], cwd=tmp_path, capture_output=True, text=True, env=bare
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "reproduce.sh: no Python environment with the project found; set it up with: source scripts/install.sh"

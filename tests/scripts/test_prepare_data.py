@@ -236,8 +236,12 @@ def test_listops_first_operator_baseline_on_hand_written_splits(tmp_path: Path, 
     # Train: MAX trees mostly give 9, MIN trees mostly 0, so the rule is MAX -> 9, MIN -> 0; majority label 9.
     train = [("( ( ( [MAX 2 ) 9 ) ] )", 9)] * 3 + [("( ( ( [MAX 2 ) 1 ) ] )", 2)]
     train += [("( ( ( [MIN 0 ) 4 ) ] )", 0)] * 2 + [("( ( ( [MIN 5 ) 4 ) ] )", 4)]
-    test = [("( ( ( [MAX 3 ) 9 ) ] )", 9), ("( ( ( [MIN 1 ) 2 ) ] )", 1), ("( ( ( [MIN 0 ) 3 ) ] )", 0),
-            ("( ( ( [MAX 3 ) 4 ) ] )", 4)]
+    test = [
+        ("( ( ( [MAX 3 ) 9 ) ] )", 9),
+        ("( ( ( [MIN 1 ) 2 ) ] )", 1),
+        ("( ( ( [MIN 0 ) 3 ) ] )", 0),
+        ("( ( ( [MAX 3 ) 4 ) ] )", 4),
+    ]
     listops.write_tsv(tmp_path / "basic_train.tsv", train)
     listops.write_tsv(tmp_path / "basic_test.tsv", test)
     stats = listops.first_operator_baseline(tmp_path)

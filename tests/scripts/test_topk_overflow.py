@@ -77,8 +77,7 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
         # Launch options and non-default switches (the interpreter ignores warps): in the slow selection.
         pytest.param("num_warps=4,8", ["4", "8"], [], marks=pytest.mark.slow),
         pytest.param("fwd.route_stream=0,3", ["0", "3"], [], marks=pytest.mark.slow),
-        pytest.param("route.bm=32,64", ["32", "64"], ["--set", "fwd.bm_max=32;route.bs=16"],
-                     marks=pytest.mark.slow),
+        pytest.param("route.bm=32,64", ["32", "64"], ["--set", "fwd.bm_max=32;route.bs=16"], marks=pytest.mark.slow),
     ],
 )
 def test_ab_script_runs_on_cpu(sweep, vals, extra):

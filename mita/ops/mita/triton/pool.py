@@ -177,9 +177,8 @@ def _pool1d_fwd_kernel(X, OUT, H, M, L, SB, SH, SN, D: tl.constexpr, BL: tl.cons
         if EVEN:
             acc += tl.load(X_h + o_l.to(tl.int64)[:, None] * SN + o_d[None, :]).to(tl.float32)
         else:
-            acc += tl.load(
-                X_h + o_l.to(tl.int64)[:, None] * SN + o_d[None, :], mask=(o_l < L)[:, None], other=0.0
-            ).to(tl.float32)
+            p_x = X_h + o_l.to(tl.int64)[:, None] * SN + o_d[None, :]
+            acc += tl.load(p_x, mask=(o_l < L)[:, None], other=0.0).to(tl.float32)
     out = tl.sum(acc, 0) / L
     tl.store(OUT + (i_bh * M + i_i) * D + o_d, out.to(OUT.dtype.element_ty))
 
