@@ -36,6 +36,9 @@ step() {  # step NAME LIMIT_S COMMAND...: run one part, its log in OUT/NAME.log,
 } >"$out/environment.txt" 2>&1
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
   --timing eager,cuda_graph_queued --backends triton
+# The short kernels against naive_mita on this GPU first (every setting the next step times).
+step short_tests "${SHORT_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_triton_mita.py \
+  -k "short or gpu_matches_naive"
 # The short path's settings side by side at DeiT-S (one process, same inputs): the last-block form of the attention
 # and backward kernels (CONFIG["attn"/"bwd"]["tail"]) and the route kernel's register cap.
 step short_tail "${TAIL_S:-90}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \

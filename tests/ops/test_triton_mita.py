@@ -507,6 +507,20 @@ def test_gpu_short_backward_modes(poison, monkeypatch, S, pad):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("tail,maxnreg", [(0, None), (1, None), (1, 128)])
+@pytest.mark.parametrize("S,pad", [(1, False), (2, True)])
+def test_gpu_short_path_settings(poison, monkeypatch, tail, maxnreg, S, pad):
+    """The short kernels' launch settings that a benchmark chooses between (``short.CONFIG``: the last-block form of
+    the attention and backward, the route kernel's register cap) at DeiT-S's shape (bf16) against naive_mita."""
+    monkeypatch.setattr(tmop, "SHORT_PATH", True)
+    monkeypatch.setitem(ts.CONFIG["attn"], "tail", tail)
+    monkeypatch.setitem(ts.CONFIG["bwd"], "tail", tail)
+    monkeypatch.setitem(ts.CONFIG["route"], "maxnreg", maxnreg)
+    _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 def test_gpu_backward_is_deterministic():
     (q, k, v, r), _ = _inputs(2, 2, 8192, 64, 32, torch.bfloat16, seed=11)
     do = torch.randn_like(q)
