@@ -221,22 +221,21 @@ def main() -> None:
             )
         )
     small = {"MEMB": "*i8", "DQ": "*bf16", "PMEMB": "*bf16"}
+
+    def launch_opts(name: str) -> dict:
+        # The short kernels' launch options as short.CONFIG sets them (warps, stages, a register cap).
+        return {k: v for k, v in ts._cfg(name, 256).items() if k in ("num_warps", "num_stages", "maxnreg")}
+
+    # N = 197: the last blocks as CONFIG's tail gives them (16 rows when on).
+    tq, bt, tqb = ts._tail(197, 64, "attn"), ts._tail(197, 64, "attn"), ts._tail(197, 64, "bwd")
     for S, kv, mp in ((1, False, 32), (2, True, 16)):
         sc = dict(SHARED=True, MP=mp, NP=256, **common)
-        cases.append(
-            (
-                f"small_route MP={mp}",
-                ts._small_route_kernel,
-                dict(BS=16, EXACT=False, HAS_KV=kv, **sc),
-                dict(num_warps=4, num_stages=1),
-                small,
-            )
-        )
-        # The launch settings of N = 197 (a 16-row last block with CONFIG's tail on) and their stages.
-        attn = dict(S=S, BM=64, BN=64, TQ=16, BT=16, EXACT=False, **sc)
-        cases.append((f"small_attn S={S}", ts._small_attn_kernel, attn, dict(num_warps=4, num_stages=2), small))
-        bwd = dict(S=S, BM=64, BN=64, TQ=16, HAS_KV=kv, POOL=not kv, **sc)
-        cases.append((f"small_bwd S={S}", tsb._small_bwd_kernel, bwd, dict(num_warps=4, num_stages=1), small))
+        route = dict(BS=16, EXACT=False, HAS_KV=kv, **sc)
+        cases.append((f"small_route MP={mp}", ts._small_route_kernel, route, launch_opts("route"), small))
+        attn = dict(S=S, BM=64, BN=64, TQ=tq, BT=bt, EXACT=False, **sc)
+        cases.append((f"small_attn S={S}", ts._small_attn_kernel, attn, launch_opts("attn"), small))
+        bwd = dict(S=S, BM=64, BN=64, TQ=tqb, HAS_KV=kv, POOL=not kv, **sc)
+        cases.append((f"small_bwd S={S}", tsb._small_bwd_kernel, bwd, launch_opts("bwd"), small))
     ints = {name: "i32" for name in ("C", "DH", "SXG", "SXN", "SGG", "SGH", "SGM")}
     pool_fwd = {"MEMB": "*bf16", "X": "*bf16", "OUT": "*bf16", **ints}
     pool_bwd = {"G": "*bf16", "DX": "*bf16", **ints}

@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# Where MiTA stands against dense attention at the lengths where the paper trains, in one GPU call (about 8 min on
-# one H200): the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel
-# GPU time and launch sequence of each point, the host time of each forward stage, and whole LRA training steps
-# (full attention, MiTA, per-query top-k and MoBA of ListOps and Pathfinder; every Table D and E row with
-# FULL_TABLE=1).
+# Where MiTA stands against dense attention at the lengths where the paper trains, on one H200, in parts (PARTS, a
+# comma-separated list; default all three, more than one 10-minute device call: run them as two calls):
+#   short  the short path (N <= 256) at DeiT-S: its GPU tests, then its launch settings side by side (sweep.py), and
+#          with BEFORE=DIR the op benchmark's short and medium training points on an earlier tree and this one in
+#          turn (before, after, before, after; each process alone on the GPU). About 6 min.
+#   op     the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel GPU
+#          time and launch sequence of each point, the host time of each forward stage. About 6 min.
+#   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
+#          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
 # Each step's output goes to OUT as it finishes, so a call cut at its limit still returns what ran.
 #
-#   MITA_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu/speed_survey.sh OUT
+#   MITA_COMMIT=$(git rev-parse --short HEAD) PARTS=short,lra BEFORE=.before-fab28ce bash scripts/gpu/speed_survey.sh OUT
 #
-# BEFORE=DIR (a copy of an earlier tree, e.g. `git archive <commit> | tar -x -C DIR`, carried to the machine): the
-# op benchmark's short and medium training points on that tree and this one in turn (before, after, before,
-# after; each process alone on the GPU), for a before / after comparison in one call.
-#
-# Needs hydra-core and omegaconf importable (the LRA shapes are read from the experiment files).
+# BEFORE=DIR is a copy of an earlier tree (`git archive <commit> mita scripts pyproject.toml configs tasks | tar -x -C
+# DIR`, carried to the machine). Needs hydra-core and omegaconf importable (the LRA shapes are read from the
+# experiment files).
 set -o pipefail
 out=${1:?usage: speed_survey.sh OUT}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 commit=${MITA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache-survey}
+parts=",${PARTS:-short,op,lra},"
 points=${POINTS:-deit_s,seg_1025,B8_N4096,N16384,N65536,lra_listops,lra_text,lra_retrieval,lra_image,lra_pathfinder}
 step() {  # step NAME LIMIT_S COMMAND...: run one part, its log in OUT/NAME.log, never longer than LIMIT_S
   local name=$1 limit=$2
@@ -34,16 +37,16 @@ step() {  # step NAME LIMIT_S COMMAND...: run one part, its log in OUT/NAME.log,
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } >"$out/environment.txt" 2>&1
-step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
-  --timing eager,cuda_graph_queued --backends triton
+want() { [[ $parts == *",$1,"* ]]; }
+if want short; then
 # The short kernels against naive_mita on this GPU first (every setting the next step times).
 step short_tests "${SHORT_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_triton_mita.py \
   -k "short or gpu_matches_naive"
 # The short path's settings side by side at DeiT-S (one process, same inputs): the last-block form of the attention
 # and backward kernels (CONFIG["attn"/"bwd"]["tail"]) and the route kernel's register cap.
-step short_tail "${TAIL_S:-90}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
+step short_tail "${TAIL_S:-150}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
   --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1 \
-  --sweep small.route.maxnreg=None,128
+  --sweep small.route.maxnreg=168,None,128 --sweep small.attn.maxnreg=168,None
 if [ -n "${BEFORE:-}" ]; then
   for i in 1 2; do
     for side in before after; do
@@ -55,8 +58,14 @@ if [ -n "${BEFORE:-}" ]; then
     done
   done
 fi
+fi
+if want op; then
+step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
+  --timing eager,cuda_graph_queued --backends triton
 step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
 step host "${HOST_S:-60}" python3 scripts/bench/profiler.py host --points "${HOST_POINTS:-deit_s,B8_N4096,lra_listops}"
+fi
+if want lra; then
 if [ -n "${FULL_TABLE:-}" ]; then
   step lra_time "${LRA_S:-240}" python3 scripts/lra_time.py --table D --table E --out "$out/lra_time.csv"
 else
@@ -72,5 +81,7 @@ else
   step lra_time_topk_math_pathfinder "${LRA_M_S:-40}" python3 scripts/lra_time.py model.attention.impl=math \
     --out "$out/lra_time_topk_math_pathfinder.csv" --valid-fraction 0.34 --experiments lra/pathfinder-topk
 fi
-tail -n 25 "$out/op_bench.log"
+fi
+tail -n 25 "$out/short_tail.log" "$out/op_bench.log" 2>/dev/null
 tail -n 6 "$out/lra_time.log" "$out/lra_time_pathfinder.log" 2>/dev/null
+exit 0

@@ -267,6 +267,9 @@ def test_short_path_launch_settings(poison, monkeypatch):
     """short.CONFIG to launch keywords: block sizes capped at the padded length, ``tail`` left to ``_tail``, a
     ``maxnreg`` cap passed only when set (the interpreter takes and ignores it)."""
     assert ts._cfg("attn", 32)["BM"] == 32 and "tail" not in ts._cfg("attn", 256)
+    assert ts._cfg("attn", 256)["maxnreg"] == ts._cfg("route", 256)["maxnreg"] == 168
+    assert "maxnreg" not in ts._cfg("bwd", 256)
+    monkeypatch.setitem(ts.CONFIG["route"], "maxnreg", None)
     assert "maxnreg" not in ts._cfg("route", 256)
     monkeypatch.setitem(ts.CONFIG["route"], "maxnreg", 128)
     assert ts._cfg("route", 256)["maxnreg"] == 128
@@ -507,7 +510,7 @@ def test_gpu_short_backward_modes(poison, monkeypatch, S, pad):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("tail,maxnreg", [(0, None), (1, None), (1, 128)])
+@pytest.mark.parametrize("tail,maxnreg", [(0, None), (1, 168), (1, 128)])
 @pytest.mark.parametrize("S,pad", [(1, False), (2, True)])
 def test_gpu_short_path_settings(poison, monkeypatch, tail, maxnreg, S, pad):
     """The short kernels' launch settings that a benchmark chooses between (``short.CONFIG``: the last-block form of

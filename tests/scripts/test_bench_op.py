@@ -84,8 +84,13 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
     # The short path's A/B sweep names settings sweep.py knows; the before / after step names known points.
     sweep = fresh_bench_script(monkeypatch, "sweep")
     sweeps = re.findall(r"--sweep (\S+)", text)
-    assert sweeps == ["small.attn.tail=0,1", "small.bwd.tail=0,1", "small.route.maxnreg=None,128"]
-    assert [sweep.parse_sweep(item)[2] for item in sweeps] == [[0, 1], [0, 1], [None, 128]]
+    assert sweeps == [
+        "small.attn.tail=0,1",
+        "small.bwd.tail=0,1",
+        "small.route.maxnreg=168,None,128",
+        "small.attn.maxnreg=168,None",
+    ]
+    assert [sweep.parse_sweep(item)[2] for item in sweeps] == [[0, 1], [0, 1], [168, None, 128], [168, None]]
     for name in re.search(r"--points (\S+) .*--timing eager,cuda_graph_queued", text).group(1).split(","):
         assert prof.point(name)["name"] == name
 
@@ -127,3 +132,37 @@ def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch
     with pytest.raises(SystemExit, match=r"\['seg_1025'\] not in point set 'long'.*N1048576"):
         bench.main(["--out", str(tmp_path), "--points", "deit_s,seg_1025", "--backends", "triton"])
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "parts,steps",
+    [
+        ("short", {"short_tests", "short_tail", "ab_before_1", "ab_after_1", "ab_before_2", "ab_after_2"}),
+        ("op,lra", {"op_bench", "kernels", "host", "lra_time", "lra_time_pathfinder", "lra_time_topk_math",
+                    "lra_time_topk_math_pathfinder"}),
+    ],
+)  # fmt: skip
+def test_speed_survey_parts(tmp_path, parts, steps):
+    """scripts/gpu/speed_survey.sh runs the steps of the PARTS it is given and no others (python3 and nvidia-smi
+    replaced by stubs that record their arguments); the before / after steps run in the BEFORE tree and here."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("python3", "nvidia-smi"):
+        (stubs / name).write_text('#!/bin/sh\necho "$(pwd) $*"\n')
+        (stubs / name).chmod(0o755)
+    before = tmp_path / "before"
+    before.mkdir()
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", PARTS=parts, BEFORE=str(before), MITA_COMMIT="abc")
+    subprocess.run(["bash", str(root / "scripts" / "gpu" / "speed_survey.sh"), str(out)], cwd=root, env=env,
+                   check=True, capture_output=True, timeout=60)  # fmt: skip
+    logs = {p.stem for p in out.glob("*.log")}
+    assert logs == steps
+    if "short" in parts:
+        assert (out / "ab_before_1.log").read_text().startswith(f"{before} scripts/bench/bench_op.py")
+        assert (out / "ab_after_2.log").read_text().startswith(f"{root} scripts/bench/bench_op.py")
