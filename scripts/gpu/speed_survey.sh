@@ -44,9 +44,13 @@ step short_tests "${SHORT_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cache
   -k "short or gpu_matches_naive"
 # The short path's settings side by side at DeiT-S (one process, same inputs): the last-block form of the attention
 # and backward kernels (CONFIG["attn"/"bwd"]["tail"]) and the route kernel's register cap.
-step short_tail "${TAIL_S:-150}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
+step short_tail "${TAIL_S:-240}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
   --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1 \
   --sweep small.route.maxnreg=168,None,128 --sweep small.attn.maxnreg=168,None
+# The backward's tiles and register cap (3 programs per SM at 168 registers, with some spilling).
+step short_bwd "${BWD_S:-150}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
+  --backward --timing cuda_graph --reps 20 --variants \
+  "|small.bwd.maxnreg=168|small.bwd.BM=32;small.bwd.BN=32|small.bwd.BM=32;small.bwd.BN=32;small.bwd.maxnreg=168"
 if [ -n "${BEFORE:-}" ]; then
   for i in 1 2; do
     for side in before after; do

@@ -510,15 +510,24 @@ def test_gpu_short_backward_modes(poison, monkeypatch, S, pad):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("tail,maxnreg", [(0, None), (1, 168), (1, 128)])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"attn.tail": 0, "bwd.tail": 0, "route.maxnreg": None, "attn.maxnreg": None},
+        {"attn.tail": 1, "bwd.tail": 1, "route.maxnreg": 168, "attn.maxnreg": 168},
+        {"route.maxnreg": 128, "bwd.maxnreg": 168},
+        {"bwd.BM": 32, "bwd.BN": 32, "bwd.maxnreg": 168},
+    ],
+    ids=["tail0-uncapped", "tail1-capped", "route128-bwd168", "bwd32x32-168"],
+)
 @pytest.mark.parametrize("S,pad", [(1, False), (2, True)])
-def test_gpu_short_path_settings(poison, monkeypatch, tail, maxnreg, S, pad):
-    """The short kernels' launch settings that a benchmark chooses between (``short.CONFIG``: the last-block form of
-    the attention and backward, the route kernel's register cap) at DeiT-S's shape (bf16) against naive_mita."""
+def test_gpu_short_path_settings(poison, monkeypatch, settings, S, pad):
+    """The short kernels' launch settings that a benchmark chooses between (``short.CONFIG``: the last-block forms,
+    register caps, the backward's tiles) at DeiT-S's shape (bf16) against naive_mita, forward and backward."""
     monkeypatch.setattr(tmop, "SHORT_PATH", True)
-    monkeypatch.setitem(ts.CONFIG["attn"], "tail", tail)
-    monkeypatch.setitem(ts.CONFIG["bwd"], "tail", tail)
-    monkeypatch.setitem(ts.CONFIG["route"], "maxnreg", maxnreg)
+    for key, value in settings.items():
+        kernel, name = key.split(".")
+        monkeypatch.setitem(ts.CONFIG[kernel], name, value)
     _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
 
 

@@ -91,6 +91,11 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
         "small.attn.maxnreg=168,None",
     ]
     assert [sweep.parse_sweep(item)[2] for item in sweeps] == [[0, 1], [0, 1], [168, None, 128], [168, None]]
+    variants = re.search(r'--variants \\\n\s*"([^"]*)"', text).group(1).split("|")
+    assert variants[0] == "" and len(variants) == 4
+    for v in variants[1:]:
+        for item in v.split(";"):
+            assert sweep.parse_sweep(item)[0] is sweep.ts.CONFIG["bwd"]
     for name in re.search(r"--points (\S+) .*--timing eager,cuda_graph_queued", text).group(1).split(","):
         assert prof.point(name)["name"] == name
 
@@ -137,7 +142,7 @@ def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch
 @pytest.mark.parametrize(
     "parts,steps",
     [
-        ("short", {"short_tests", "short_tail", "ab_before_1", "ab_after_1", "ab_before_2", "ab_after_2"}),
+        ("short", {"short_tests", "short_tail", "short_bwd", "ab_before_1", "ab_after_1", "ab_before_2", "ab_after_2"}),
         ("op,lra", {"op_bench", "kernels", "host", "lra_time", "lra_time_pathfinder", "lra_time_topk_math",
                     "lra_time_topk_math_pathfinder"}),
     ],

@@ -60,11 +60,13 @@ def small_supported(N: int, m: int, d: int) -> bool:
 # rows against 256); 0: whole blocks, masked. The backward's stays 0 until timed: its second tile body spills (sm_90,
 # 456 B of stack against 120 B). ``maxnreg``: a register cap; 168 keeps 3 programs of 4 warps per SM on sm_90 without
 # spilling (Triton 3.6, the H200's, allocates 170 registers to the attention with the tail on and 181 to the route
-# kernel with padding, which fit 2). Route at 128: 4 programs per SM (Triton 3.6: 104 B of stack; untimed).
+# kernel with padding, which fit 2). Route at 128: 4 programs per SM (Triton 3.6: 104 B of stack; untimed). The
+# backward takes 255 registers even with 32 x 32 tiles (the shared expert's state); capped at 168 it fits 3 programs
+# per SM with 160 B (32 x 32) to 656 B (64 x 64) of stack (Triton 3.6; untimed).
 CONFIG = {
     "route": dict(BS=16, num_warps=4, num_stages=1, maxnreg=168),
     "attn": dict(BM=64, BN=64, tail=1, num_warps=4, num_stages=2, maxnreg=168),
-    "bwd": dict(BM=64, BN=64, tail=0, num_warps=4, num_stages=1),
+    "bwd": dict(BM=64, BN=64, tail=0, num_warps=4, num_stages=1, maxnreg=None),
 }
 
 
