@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Where MiTA stands against dense attention at the lengths where the paper trains, on one H200, in parts (PARTS, a
 # comma-separated list; default all three, more than one 10-minute device call: run them as two calls):
-#   short  the short path (N <= 256) at DeiT-S: its GPU tests, then its launch settings side by side (sweep.py), and
-#          with BEFORE=DIR the op benchmark's short and medium training points on an earlier tree and this one in
-#          turn (before, after, before, after; each process alone on the GPU). About 6 min.
+#   short  the short path (N <= 256) at DeiT-S: its GPU tests, its launch settings side by side (sweep.py), with
+#          BEFORE=DIR the op benchmark's short and medium training points on an earlier tree and this one in turn
+#          (before, after, before, after; each process alone on the GPU), then the backward's tiles and register
+#          cap. About 8 min.
 #   op     the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel GPU
 #          time and launch sequence of each point, the host time of each forward stage. About 6 min.
 #   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
 #          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
 # Each step's output goes to OUT as it finishes, so a call cut at its limit still returns what ran.
 #
-#   MITA_COMMIT=$(git rev-parse --short HEAD) PARTS=short,lra BEFORE=.before-fab28ce bash scripts/gpu/speed_survey.sh OUT
+#   MITA_COMMIT=$(git rev-parse --short HEAD) PARTS=short BEFORE=.before-fab28ce bash scripts/gpu/speed_survey.sh OUT
 #
 # BEFORE=DIR is a copy of an earlier tree (`git archive <commit> mita scripts pyproject.toml configs tasks | tar -x -C
 # DIR`, carried to the machine). Needs hydra-core and omegaconf importable (the LRA shapes are read from the
@@ -47,10 +48,6 @@ step short_tests "${SHORT_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cache
 step short_tail "${TAIL_S:-240}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
   --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1 \
   --sweep small.route.maxnreg=168,None,128 --sweep small.attn.maxnreg=168,None
-# The backward's tiles and register cap (3 programs per SM at 168 registers, with some spilling).
-step short_bwd "${BWD_S:-150}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
-  --backward --timing cuda_graph --reps 20 --variants \
-  "|small.bwd.maxnreg=168|small.bwd.BM=32;small.bwd.BN=32|small.bwd.BM=32;small.bwd.BN=32;small.bwd.maxnreg=168"
 if [ -n "${BEFORE:-}" ]; then
   for i in 1 2; do
     for side in before after; do
@@ -62,6 +59,10 @@ if [ -n "${BEFORE:-}" ]; then
     done
   done
 fi
+# The backward's tiles and register cap (3 programs per SM at 168 registers, with some spilling).
+step short_bwd "${BWD_S:-150}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
+  --backward --timing cuda_graph --reps 20 --variants \
+  "|small.bwd.maxnreg=168|small.bwd.BM=32;small.bwd.BN=32|small.bwd.BM=32;small.bwd.BN=32;small.bwd.maxnreg=168"
 fi
 if want op; then
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
