@@ -9,6 +9,9 @@
 #          time and launch sequence of each point, the host time of each forward stage. About 6 min.
 #   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
 #          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
+#   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
+#          before the kernel package's restructuring, 3b24a53, whose bench_op takes --graph --queued) and on this
+#          tree, each alone, twice in turn. About 6 min.
 # Each step's output goes to OUT as it finishes, so a call cut at its limit still returns what ran.
 #
 #   MITA_COMMIT=$(git rev-parse --short HEAD) PARTS=short BEFORE=.before-fab28ce bash scripts/gpu/speed_survey.sh OUT
@@ -69,6 +72,16 @@ step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --po
   --timing eager,cuda_graph_queued --backends triton
 step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
 step host "${HOST_S:-60}" python3 scripts/bench/profiler.py host --points "${HOST_POINTS:-deit_s,B8_N4096,lra_listops}"
+fi
+if want long && [ -n "${BEFORE_LONG:-}" ]; then
+  long_points=N16384,N65536,N262144,N1048576
+  for i in 1 2; do
+    mkdir -p "$out/long_before_$i" "$out/long_after_$i"
+    step "long_before_$i" "${LONG_S:-90}" bash -c "cd '$BEFORE_LONG' && python3 scripts/bench/bench_op.py \
+      --out '$out/long_before_$i' --backends triton --points $long_points --dense-long cudnn --graph --queued"
+    step "long_after_$i" "${LONG_S:-90}" python3 scripts/bench/bench_op.py --out "$out/long_after_$i" --backends triton \
+      --points $long_points --dense-long cudnn --timing cuda_graph_queued
+  done
 fi
 if want lra; then
 if [ -n "${FULL_TABLE:-}" ]; then

@@ -145,6 +145,7 @@ def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch
         ("short", {"short_tests", "short_tail", "short_bwd", "ab_before_1", "ab_after_1", "ab_before_2", "ab_after_2"}),
         ("op,lra", {"op_bench", "kernels", "host", "lra_time", "lra_time_pathfinder", "lra_time_topk_math",
                     "lra_time_topk_math_pathfinder"}),
+        ("long", {"long_before_1", "long_after_1", "long_before_2", "long_after_2"}),
     ],
 )  # fmt: skip
 def test_speed_survey_parts(tmp_path, parts, steps):
@@ -163,7 +164,8 @@ def test_speed_survey_parts(tmp_path, parts, steps):
     before = tmp_path / "before"
     before.mkdir()
     out = tmp_path / "out"
-    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", PARTS=parts, BEFORE=str(before), MITA_COMMIT="abc")
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", PARTS=parts, BEFORE=str(before), MITA_COMMIT="abc",
+               BEFORE_LONG=str(before))  # fmt: skip
     subprocess.run(["bash", str(root / "scripts" / "gpu" / "speed_survey.sh"), str(out)], cwd=root, env=env,
                    check=True, capture_output=True, timeout=60)  # fmt: skip
     logs = {p.stem for p in out.glob("*.log")}
@@ -171,3 +173,7 @@ def test_speed_survey_parts(tmp_path, parts, steps):
     if "short" in parts:
         assert (out / "ab_before_1.log").read_text().startswith(f"{before} scripts/bench/bench_op.py")
         assert (out / "ab_after_2.log").read_text().startswith(f"{root} scripts/bench/bench_op.py")
+    if "long" in parts:
+        assert "--graph --queued" in (out / "long_before_2.log").read_text()
+        assert (out / "long_after_1.log").read_text().startswith(f"{root} scripts/bench/bench_op.py")
+        assert "--timing cuda_graph_queued" in (out / "long_after_1.log").read_text()
