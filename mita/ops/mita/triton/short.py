@@ -241,21 +241,20 @@ def _attn_rows(Q, K, V, R, VT, MEMB, O, LSE, ROUTE, i0, i_bh, N, M, H, SB, SH, S
         b_m = tl.full([BM], float("-inf"), tl.float32)
         b_l = tl.zeros([BM], tl.float32)
         b_acc = tl.zeros([BM, D], tl.float32)
+    # Whole key blocks of BN, then (BT > 0) the last BT keys, N % BN rounded up to a power of two; BT = 0: the last
+    # block is a whole one, masked.
     if BT > 0:
-        # Whole key blocks of BN, then the last BT keys (N % BN rounded up to a power of two).
-        n_full = (N // BN) * BN
-        for n0 in range(0, n_full, BN):
-            b_m, b_l, b_acc = _attn_keys(
-                b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, S, BN, PREC, UP
-            )
-        b_m, b_l, b_acc = _attn_keys(
-            b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n_full, N, SN, scale_log2, b_m, b_l, b_acc, NP, S, BT, PREC, UP
-        )
+        n_end = (N // BN) * BN
     else:
-        for n0 in range(0, N, BN):
-            b_m, b_l, b_acc = _attn_keys(
-                b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, S, BN, PREC, UP
-            )
+        n_end = N
+    for n0 in range(0, n_end, BN):
+        b_m, b_l, b_acc = _attn_keys(
+            b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, S, BN, PREC, UP
+        )
+    if BT > 0:
+        b_m, b_l, b_acc = _attn_keys(
+            b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n_end, N, SN, scale_log2, b_m, b_l, b_acc, NP, S, BT, PREC, UP
+        )
     m_nz = b_l > 0
     b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
     O_h = _out_ptr(O, i_bh, H, N, D)

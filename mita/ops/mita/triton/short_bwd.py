@@ -99,24 +99,22 @@ def _bwd_query_blocks(Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, o_j
     each query block's share of dq added to the rows' float32 accumulator."""
     b_dk = tl.zeros([BN, D], tl.float32)
     b_dv = tl.zeros([BN, D], tl.float32)
+    # Whole query blocks of BM, then (TQ > 0) the last TQ rows, N % BM rounded up to a power of two; TQ = 0: the last
+    # block is a whole one, masked.
     if TQ > 0:
-        # Whole query blocks of BM, then the last TQ rows (N % BM rounded up to a power of two).
-        i_full = (N // BM) * BM
-        for i0 in range(0, i_full, BM):
-            b_dk, b_dv = _bwd_tile(
-                Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
-                scale, scale_log2, S, D, MP, BM, PREC, UP,
-            )  # fmt: skip
+        i_end = (N // BM) * BM
+    else:
+        i_end = N
+    for i0 in range(0, i_end, BM):
         b_dk, b_dv = _bwd_tile(
-            Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i_full, o_j, o_d, i_bh, N, SN, DSN,
+            Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
+            scale, scale_log2, S, D, MP, BM, PREC, UP,
+        )  # fmt: skip
+    if TQ > 0:
+        b_dk, b_dv = _bwd_tile(
+            Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i_end, o_j, o_d, i_bh, N, SN, DSN,
             scale, scale_log2, S, D, MP, TQ, PREC, UP,
         )  # fmt: skip
-    else:
-        for i0 in range(0, N, BM):
-            b_dk, b_dv = _bwd_tile(
-                Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
-                scale, scale_log2, S, D, MP, BM, PREC, UP,
-            )  # fmt: skip
     return b_dk, b_dv
 
 
