@@ -4,7 +4,8 @@
 keeps its ``k`` largest finite entries (ties at the k-th value go to the lower column index), so exactly
 ``min(k, finite entries)`` columns get 0 and the rest -inf. On CUDA (or the CPU under ``TRITON_INTERPRET=1``) rows
 of up to ``MAX_COLS`` columns take one Triton kernel that holds a block of rows on chip, finds each row's k-th
-largest value by bisection on order-preserving int32 keys and writes the bias directly; other calls take
+largest value on order-preserving int32 keys (MiTA's exact top-k search, ``topk_scan._topk_select``) and writes the
+bias directly; other calls take
 ``torch.sort`` (stable, so the same ties). Both read the scores once and allocate only the output.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from mita.ops.mita.triton.launch import interpreting
+from mita.ops.mita.triton.topk_scan import _topk_select
 
 try:
     import triton
@@ -110,7 +112,7 @@ def _kernel_bias(
         rows.stride(0),
         out.stride(0),
         HAS_PAD=key_padding_mask is not None,
-        # 16-bit scores (bf16, fp16) have 16-bit keys: 16 bisection steps instead of 32.
+        # 16-bit scores (bf16, fp16) have 16-bit keys: a search over 2^16 keys instead of 2^32.
         BITS=16 if rows.element_size() == 2 else 32,
         BLOCK_R=block_r,
         BLOCK_C=block_c,
@@ -159,25 +161,6 @@ if triton is not None:
             x = raw.to(tl.int32, bitcast=True)
             x = tl.where(x == -2147483648, 0, x)
             key = tl.where(x >= 0, x, x ^ 0x7FFFFFFF)
-        key = tl.where(valid, key, -2147483648)
-        n_valid = tl.sum(valid.to(tl.int32), axis=1)
-        kk = tl.minimum(n_valid, K)
-        # Largest t with count(key >= t) >= kk, by bisection on [lo, hi): count(key >= lo) >= kk, count(>= hi) < kk;
-        # hi - lo <= 2^BITS for a row with a valid entry.
-        lo = tl.min(tl.where(valid, key, 2147483647), axis=1).to(tl.int64)
-        hi = tl.max(key, axis=1).to(tl.int64) + 1
-        for _ in range(BITS):
-            mid = lo + (hi - lo) // 2
-            # lo <= mid < hi <= 2^31 whenever the row has a valid entry, so mid fits int32.
-            cnt = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)
-            ok = cnt >= kk
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid)
-        t = lo.to(tl.int32)
-        above = valid & (key > t[:, None])
-        ties = valid & (key == t[:, None])
-        need = kk - tl.sum(above.to(tl.int32), axis=1)
-        rank = tl.cumsum(ties.to(tl.int32), axis=1)
-        keep = above | (ties & (rank <= need[:, None]))
+        keep = _topk_select(key, valid, r < R, K)
         bias = tl.where(keep, 0.0, float("-inf"))
         tl.store(OUT + r[:, None].to(tl.int64) * o_stride + c[None, :], bias.to(OUT.dtype.element_ty), mask=inside)

@@ -956,11 +956,12 @@ def _select_reference(key, valid, row_valid, kk):
     return sel
 
 
-@pytest.mark.parametrize("L", [16, 64, 512])
+@pytest.mark.parametrize("L", [16, 64, 512, 2048])
 def test_topk_select_four_way_search(L):
-    """``_topk_select`` (the short kernels' exact top-k over int32 order keys) against a sort: keys at both ends of
-    int32 (the order key of a NaN with every bit set is the smallest int32), rows of one repeated key, keys one or two
-    apart (the search's last steps), kk above a row's valid count, rows with no valid entry, masked rows."""
+    """``_topk_select`` (the exact top-k over int32 order keys of the short kernels and of per-query top-k's
+    ``row_topk_bias``; int64 count fields from 1024 entries) against a sort: keys at both ends of int32 (the order
+    key of a NaN with every bit set is the smallest int32), rows of one repeated key, keys one or two apart (the
+    search's last steps), kk above a row's valid count, rows with no valid entry, masked rows."""
     R = 16
     g = torch.Generator().manual_seed(L)
     lo, hi = -(2**31), 2**31 - 1

@@ -65,15 +65,34 @@ def _key_threshold(lo):
 
 
 @triton.jit
+def _count3(b_key, t1, t2, t3, WIDE: tl.constexpr):
+    # Per row of b_key [R, L]: how many keys reach each of the thresholds t1, t2, t3 [R], in one reduction over
+    # packed fields (WIDE: 21-bit fields of an int64, for L >= 1024; else 10-bit fields of an int32).
+    if WIDE:
+        f = tl.where(b_key >= t1[:, None], 1, 0).to(tl.int64)
+        f += tl.where(b_key >= t2[:, None], 1, 0).to(tl.int64) << 21
+        f += tl.where(b_key >= t3[:, None], 1, 0).to(tl.int64) << 42
+        c = tl.sum(f, 1)
+        return (c & 2097151).to(tl.int32), ((c >> 21) & 2097151).to(tl.int32), (c >> 42).to(tl.int32)
+    else:
+        f = tl.where(b_key >= t1[:, None], 1, 0)
+        f += tl.where(b_key >= t2[:, None], 1024, 0)
+        f += tl.where(b_key >= t3[:, None], 1048576, 0)
+        c = tl.sum(f, 1)
+        return c & 1023, (c >> 10) & 1023, c >> 20
+
+
+@triton.jit
 def _topk_select(b_key, m_v, m_j, kk):
-    """Top-kk of each row of the int32 order keys b_key [R, L] (L < 1024) among the entries m_v (rows m_j), ties to
-    the lower column: a 0/1 [R, L] selection. The kk-th largest key is the largest t with count(key >= t) >= kk,
-    found by a four-way search from [row min, row max + 1): each step counts the keys at or above the three
-    thresholds that split [lo, hi) in four, as one sum of 10-bit fields, and keeps the quarter holding the kk-th
-    largest key. A row stops as soon as count(key >= lo) == kk ({key >= lo} is then its top-kk), otherwise when
-    hi = lo + 1, and the ties at lo are taken in column order. (About half the steps of a bisection: each step's
-    block-wide reduction, not its arithmetic, is what the short kernels wait on.)"""
-    tl.static_assert(b_key.shape[1] < 1024)
+    """Top-kk of each row of the int32 order keys b_key [R, L] among the entries m_v (rows m_j), ties to the lower
+    column: a 0/1 [R, L] selection (every valid entry of a row with at most kk of them). The kk-th largest key is
+    the largest t with count(key >= t) >= kk, found by a four-way search from [row min, row max + 1): each step
+    counts the keys at or above the three thresholds that split [lo, hi) in four, as one sum of packed fields (10
+    bits in an int32 for rows under 1024 entries, else 21 bits in an int64), and keeps the quarter holding the
+    kk-th largest key. A row stops as soon as count(key >= lo) == kk ({key >= lo} is then its top-kk), otherwise
+    when hi = lo + 1, and the ties at lo are taken in column order. (About half the steps of a bisection: each
+    step's block-wide reduction, not its arithmetic, is what the short kernels wait on.)"""
+    tl.static_assert(b_key.shape[1] < 2097152)
     lo = tl.min(tl.where(m_v, b_key, 2147483647), 1).to(tl.int64)
     hi = tl.max(tl.where(m_v, b_key, -2147483648), 1).to(tl.int64) + 1
     c_lo = tl.sum(m_v.to(tl.int32), 1)
@@ -86,13 +105,7 @@ def _topk_select(b_key, m_v, m_j, kk):
         t1 = lo + tl.maximum(w // 4, 1)
         t2 = lo + w // 2
         t3 = lo + (3 * w) // 4
-        f = tl.where(b_key >= t1.to(tl.int32)[:, None], 1, 0)
-        f += tl.where(b_key >= t2.to(tl.int32)[:, None], 1024, 0)
-        f += tl.where(b_key >= t3.to(tl.int32)[:, None], 1048576, 0)
-        c = tl.sum(f, 1)
-        c1 = c & 1023
-        c2 = (c >> 10) & 1023
-        c3 = c >> 20
+        c1, c2, c3 = _count3(b_key, t1.to(tl.int32), t2.to(tl.int32), t3.to(tl.int32), b_key.shape[1] >= 1024)
         # The largest threshold that kk keys reach (lo always does) and the next one above it.
         ok1 = busy & (c1 >= kk)
         ok2 = busy & (c2 >= kk)
