@@ -91,6 +91,16 @@ def _pads(N: int, m: int) -> tuple[int, int]:
 
 
 @triton.jit
+def _whole_blocks_end(N, BLOCK: tl.constexpr, LAST: tl.constexpr):
+    """Where a loop over whole blocks of BLOCK rows stops: before a separate last block of LAST rows (N % BLOCK
+    rounded up to a power of two, ``_tail``), or at N when LAST = 0 (its last block is then a whole one, masked)."""
+    if LAST > 0:
+        return (N // BLOCK) * BLOCK
+    else:
+        return N
+
+
+@triton.jit
 def _onehot_route(SCORE, o_j, m_j, ROUTE, o_i, m_i, i_bh, N, S: tl.constexpr, MP: tl.constexpr):
     """Top-S landmarks of each query row of SCORE [BM, MP] (ties to the lower index) as a 0/1 matrix; the picks
     are stored to ROUTE [BH, N, S] when ROUTE is given (forward)."""
@@ -241,12 +251,8 @@ def _attn_rows(Q, K, V, R, VT, MEMB, O, LSE, ROUTE, i0, i_bh, N, M, H, SB, SH, S
         b_m = tl.full([BM], float("-inf"), tl.float32)
         b_l = tl.zeros([BM], tl.float32)
         b_acc = tl.zeros([BM, D], tl.float32)
-    # Whole key blocks of BN, then (BT > 0) the last BT keys, N % BN rounded up to a power of two; BT = 0: the last
-    # block is a whole one, masked.
-    if BT > 0:
-        n_end = (N // BN) * BN
-    else:
-        n_end = N
+    # Whole key blocks of BN, then (BT > 0) the last BT keys.
+    n_end = _whole_blocks_end(N, BN, BT)
     for n0 in range(0, n_end, BN):
         b_m, b_l, b_acc = _attn_keys(
             b_q, b_oh, K_h, V_h, MEMB_h, o_j, o_d, n0, N, SN, scale_log2, b_m, b_l, b_acc, NP, S, BN, PREC, UP

@@ -22,7 +22,7 @@ from mita.ops.mita.triton.common import (
     heads_layout,
 )
 from mita.ops.mita.triton.launch import fast
-from mita.ops.mita.triton.short import _cfg, _pads, _routed_p_ds, _tail
+from mita.ops.mita.triton.short import _cfg, _pads, _routed_p_ds, _tail, _whole_blocks_end
 
 
 @triton.jit
@@ -99,12 +99,8 @@ def _bwd_query_blocks(Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, o_j
     each query block's share of dq added to the rows' float32 accumulator."""
     b_dk = tl.zeros([BN, D], tl.float32)
     b_dv = tl.zeros([BN, D], tl.float32)
-    # Whole query blocks of BM, then (TQ > 0) the last TQ rows, N % BM rounded up to a power of two; TQ = 0: the last
-    # block is a whole one, masked.
-    if TQ > 0:
-        i_end = (N // BM) * BM
-    else:
-        i_end = N
+    # Whole query blocks of BM, then (TQ > 0) the last TQ rows.
+    i_end = _whole_blocks_end(N, BM, TQ)
     for i0 in range(0, i_end, BM):
         b_dk, b_dv = _bwd_tile(
             Q_h, DO_h, LSE, DELTA, ROUTE, ACC_h, b_kb, b_vb, b_mb, b_dk, b_dv, i0, o_j, o_d, i_bh, N, SN, DSN,
