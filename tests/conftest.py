@@ -66,11 +66,13 @@ def poison(monkeypatch):
 
 
 class _Launches(list):
-    """Kernel names in launch order; ``kwargs``: (name, keyword arguments: constexprs and launch options) per call."""
+    """Kernel names in launch order; ``kwargs``: (name, keyword arguments: constexprs and launch options) per call;
+    ``inside``: whether a launch is running (under the interpreter its PyTorch ops are the kernel's own)."""
 
     def __init__(self):
         super().__init__()
         self.kwargs: list[tuple[str, dict]] = []
+        self.inside = False
 
 
 @pytest.fixture
@@ -92,7 +94,11 @@ def triton_launches(monkeypatch):
 
         def call(*args, **kwargs):
             launches.kwargs.append((name, kwargs))
-            return run(*args, **kwargs)
+            launches.inside = True
+            try:
+                return run(*args, **kwargs)
+            finally:
+                launches.inside = False
 
         return call
 

@@ -2,8 +2,10 @@
 
 Deterministic: dk/dv of each (expert, slot) are written to their own rows (``_mita_bwd_dkdv_routed_kernel``) and
 reduced per key in a fixed order (``_dkdv_final_kernel``: by matching keys against the experts' index lists, or
-through a CSR list), and the shared-expert gradients are reduced over query chunks with a sum
-(``_mita_bwd_shared_kernel``); ``_mita_bwd_dq_kernel`` writes dq. Settings: ``_MATCH_MAX``.
+through a CSR list); the shared-expert and landmark-value gradients are written as partials per query or key chunk
+(``_mita_bwd_shared_kernel``, ``_lv_bwd_dr_kernel``) and summed by two small kernels (``_shared_merge_kernel``,
+``_dr_merge_kernel``), so the backward runs no PyTorch kernels; ``_mita_bwd_dq_kernel`` writes dq. Settings:
+``_MATCH_MAX``.
 """
 
 from __future__ import annotations
@@ -285,6 +287,46 @@ def _mita_bwd_shared_kernel(
 
 
 @triton.jit
+def _chunk_sum(P, i_bh, i_j, M, NC, D: tl.constexpr, BC: tl.constexpr):
+    # Row i_j of head i_bh summed over the NC chunk partials of P [BH, NC, M, D] (float32, blocks of BC chunks).
+    o_d = tl.arange(0, D)
+    o_c = tl.arange(0, BC)
+    acc = tl.zeros([D], tl.float32)
+    for c0 in range(0, NC, BC):
+        cc = c0 + o_c
+        p = P + ((i_bh * NC + cc[:, None]) * M + i_j) * D + o_d[None, :]
+        acc += tl.sum(tl.load(p, mask=cc[:, None] < NC, other=0.0), 0)
+    return acc
+
+
+@triton.jit
+def _shared_merge_kernel(DRP, DVTP, VT, DRS, DVT, LVD, M, NC, D: tl.constexpr, BC: tl.constexpr):
+    # Program (landmark, head): the shared expert's dR and d(landmark values) summed over the query chunks (dR kept
+    # in float32 for _dr_merge_kernel, d(landmark values) rounded to VT's dtype), and the landmark values' delta
+    # rowsum(dvt * vt) from the rounded row (what the key-side kernels read).
+    i_j = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_d = tl.arange(0, D)
+    o_w = (i_bh * M + i_j) * D + o_d
+    tl.store(DRS + o_w, _chunk_sum(DRP, i_bh, i_j, M, NC, D, BC))
+    b_dvt = _chunk_sum(DVTP, i_bh, i_j, M, NC, D, BC).to(DVT.dtype.element_ty)
+    tl.store(DVT + o_w, b_dvt)
+    b_vt = tl.load(VT + o_w)
+    tl.store(LVD + i_bh * M + i_j, tl.sum(b_dvt.to(tl.float32) * b_vt.to(tl.float32), 0))
+
+
+@triton.jit
+def _dr_merge_kernel(DRA, DRB, DR, M, NCA, NCB, D: tl.constexpr, BCA: tl.constexpr, BCB: tl.constexpr):
+    # Program (landmark, head): dR = (shared expert's partials summed) + (landmark values' partials summed), rounded
+    # to DR's dtype.
+    i_j = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_d = tl.arange(0, D)
+    b_dr = _chunk_sum(DRA, i_bh, i_j, M, NCA, D, BCA) + _chunk_sum(DRB, i_bh, i_j, M, NCB, D, BCB)
+    tl.store(DR + (i_bh * M + i_j) * D + o_d, b_dr.to(DR.dtype.element_ty))
+
+
+@triton.jit
 def _dkdv_final_kernel(
     DKE,
     DVE,
@@ -491,9 +533,27 @@ def _key_lists(idx: torch.Tensor, N: int):
     return csr, ptr, perm, kp
 
 
+def _merge_bc(nc: int) -> int:
+    # Chunk partials a merge program loads per step.
+    return min(64, _next_pow2(nc))
+
+
+def _dr_merge(dr_shared: torch.Tensor, dr_lv: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """dR in r's dtype: the shared expert's and the landmark values' chunk partials (``[BH, chunks, m, d]`` float32
+    each) summed (``_dr_merge_kernel``)."""
+    BH, m, D = r.shape
+    dr = torch.empty_like(r)
+    nca, ncb = dr_shared.shape[1], dr_lv.shape[1]
+    fast(_dr_merge_kernel)[(m, BH)](
+        dr_shared, dr_lv, dr, m, nca, ncb, D=D, BCA=_merge_bc(nca), BCB=_merge_bc(ncb), num_warps=2
+    )
+    return dr
+
+
 def _bwd_shared(do, q, r, vt, lse, delta, lay, dlay, sscale, bs, prec, up):
     """The shared expert's dR and d(landmark values) (``_mita_bwd_shared_kernel``: partial sums per query chunk,
-    summed in order) -> (dr float32, dvt in r's dtype, lv_delta ``[BH, m]`` float32)."""
+    summed by ``_shared_merge_kernel``) -> (dr ``[BH, 1, m, d]`` float32, the one-chunk form :func:`_dr_merge`
+    takes; dvt in r's dtype; lv_delta ``[BH, m]`` float32)."""
     BH, m, D = r.shape
     N = q.shape[-2]
     dev = q.device
@@ -528,10 +588,15 @@ def _bwd_shared(do, q, r, vt, lse, delta, lay, dlay, sscale, bs, prec, up):
         UP=up,
         num_warps=4,
     )
-    dr = dr[:, 0] if n_chunk == 1 else dr.sum(1)
-    dvt = (dvt[:, 0] if n_chunk == 1 else dvt.sum(1)).to(r.dtype)
-    lv_delta = (dvt.float() * vt.float()).sum(-1).contiguous()
-    return dr, dvt, lv_delta
+    # The chunks' partials summed (dR in float32, d(landmark values) rounded) and the landmark values' delta: one
+    # small launch; the partials are freed before the per-key kernel allocates dk and dv.
+    dr_sum = torch.empty(BH, 1, m, D, device=dev, dtype=torch.float32)
+    dvt_sum = torch.empty(BH, m, D, device=dev, dtype=r.dtype)
+    lv_delta = torch.empty(BH, m, device=dev, dtype=torch.float32)
+    fast(_shared_merge_kernel)[(m, BH)](
+        dr, dvt, vt, dr_sum, dvt_sum, lv_delta, m, n_chunk, D=D, BC=_merge_bc(n_chunk), num_warps=2
+    )
+    return dr_sum, dvt_sum, lv_delta
 
 
 def _bwd_dkdv_final(
@@ -581,7 +646,8 @@ def _bwd_dkdv_final(
 
 
 def _bwd_lv_dr(r, k, v, kv, dvt, lv_lse, lv_delta, lay, lbs, has_kv, scale, prec, up):
-    """dR of the landmark values (``_lv_bwd_dr_kernel``: partials per key chunk, summed in order), float32."""
+    """dR of the landmark values (``_lv_bwd_dr_kernel``): partials per key chunk ``[BH, chunks, m, d]`` float32,
+    summed by :func:`_dr_merge`."""
     BH, m, D = r.shape
     N = k.shape[-2]
     nc, ch = _n_chunks(N, m, _cdiv(m, lbs), BH, 64)
@@ -609,7 +675,7 @@ def _bwd_lv_dr(r, k, v, kv, dvt, lv_lse, lv_delta, lay, lbs, has_kv, scale, prec
         UP=up,
         num_warps=4,
     )
-    return dr_lv[:, 0] if nc == 1 else dr_lv.sum(1)
+    return dr_lv
 
 
 def mita_bwd(
@@ -666,8 +732,8 @@ def mita_bwd(
     # The per-entry rows are summed into dk, dv: free them (and the CSR list) before the dR partials.
     del dk_e, dv_e, perm, ptr
     if shared:
-        # dR of the landmark values (dR partials per key chunk, summed in order) joins the shared expert's dR.
-        dr = (dr + _bwd_lv_dr(r, k, v, kv, dvt, lv_lse, lv_delta, lay, lbs, has_kv, scale, prec, up)).to(r.dtype)
+        # dR of the landmark values (partials per key chunk) joins the shared expert's, in one small launch.
+        dr = _dr_merge(dr, _bwd_lv_dr(r, k, v, kv, dvt, lv_lse, lv_delta, lay, lbs, has_kv, scale, prec, up), r)
     else:
         dr = torch.zeros_like(r)
     return dq.view(q.shape), dk.view(q.shape), dv.view(q.shape), dr
