@@ -54,15 +54,43 @@ def on_gpu_path(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
 
-def test_arg_key_separates_what_triton_specialises_on():
+def test_key_separates_what_triton_specialises_on():
     x = torch.zeros(64)
-    assert launch._arg_key(x) == launch._arg_key(torch.ones(64))
-    assert launch._arg_key(x) != launch._arg_key(x[1:])  # 16-byte alignment
-    assert launch._arg_key(x) != launch._arg_key(x.to(torch.float16))
-    keys = {launch._arg_key(v) for v in (1, 16, 17, 32, 2**31, 2**63)}
-    assert len(keys) == 5  # 16 and 32 share a key; 1, 17, 2^31 and 2^63 each differ
-    assert launch._arg_key(True) != launch._arg_key(1)
-    assert launch._arg_key(0.5) == launch._arg_key(2.0)
+    key = launch._key
+    assert key([x]) == key([torch.ones(64)])
+    assert key([x]) != key([x[1:]])  # 16-byte alignment
+    assert key([x]) != key([x.to(torch.float16)])
+    # Ints by value: at least as fine as Triton's classes (1, multiples of 16, 32-bit range, 64-bit unsigned).
+    ints = (1, 16, 17, 32, 2**31, 2**63)
+    assert len({key([v]) for v in ints}) == len(ints)
+    assert key([True]) != key([1]) and key([False]) != key([0])  # equal as ints, typed apart by Triton
+    assert key([0.5]) == key([2.0]) and key([1.0]) != key([1])  # floats: one class; an int 1 is specialised
+    assert key([None]) != key([0])
+    assert key([x, 3, 0.25]) == key([torch.ones(64), 3, 4.0])
+
+
+def test_new_keys_stop_being_cached_at_the_limit(monkeypatch, on_gpu_path):
+    monkeypatch.setattr(launch, "MAX_KEYS", 3)
+    fn = _FakeJit()
+    k = launch.FastKernel(fn)
+    x = torch.zeros(64)
+    for n in (16, 17, 18, 19, 16, 19):
+        k[(1,)](x, n, BLOCK=64)
+    assert len(k.cache) == 3
+    # 16 was cached (direct the second time); 19 came after the limit (Triton's path both times).
+    assert [e[0] for e in fn.log] == ["jit", "jit", "jit", "jit", "direct", "jit"]
+
+
+def test_interpreting_is_read_once_until_cleared(monkeypatch):
+    launch.interpreting.cache_clear()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert launch.interpreting() is True
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert launch.interpreting() is True  # cached
+    launch.interpreting.cache_clear()
+    assert launch.interpreting() is False
+    monkeypatch.undo()
+    launch.interpreting.cache_clear()
 
 
 def test_first_call_compiles_then_direct_launch_with_constexpr_tail(on_gpu_path):
@@ -70,11 +98,11 @@ def test_first_call_compiles_then_direct_launch_with_constexpr_tail(on_gpu_path)
     k = launch.FastKernel(fn)
     x = torch.zeros(64)
     k[(4,)](x, 32, BLOCK=64, num_warps=4)
-    k[(8,)](x, 48, BLOCK=64, num_warps=4)  # same key: 48 is divisible by 16 like 32
+    k[(8,)](torch.ones(64), 32, BLOCK=64, num_warps=4)  # same key: another tensor of the same dtype and alignment
     assert fn.log[0][0] == "jit"
-    assert fn.log[1] == ("direct", (8, 1, 1), (x, 48, 64))
+    assert fn.log[1][0] == "direct" and fn.log[1][1] == (8, 1, 1) and fn.log[1][2][1:] == (32, 64)
     assert k.direct == 1
-    k[(8,)](x, 33, BLOCK=64, num_warps=4)  # new key (33 not divisible by 16): Triton's own path again
+    k[(8,)](x, 33, BLOCK=64, num_warps=4)  # new key (another int value): Triton's own path again
     k[(8,)](x, 32, BLOCK=128, num_warps=4)  # new constexpr value
     k[(8,)](x, 32, BLOCK=64, num_warps=8)  # new launch option
     assert [e[0] for e in fn.log] == ["jit", "direct", "jit", "jit", "jit"]
