@@ -38,8 +38,8 @@ def supports(q: torch.Tensor, k=None, v=None, landmarks=None, topk=None, **kw) -
 
 
 def triton_entry(q, k, v, landmarks, topk, **kw):
-    """The backend function: ``triton_mita`` (imported on first call, so that importing this module needs no
-    Triton)."""
-    from mita.ops.mita.triton.op import triton_mita
+    """The backend function: ``triton_mita`` without its argument checks, which ``mita_attention`` has made
+    (imported on first call, so that importing this module needs no Triton)."""
+    from mita.ops.mita.triton.op import triton_mita_checked
 
-    return triton_mita(q, k, v, landmarks, topk, **kw)
+    return triton_mita_checked(q, k, v, landmarks, topk, **kw)

@@ -178,6 +178,36 @@ def triton_mita(
     scale, sscale = check_mita_args(
         q, k, v, landmarks, topk, experts_per_query, shared, shared_scale, scale, key_padding_mask
     )
+    return triton_mita_checked(
+        q,
+        k,
+        v,
+        landmarks,
+        topk,
+        experts_per_query=experts_per_query,
+        shared=shared,
+        shared_scale=sscale,
+        scale=scale,
+        key_padding_mask=key_padding_mask,
+    )
+
+
+def triton_mita_checked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    landmarks: torch.Tensor,
+    topk: int,
+    *,
+    experts_per_query: int,
+    shared: bool,
+    shared_scale: float,
+    scale: float,
+    key_padding_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`triton_mita` on arguments ``check_mita_args`` has passed, with both scales resolved to floats (the
+    backend's entry: ``mita_attention`` checks them before it dispatches)."""
+    sscale = shared_scale
     B, H, N, D = q.shape
     m = landmarks.shape[2]
     S = experts_per_query
