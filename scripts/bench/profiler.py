@@ -5,7 +5,7 @@
     python scripts/bench/profiler.py kernels --layers deit_s [--attentions mita,full[cudnn]]  # bench_layers' layers
     python scripts/bench/profiler.py stages [--max-n 1048576] [--points deit_s,N65536,N65536xB16,...]
     python scripts/bench/profiler.py memory [--points N65536,N262144] [--top 10]
-    python scripts/bench/profiler.py host [--points deit_s,N65536,N262144]
+    python scripts/bench/profiler.py host [--points deit_s,N1024,N16384] [--device cpu] [--profile 25] [--out DIR]
     ncu --clock-control none --profile-from-start off --set full --import-source yes -o REPORT \\
         python scripts/bench/profiler.py ncu [--n 65536] [--m 128] [--backward]
     ncu --import REPORT.ncu-rep --page source --csv --print-source sass > source.log
@@ -27,11 +27,17 @@ memory above what was allocated before the call (what bench_op.py reports) and t
 moment, each with the innermost frame of this repository that allocated it (the allocator's history,
 ``torch.cuda.memory._record_memory_history``, of one call after a warm-up call).
 
-host: host (CPU) time of the Triton MiTA forward, stage by stage: host time per call (perf_counter around
-back-to-back calls, no synchronisation inside: the time the Python thread needs to issue the stage) and the wall
-time per call with a synchronisation at the end; a stage whose host time is close to its wall time is bound by
-launches. Also the cost of single launches (an empty Triton kernel with few and with many arguments, torch.empty,
-a small PyTorch op) and a cProfile of one whole forward sorted by own and by cumulative time.
+host: where an eager call's host time goes. Per point, for the call bench_op.py times (``--calls bench``: the
+landmarks pooled from q inside the call) or the operator alone (``op``: landmarks given): the median host time of
+the forward and of the backward, each group of calls queued behind a spin kernel so that no launch waits for the
+GPU (the time is the enqueueing alone), the Triton launches and the PyTorch ops that launch kernels (all but
+allocations, views and detaches), and with ``--profile N`` the N functions with the most own time (cProfile) over
+the timed calls. On CUDA also the cost of single launches (an empty Triton kernel with few and with many arguments,
+torch.empty, a small PyTorch op) and each forward stage's host and wall time. ``--device cpu`` runs anywhere: the
+Triton launches are replaced by no-ops after the project's own launch wrapper (``launch.py``: key, cache lookup,
+argument tuple), so the time is MiTA's Python, PyTorch's dispatch and allocations without Triton's C launcher or
+the driver (hosts differ in speed; the CPU figures compare code, not machines). ``--out DIR`` writes
+``host_<device>.csv``.
 
 ncu: one MiTA forward (or forward + backward) inside a CUDA profiler range, for Nsight Compute. The call is warmed
 up first (every kernel compiled), outside the range; the landmarks are pooled as bench_op.py's MiTA calls pool
@@ -69,12 +75,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from bench_op import TRAINING_POINTS, lra_points, point_landmarks  # noqa: E402
-from common import cuda_time  # noqa: E402
+from common import cuda_time, environment, write_csv  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
 from mita.ops.mita.api import mita_attention  # noqa: E402
@@ -95,6 +102,7 @@ _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 LONG_POINTS = {
     p["name"]: dict(p, d=64, layout="1d")
     for p in (
+        dict(name="N1024", B=1, H=2, N=1024, m=16, k=16),
         dict(name="N4096", B=1, H=2, N=4096, m=32, k=32),
         dict(name="N65536xB16", B=16, H=2, N=65536, m=128, k=128),
         dict(name="N262144", B=1, H=2, N=1 << 18, m=256, k=256),
@@ -354,7 +362,8 @@ def launch_costs() -> None:
         print(f"launch  {name:45s} host {h * 1e3:8.1f} us  wall {w * 1e3:8.1f} us", flush=True)
 
 
-def host_point(name: str) -> None:
+def host_stages(name: str) -> None:
+    """Each forward stage's host time and wall time (CUDA)."""
     p = point(name)
     B, H, N, d, m, k = p["B"], p["H"], p["N"], p["d"], p["m"], p["k"]
     BH = B * H
@@ -389,20 +398,153 @@ def host_point(name: str) -> None:
         for sname, fn in stages.items():
             h, w = host_and_wall(fn)
             print(f"{name:8s} {sname:34s} host {h:7.3f} ms  wall {w:7.3f} ms", flush=True)
-        prof = cProfile.Profile()
-        for _ in range(3):
-            mita_attention(q, kk, v, pool(), k, backend="triton")
+
+
+# PyTorch ops that allocate, view or detach: no kernel on a GPU.
+FREE_OPS = {"empty", "new_empty", "new_empty_strided", "empty_like", "empty_strided", "view", "detach",
+            "_unsafe_view", "alias", "as_strided", "_reshape_alias", "unsqueeze", "transpose", "t", "expand",
+            "slice", "select", "permute", "squeeze", "split", "unbind", "reshape"}  # fmt: skip
+
+
+class _KernelOps(TorchDispatchMode):
+    """Counts the PyTorch ops that launch kernels (all but FREE_OPS) run outside Triton launches."""
+
+    def __init__(self, inside: list):
+        super().__init__()
+        self.inside = inside
+        self.names: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.inside[0] and func.overloadpacket.__name__ not in FREE_OPS:
+            self.names[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_launches() -> tuple[list, list]:
+    """Wrap the project's launch wrapper: ``(inside, count)``, whether a launch is running and launches so far."""
+    from mita.ops.mita.triton import launch
+
+    inside, count = [False], [0]
+    real = launch.FastKernel._launch
+
+    def counted(self, grid, args, kwargs):
+        count[0] += 1
+        inside[0] = True
+        try:
+            return real(self, grid, args, kwargs)
+        finally:
+            inside[0] = False
+
+    launch.FastKernel._launch = counted
+    return inside, count
+
+
+def cpu_launch_stubs() -> None:
+    """``host --device cpu``: no driver, so the first call of each key (which would compile through Triton) caches a
+    kernel that does nothing, and every later call takes the direct path exactly as on a GPU, minus the launch."""
+    from mita.ops.mita.triton import backend, common, launch
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    launch.interpreting.cache_clear()
+    backend.interpreting = lambda: True  # the backend takes CPU tensors only when interpreting
+    torch.cuda.current_device = lambda: 0
+    common._SM_COUNT.setdefault(0, 132)
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            return lambda *args: None
+
+    class Stub:
+        def __init__(self, fn):
+            self.arg_names, self.params, self.__name__ = fn.arg_names, fn.params, fn.__name__
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: NoLaunch()
+
+    real_init = launch.FastKernel.__init__
+
+    def init(self, fn):
+        real_init(self, fn)
+        self.fn = Stub(fn)
+
+    launch.FastKernel.__init__ = init
+
+
+def host_point(name: str, call: str, device: str, reps: int, counters, profile: int) -> list[dict]:
+    """Forward and backward host time, launches and PyTorch kernel ops of one point's call (module docstring)."""
+    p = point(name)
+    inside, count = counters
+    g = torch.Generator().manual_seed(0)
+    shape = (p["B"], p["H"], p["N"], p["d"])
+    q, k, v = (torch.randn(shape, generator=g).to(device, torch.bfloat16).requires_grad_(True) for _ in range(3))
+    do = torch.randn(shape, generator=g).to(device, torch.bfloat16)
+    if call == "bench":
+        ins = (q, k, v)
+
+        def fwd():
+            return mita_attention(q, k, v, point_landmarks(q, p), p["k"], backend="triton")
+    else:
+        r = point_landmarks(q, p).detach().requires_grad_(True)
+        ins = (q, k, v, r)
+
+        def fwd():
+            return mita_attention(q, k, v, r, p["k"], backend="triton")
+
+    def bwd(out):
+        out.backward(do)
+        for t in ins:
+            t.grad = None
+
+    for _ in range(3):  # compile, fill the launch caches
+        bwd(fwd())
+    counts = {}
+    count[0] = 0
+    with _KernelOps(inside) as ops:
+        out = fwd()
+    counts["forward"] = (count[0], ops.names)
+    count[0] = 0
+    with _KernelOps(inside) as ops:
+        bwd(out)
+    counts["backward"] = (count[0], ops.names)
+    times = {"forward": [], "backward": []}
+    prof = cProfile.Profile() if profile else None
+    group = 8
+    for i in range(0, reps, group):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work ahead of the group: no launch waits for the GPU
+        for _ in range(min(group, reps - i)):
+            if prof:
+                prof.enable()
+            t0 = time.perf_counter()
+            out = fwd()
+            t1 = time.perf_counter()
+            bwd(out)
+            t2 = time.perf_counter()
+            if prof:
+                prof.disable()
+            times["forward"].append(t1 - t0)
+            times["backward"].append(t2 - t1)
+    if device == "cuda":
         torch.cuda.synchronize()
-        prof.enable()
-        for _ in range(10):
-            mita_attention(q, kk, v, pool(), k, backend="triton")
-        prof.disable()
-        torch.cuda.synchronize()
-    for order in ("tottime", "cumulative"):
+    if prof:
         s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats(order).print_stats(25)
-        print(f"== {name} cProfile of 10 calls (pooling + mita_attention), by {order}", flush=True)
-        print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:7000], flush=True)
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(profile)
+        print(f"== {name} ({call}): cProfile of {reps} forward + backward calls, by own time", flush=True)
+        print("\n".join(line for line in s.getvalue().splitlines()[4:] if line.strip()), flush=True)
+    rows = []
+    for pname in ("forward", "backward"):
+        n_launch, op_names = counts[pname]
+        rows.append(
+            dict(
+                point=name, call=call, pass_=pname, B=p["B"], H=p["H"], N=p["N"], d=p["d"], m=p["m"], k=p["k"],
+                host_us=round(statistics.median(times[pname]) * 1e6, 1),
+                host_us_min=round(min(times[pname]) * 1e6, 1), launches=n_launch,
+                torch_ops=sum(op_names.values()),
+                torch_op_names=";".join(f"{op}x{n}" for op, n in sorted(op_names.items())), device=device, reps=reps,
+            )
+        )  # fmt: skip
+    return rows
 
 
 # ---- sass: Nsight Compute source pages -------------------------------------------------------------------------------
@@ -510,10 +652,36 @@ def run_memory(args) -> None:
 
 
 def run_host(args) -> None:
-    launch_costs()
-    for name in args.points.split(","):
-        host_point(name)
-        torch.cuda.empty_cache()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (use --device cpu)")
+    names = [x for x in args.points.split(",") if x]
+    for name in names:
+        point(name)  # unknown names stop the run before anything is timed
+    calls = [x for x in (args.calls or ("op,bench" if device == "cuda" else "op")).split(",") if x]
+    if set(calls) - {"op", "bench"}:
+        raise SystemExit(f"--calls takes op and bench, got {args.calls!r}")
+    counters = count_launches()
+    if device == "cpu":
+        cpu_launch_stubs()
+        torch.set_num_threads(1)
+    else:
+        launch_costs()
+    env = environment()
+    rows = []
+    for name in names:
+        for call in calls:
+            rows += [dict(r, **env) for r in host_point(name, call, device, args.reps, counters, args.profile)]
+        if device == "cuda" and args.stages:
+            host_stages(name)
+            torch.cuda.empty_cache()
+    print(f"{'point':12s} {'call':6s} {'pass':9s} {'host us':>9s} {'launches':>9s} {'torch ops':>10s}  torch ops")
+    for r in rows:
+        print(f"{r['point']:12s} {r['call']:6s} {r['pass_']:9s} {r['host_us']:9.1f} {r['launches']:9d} "
+              f"{r['torch_ops']:10d}  {r['torch_op_names']}")  # fmt: skip
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        write_csv(os.path.join(args.out, f"host_{device}.csv"), rows)
 
 
 def run_ncu(args) -> None:
@@ -597,8 +765,14 @@ def main(argv=None) -> None:
     p.add_argument("--points", default="N65536,N262144", help=f"names among {POINT_NAMES}")
     p.add_argument("--top", type=int, default=10)
     p.set_defaults(run=run_memory)
-    p = sub.add_parser("host", help="host (launch) time of each forward stage, launch costs, cProfile")
-    p.add_argument("--points", default="deit_s,N65536,N262144", help=f"names among {POINT_NAMES}")
+    p = sub.add_parser("host", help="host time, launches and PyTorch ops of eager calls (CUDA or --device cpu)")
+    p.add_argument("--points", default="deit_s,seg_1025,N1024,N4096,B8_N4096,N16384,N65536")
+    p.add_argument("--device", default="", choices=("", "cuda", "cpu"), help="default: cuda when there is one")
+    p.add_argument("--calls", default="", help="op, bench or both (default: both on CUDA, op on the CPU)")
+    p.add_argument("--reps", type=int, default=48, help="timed forward + backward calls per point and call")
+    p.add_argument("--profile", type=int, default=0, help="print the N functions with the most own time")
+    p.add_argument("--stages", action="store_true", help="CUDA: also each forward stage's host and wall time")
+    p.add_argument("--out", default="", help="write host_<device>.csv here")
     p.set_defaults(run=run_host)
     p = sub.add_parser("ncu", help="one MiTA call inside a CUDA profiler range (run under Nsight Compute)")
     p.add_argument("--n", type=int, default=65536)

@@ -6,7 +6,8 @@
 #          (before, after, before, after; each process alone on the GPU), then the backward's tiles and register
 #          cap. About 8 min.
 #   op     the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel GPU
-#          time and launch sequence of each point, the host time of each forward stage. About 6 min.
+#          time and launch sequence of each point, the host time of each forward and backward (launches, PyTorch
+#          ops, cProfile) and of each forward stage. About 7 min.
 #   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
 #          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
@@ -71,7 +72,8 @@ if want op; then
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
   --timing eager,cuda_graph_queued --backends triton
 step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
-step host "${HOST_S:-60}" python3 scripts/bench/profiler.py host --points "${HOST_POINTS:-deit_s,B8_N4096,lra_listops}"
+step host "${HOST_S:-120}" python3 scripts/bench/profiler.py host --out "$out" --profile 30 --stages \
+  --points "${HOST_POINTS:-deit_s,N1024,B8_N4096,N16384,N65536,lra_listops}"
 fi
 if want long && [ -n "${BEFORE_LONG:-}" ]; then
   long_points=N16384,N65536,N262144,N1048576
