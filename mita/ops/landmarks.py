@@ -7,7 +7,8 @@ sequences. Bins follow adaptive average pooling exactly: bin i of p over length 
 ``[floor(i L / p), ceil((i + 1) L / p))``. Sums are float32 (or float64) whatever the input dtype; bfloat16
 results are rounded once, and on CUDA bfloat16 inputs are not copied to float32 (see ``_PoolBF16``; one Triton
 launch per direction there, ``mita/ops/mita/triton/pool.py``). On CUDA, outside torch.compile, 1D means of fp16 /
-bf16 inputs without padding (N divisible by m) are one Triton launch (``_Pool1D``: float32 sums rounded once).
+bf16 inputs without padding (N divisible by m) are one Triton launch (``_Pool1D``: float32 sums rounded once), and
+1D means with padding of fp16 / bf16 / fp32 inputs one launch each way (``_Pool1DMasked``).
 """
 
 from __future__ import annotations
@@ -269,6 +270,23 @@ class _Pool1D(torch.autograd.Function):
         return dx, None
 
 
+class _Pool1DMasked(torch.autograd.Function):
+    """1D landmarks over each sequence's valid tokens (``_pool_1d`` with a padding mask) by two Triton kernels: the
+    same bins and float32 arithmetic as the PyTorch form (prefix sums there, direct sums here), rounded once to x's
+    dtype each way."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, m: int, key_padding_mask: torch.Tensor):
+        ctx.save_for_backward(key_padding_mask)
+        ctx.n, ctx.dtype = x.shape[2], x.dtype
+        return _pool_kernels().pool1d_masked_fwd(x, m, key_padding_mask)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        (mask,) = ctx.saved_tensors
+        return _pool_kernels().pool1d_masked_bwd(g, mask, ctx.n, ctx.dtype), None, None
+
+
 def pool_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``(x3, heads)``: the rows a pooling operator applies to, for x ``[B, H, N, d]``. Heads interleaved with
     channels (q split from a fused qkv projection): ``[B, N, H*d]``, a view, and heads = H; otherwise
@@ -328,6 +346,10 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
         raise ValueError(
             f"key_padding_mask must be a bool tensor of shape [{B}, {N}], got {tuple(key_padding_mask.shape)}"
         )
+    tp = _pool_kernels() if x.is_cuda and not torch.compiler.is_compiling() else None
+    if tp is not None and tp.pool1d_masked_supported(x, m, key_padding_mask):
+        # CUDA: one Triton launch each way instead of about 28 PyTorch kernels forward and 14 backward.
+        return _Pool1DMasked.apply(x, m, key_padding_mask)
     # Segment sums from prefix sums, by rank among the valid tokens (padding may sit anywhere); L is each
     # sequence's valid count, a tensor, so nothing synchronises. Adaptive bins [floor(iL/m), ceil((i+1)L/m)) are
     # never empty for L >= 1; a fully padded row (L = 0) averages nothing and gives 0.

@@ -260,6 +260,16 @@ def main() -> None:
         cases.append(
             (f"pool1d_fwd BL={bl} even={int(even)}", tp._pool1d_fwd_kernel, dict(D=64, BL=bl, EVEN=even), warps, pool1d)
         )
+    # 1D landmarks with padding (the LRA layers' pooling), head dim 32 as there.
+    masked = {"X": "*bf16", "MASK": "*u8", "OUT": "*bf16", "N": "i32", "M": "i32", "SMB": "i32"}
+    blocks = dict(D=32, BI=32, BN=64, BC=1024)
+    fwd_blocks = dict(blocks, BN=128)
+    cases.append(
+        ("pool1d_masked_fwd", tp._pool1d_masked_fwd_kernel, dict(PREC="tf32", UP=False, **fwd_blocks), 4, masked)
+    )
+    masked_bwd = {"G": "*bf16", "MASK": "*u8", "DX": "*bf16", "CH": "i32", "SMB": "i32"}
+    masked_bwd |= {n: "i32" for n in ("N", "M", "SGB", "SGH", "SGM")}
+    cases.append(("pool1d_masked_bwd", tp._pool1d_masked_bwd_kernel, blocks, 4, masked_bwd))
     # The fused residual + MLP kernel of Figure F's block (C 128, hidden 512), at the tiles run 16 timed.
     mlp = {n: "*bf16" for n in fm._residual_mlp_kernel.arg_names if n.endswith("_ptr")} | {"M": "i32", "eps": "fp32"}
     flags = dict(HAS_LNW=True, HAS_LNB=True, HAS_B1=True, HAS_B2=True, TANH=False, UP=False)

@@ -774,6 +774,112 @@ def test_triton_pooling_1d_matches_pytorch(dtype, B, H, N, d, m):
         tp.pool1d_fwd(x, 7)
 
 
+def _padding_masks(B, N, g):
+    """Padding masks of B rows: a padded tail, padding scattered through the row, no valid token at all, then
+    (row 3 on) random padding with a few valid tokens left."""
+    mask = torch.zeros(B, N, dtype=torch.bool)
+    mask[0, N // 2 :] = True
+    mask[1, ::3] = True
+    mask[1, -5:] = True
+    if B > 2:
+        mask[2] = True
+    for b in range(3, B):
+        mask[b] = torch.rand(N, generator=g) < 0.9
+    return mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "B,H,N,d,m",
+    [(4, 2, 150, 32, 8), (3, 1, 70, 16, 40), (2, 2, 1500, 16, 33), (4, 1, 64, 64, 64)],
+)
+def test_triton_pooling_1d_masked_matches_float64(poison, dtype, B, H, N, d, m):
+    """1D landmarks over the valid tokens (padding anywhere, an all-padding row, more landmarks than valid tokens,
+    rows longer than one count block): the Triton kernels against the PyTorch form in float64, forward and
+    backward, within one ulp of x's dtype (float32: 1e-6 of the largest value), from a strided view (the head split
+    of a fused qkv projection) whose padding holds NaN; the gradient is 0 at padding."""
+    from mita.ops import landmarks as lm
+
+    g = torch.Generator().manual_seed(N + m)
+    qkv = torch.randn(B, N, 3, H, d, generator=g).to(DEV, dtype)
+    mask = _padding_masks(B, N, g).to(DEV)
+    qkv[:, :, 0].masked_fill_(mask[:, :, None, None], float("nan"))
+    x = qkv[:, :, 0].transpose(1, 2)  # [B, H, N, d], not contiguous
+    assert tp.pool1d_masked_supported(x, m, mask)
+    xr = x.detach().double().nan_to_num(0.0).requires_grad_()
+    want = lm._pool_1d(xr, m, mask)
+    out = tp.pool1d_masked_fwd(x, m, mask)
+    assert out.shape == (B, H, m, d) and out.is_contiguous() and out.dtype == dtype
+    assert torch.isfinite(out).all()
+    if B > 2:
+        assert (out[2] == 0).all()  # no valid token: every landmark 0
+
+    def within(a, ref):
+        # One ulp of x's dtype (the CPU interpreter truncates float32 -> bf16 / fp16), plus 1e-12 of the largest
+        # value: the float64 reference's own prefix-sum differences are that far from exact zeros.
+        slack = 1e-12 * ref.abs().max()
+        if dtype == torch.float32:
+            return ((a.double() - ref).abs() <= 1e-6 * ref.abs().max()).all()
+        bits = 7 if dtype == torch.bfloat16 else 10
+        # (fp16 below 2^-14 is subnormal: its spacing stays 2^-24.)
+        ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(1e-30))) - bits).clamp_min(
+            torch.finfo(dtype).tiny * 2**-bits
+        )
+        return ((a.double() - ref).abs() <= ulp + slack).all()
+
+    assert within(out, want.detach())
+    cot = torch.randn(B, H, m, d, generator=g).to(DEV, dtype)
+    (dx_want,) = torch.autograd.grad(want, xr, cot.double())
+    dx = tp.pool1d_masked_bwd(cot, mask, N, dtype)
+    assert dx.shape == (B, H, N, d) and dx.dtype == dtype and torch.isfinite(dx).all()
+    assert (dx.transpose(1, 2)[mask] == 0).all()
+    assert within(dx, dx_want)
+    # Through the autograd function (what pool_landmarks takes on CUDA).
+    xg = x.detach().clone().requires_grad_()
+    (dx2,) = torch.autograd.grad(lm._Pool1DMasked.apply(xg, m, mask), xg, cot)
+    assert torch.equal(dx2, dx)
+
+
+def test_triton_pooling_1d_masked_rejects_what_it_cannot_take():
+    x = torch.randn(2, 1, 40, 32, device=DEV)
+    mask = torch.zeros(2, 40, dtype=torch.bool, device=DEV)
+    assert tp.pool1d_masked_supported(x, 8, mask)
+    assert not tp.pool1d_masked_supported(x.double(), 8, mask)
+    assert not tp.pool1d_masked_supported(x[..., :24], 8, mask)  # head dim not a power of 2
+    assert not tp.pool1d_masked_supported(x, 41, mask)  # more landmarks than tokens
+    assert not tp.pool1d_masked_supported(x, 8, mask.int())
+    assert not tp.pool1d_masked_supported(x, 8, mask[:, :39])
+    with pytest.raises(ValueError, match="unsupported"):
+        tp.pool1d_masked_fwd(x, 41, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+def test_gpu_pool_landmarks_1d_masked_uses_triton(monkeypatch):
+    """On CUDA, pool_landmarks(layout="1d", key_padding_mask=...) takes the Triton kernels: output and gradient
+    within one bf16 ulp of the PyTorch formulation's (TRITON_POOL off)."""
+    from mita.ops import landmarks as lm
+
+    g = torch.Generator().manual_seed(5)
+    B, H, N, d, m = 32, 2, 2000, 32, 32
+    x = torch.randn(B, H, N, d, generator=g).to(DEV, torch.bfloat16).requires_grad_()
+    mask = _padding_masks(B, N, g).to(DEV)
+    cot = torch.randn(B, H, m, d, generator=g).to(DEV, torch.bfloat16)
+    calls = []
+    real = lm._Pool1DMasked.apply
+    monkeypatch.setattr(lm._Pool1DMasked, "apply", lambda *a: calls.append(1) or real(*a))
+    out = lm.pool_landmarks(x, m, layout="1d", key_padding_mask=mask)
+    (dx,) = torch.autograd.grad(out, x, cot)
+    assert calls
+    monkeypatch.setattr(lm, "TRITON_POOL", False)
+    ref = lm.pool_landmarks(x, m, layout="1d", key_padding_mask=mask)
+    (dx_ref,) = torch.autograd.grad(ref, x, cot)
+    for a, b in ((out, ref), (dx, dx_ref)):
+        b = b.detach().double()
+        ulp = torch.exp2(torch.floor(torch.log2(b.abs().clamp_min(1e-30))) - 7)
+        assert ((a.detach().double() - b).abs() <= ulp).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 def test_gpu_pool_landmarks_1d_uses_triton(monkeypatch):

@@ -1,6 +1,6 @@
-"""bfloat16 landmark pooling with a cached 0/1 operator (``mita.ops.landmarks._PoolBF16``) in one Triton launch per
-direction, on CUDA.
+"""Landmark pooling kernels, on CUDA.
 
+bfloat16 2D pooling with a cached 0/1 operator (``mita.ops.landmarks._PoolBF16``), one launch per direction.
 Forward: ``out[g, i] = sum_n member[i, n] x[g, n] / counts[i]``: bf16 tiles of the 0/1 membership times bf16 tiles
 of x on tensor cores with float32 accumulation, divided in float32 and rounded once, written straight into the
 landmarks' layout (``[G, H, m, d]`` for heads interleaved with channels, else ``[G, m, C]``). Backward:
@@ -8,6 +8,10 @@ landmarks' layout (``[G, H, m, d]`` for heads interleaved with channels, else ``
 once into x's dtype. The PyTorch formulation it replaces took a float32-output GEMM (a slow generic kernel), and in
 the backward a float32 GEMM, a float32 [G, N, C] buffer and a cast: about 0.2 ms of a DeiT-S layer's 2 ms on the
 H200 (notes/kernels-notes.md).
+
+1D segment means without padding (``pool1d_fwd``, N divisible by m) and over the valid tokens of padded sequences
+(``pool1d_masked_fwd`` / ``pool1d_masked_bwd``, ``mita.ops.landmarks._Pool1DMasked``): one launch each way where the
+PyTorch form (prefix sums, searches and gathers) takes about 28 kernels forward and 14 backward.
 """
 
 from __future__ import annotations
@@ -210,3 +214,155 @@ def pool1d_fwd(x: torch.Tensor, m: int) -> torch.Tensor:
         x, out, H, m, N // m, x.stride(0), x.stride(1), x.stride(2), D=D, EVEN=even, **cfg
     )
     return out
+
+
+# ---- 1D landmarks over the valid tokens of padded sequences ---------------------------------------------------------
+
+
+@triton.jit
+def _valid_counts(MASK, i_b, SMB, N, c0, BC: tl.constexpr):
+    # (valid tokens of mask row i_b, valid tokens before position c0); MASK holds 1 for padding (bool as uint8).
+    total = 0
+    before = 0
+    for n0 in range(0, N, BC):
+        o_n = n0 + tl.arange(0, BC)
+        b_v = (tl.load(MASK + i_b * SMB + o_n, mask=o_n < N, other=1) == 0).to(tl.int32)
+        total += tl.sum(b_v, 0)
+        before += tl.sum(tl.where(o_n < c0, b_v, 0), 0)
+    return total, before
+
+
+@triton.jit
+def _bins(o_i, L, M):
+    # Landmark i's ranks among the L valid tokens: [floor(i L / M), ceil((i + 1) L / M)) (int64 products), and its
+    # token count (at least 1: an all-padding row averages nothing to 0).
+    Li = L.to(tl.int64)
+    start = (o_i.to(tl.int64) * Li) // M
+    end = ((o_i.to(tl.int64) + 1) * Li + M - 1) // M
+    return start.to(tl.int32), end.to(tl.int32), tl.maximum(end - start, 1).to(tl.float32)
+
+
+@triton.jit
+def _pool1d_masked_fwd_kernel(
+    X, MASK, OUT, H, M, N, SB, SH, SN, SMB,
+    D: tl.constexpr, BI: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+):  # fmt: skip
+    """Program (BI landmarks, batch-head): each landmark's mean over the valid tokens of its rank range, float32 sums
+    (0/1 weights times x on the tensor cores) divided by the count and rounded once. The scan over the row stops
+    once the running rank passes the block's last range."""
+    i_i = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    L, _ = _valid_counts(MASK, i_b, SMB, N, 0, BC)
+    o_i = i_i * BI + tl.arange(0, BI)
+    m_i = o_i < M
+    start, end, cnt = _bins(o_i, L, M)
+    hi = tl.max(tl.where(m_i, end, 0), 0)
+    X_h = X + i_b * SB + (i_bh % H) * SH
+    o_d = tl.arange(0, D)
+    acc = tl.zeros([BI, D], tl.float32)
+    carry = 0
+    n0 = 0
+    while (n0 < N) & (carry < hi):
+        o_n = n0 + tl.arange(0, BN)
+        b_v = (tl.load(MASK + i_b * SMB + o_n, mask=o_n < N, other=1) == 0).to(tl.int32)
+        b_r = carry + tl.cumsum(b_v, 0) - b_v  # each token's rank among the row's valid tokens
+        b_w = (b_r[None, :] >= start[:, None]) & (b_r[None, :] < end[:, None]) & (b_v[None, :] != 0)
+        # Padding is never read (a NaN there cannot reach a landmark through a zero weight).
+        b_x = tl.load(X_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=(b_v != 0)[:, None], other=0.0)
+        acc += _dot(b_w.to(tl.float32).to(b_x.dtype), b_x, PREC, UP)
+        carry += tl.sum(b_v, 0)
+        n0 += BN
+    out = acc / cnt[:, None]
+    tl.store(OUT + (i_bh * M + o_i)[:, None] * D + o_d[None, :], out.to(OUT.dtype.element_ty), mask=m_i[:, None])
+
+
+@triton.jit
+def _pool1d_masked_bwd_kernel(
+    G, MASK, DX, H, M, N, CH, SGB, SGH, SGM, SMB,
+    D: tl.constexpr, BI: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Program (CH tokens, batch-head): dx of a valid token = sum over the landmarks whose rank range holds it of
+    g / count (float32, rounded once); 0 for padding."""
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b = i_bh // H
+    c0 = i_c * CH
+    L, carry = _valid_counts(MASK, i_b, SMB, N, c0, BC)
+    G_h = G + i_b * SGB + (i_bh % H) * SGH
+    o_d = tl.arange(0, D)
+    for n0 in range(c0, tl.minimum(c0 + CH, N), BN):
+        o_n = n0 + tl.arange(0, BN)
+        m_n = o_n < N
+        b_v = (tl.load(MASK + i_b * SMB + o_n, mask=m_n, other=1) == 0).to(tl.int32)
+        b_r = carry + tl.cumsum(b_v, 0) - b_v
+        b_dx = tl.zeros([BN, D], tl.float32)
+        for i0 in range(0, M, BI):
+            o_i = i0 + tl.arange(0, BI)
+            m_i = o_i < M
+            start, end, cnt = _bins(o_i, L, M)
+            b_w = (b_r[:, None] >= start[None, :]) & (b_r[:, None] < end[None, :]) & (b_v[:, None] != 0)
+            b_g = tl.load(G_h + o_i[:, None] * SGM + o_d[None, :], mask=m_i[:, None], other=0.0).to(tl.float32)
+            b_g = b_g / cnt[:, None]
+            b_dx += tl.dot(tl.where(m_i[None, :], b_w, 0).to(tl.float32), b_g, input_precision="ieee")
+        p_dx = DX + (i_bh * N + o_n.to(tl.int64))[:, None] * D + o_d[None, :]
+        tl.store(p_dx, b_dx.to(DX.dtype.element_ty), mask=m_n[:, None])
+        carry += tl.sum(b_v, 0)
+
+
+def pool1d_masked_supported(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor) -> bool:
+    """Whether :func:`pool1d_masked_fwd` takes x ``[B, H, N, d]`` with this mask: fp16 / bf16 / fp32, d a power of 2
+    in [16, 256], unit feature stride, a ``[B, N]`` bool mask on x's device with unit row stride."""
+    return (
+        x.dim() == 4
+        and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and x.shape[-1] in (16, 32, 64, 128, 256)
+        and x.stride(-1) == 1
+        and 1 <= m <= x.shape[2]
+        and key_padding_mask.dtype == torch.bool
+        and key_padding_mask.shape == (x.shape[0], x.shape[2])
+        and key_padding_mask.device == x.device
+        and key_padding_mask.stride(-1) == 1
+    )
+
+
+def _masked_blocks(m: int, bn: int) -> dict:
+    # BI landmarks per program, BN tokens per step, BC tokens per step of the valid-token count.
+    return dict(BI=max(16, min(64, _next_pow2(m))), BN=bn, BC=1024)
+
+
+def pool1d_masked_fwd(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """``pool_landmarks(x, m, layout="1d", key_padding_mask=...)`` in one launch: landmark i of a sequence with L
+    valid tokens is the mean of those of rank ``floor(i L / m)`` to ``ceil((i + 1) L / m) - 1`` (padding anywhere;
+    an all-padding sequence gives 0). x ``[B, H, N, d]`` (any batch, head and row strides); returns ``[B, H, m, d]``
+    contiguous in x's dtype (float32 sums rounded once)."""
+    if not pool1d_masked_supported(x, m, key_padding_mask):
+        raise ValueError(f"pool1d_masked_fwd: unsupported input {tuple(x.shape)} {x.dtype} for m={m}")
+    B, H, N, D = x.shape
+    out = torch.empty(B, H, m, D, device=x.device, dtype=x.dtype)
+    mask = key_padding_mask.view(torch.uint8)
+    # One program per (64 landmarks, batch-head) scans the row in order: 128 tokens per step halves its steps.
+    blocks = _masked_blocks(m, 128)
+    fast(_pool1d_masked_fwd_kernel)[(_cdiv(m, blocks["BI"]), B * H)](
+        x, mask, out, H, m, N, x.stride(0), x.stride(1), x.stride(2), mask.stride(0),
+        D=D, PREC="ieee" if x.dtype == torch.float32 else "tf32", UP=x.dtype == torch.bfloat16 and interpreting(),
+        num_warps=4, **blocks,
+    )  # fmt: skip
+    return out
+
+
+def pool1d_masked_bwd(g: torch.Tensor, key_padding_mask: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The gradient of :func:`pool1d_masked_fwd`: g ``[B, H, m, d]`` (unit feature stride) -> dx ``[B, H, n, d]``
+    contiguous in ``dtype``."""
+    B, H, m, D = g.shape
+    if g.stride(-1) != 1:
+        g = g.contiguous()
+    dx = torch.empty(B, H, n, D, device=g.device, dtype=dtype)
+    mask = key_padding_mask.view(torch.uint8)
+    blocks = _masked_blocks(m, 64)
+    # About 16 token chunks per row: each program first counts the valid tokens of the whole row.
+    ch = blocks["BN"] * max(1, _cdiv(_cdiv(n, blocks["BN"]), 16))
+    fast(_pool1d_masked_bwd_kernel)[(_cdiv(n, ch), B * H)](
+        g, mask, dx, H, m, n, ch, g.stride(0), g.stride(1), g.stride(2), mask.stride(0), D=D, num_warps=4, **blocks
+    )
+    return dx
