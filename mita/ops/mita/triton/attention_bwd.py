@@ -702,7 +702,8 @@ def mita_bwd(
             :func:`mita_fwd` gives it (a copy when not), do any layout of o's shape with a contiguous last dim
             (read in place with its own strides, ``grad_layouts``; a copy otherwise);
             r, vt: ``[BH, m, d]``; lse: the forward's ``[BH, N]`` log2 LSE.
-        key_valid: ``[BH, N]`` bool or None; lv_lse: the landmark values' ``[BH, m]`` log2 LSE (with ``shared``).
+        key_valid: ``[BH, N]`` bool or int8 (1 = valid) or None; lv_lse: the landmark values' ``[BH, m]`` log2 LSE
+            (with ``shared``).
 
     Returns:
         ``(dq, dk, dv, dr)`` in the dtypes of q, k, v, r (one rounding each: everything is summed in float32 first);

@@ -216,7 +216,8 @@ def triton_mita_checked(
     rf = landmarks.reshape(BH, m, D).contiguous()
     key_valid = None
     if key_padding_mask is not None:
-        key_valid = (~key_padding_mask)[:, None, :].expand(B, H, N).reshape(BH, N)
+        # int8 [BH, N] (1 = valid), the form every kernel reads: the launchers' .to(torch.int8) are then no-ops.
+        key_valid = (~key_padding_mask).to(torch.int8)[:, None, :].expand(B, H, N).reshape(BH, N)
     short = SHORT_PATH and small_supported(N, m, D)
     # The forward kernels read q, k, v in place (any batch / head / row strides, e.g. the head split of a fused
     # qkv projection) and write the output in [B, N, H, d] order.

@@ -325,7 +325,7 @@ def _small_attn_kernel(
 
 def small_fwd(q, k, v, r, key_valid, topk: int, S: int, shared: bool, scale: float, sscale: float):
     """Forward. q, k, v ``[BH, N, d]`` or ``[B, H, N, d]`` in one layout (``heads_layout``: read in place), r
-    ``[BH, m, d]``, key_valid ``[BH, N]`` bool or None.
+    ``[BH, m, d]``, key_valid ``[BH, N]`` bool or int8 (1 = valid) or None.
 
     Returns:
         ``(o, lse, memb, route, vt, lvlse)``: output shaped as q in q's dtype, stored in ``[B, N, H, d]`` order

@@ -112,7 +112,8 @@ def _emit_top(N: int, topk: int, bn: int) -> int:
 
 
 def _valid_counts(key_valid: torch.Tensor, topk: int) -> torch.Tensor:
-    return key_valid.sum(-1).clamp(max=topk).to(torch.int32)
+    # Keys per landmark row: min(valid keys, topk), int32 (a bool or int8 mask of 1 = valid).
+    return key_valid.sum(-1, dtype=torch.int32).clamp_(max=topk)
 
 
 class _ScanPlan(NamedTuple):
@@ -281,7 +282,7 @@ def exact_topk(
     Args:
         r: ``[BH, m, d]`` landmarks.
         k: ``[BH, N, d]`` or ``[B, H, N, d]`` keys (same dtype as r; any layout :func:`heads_layout` takes).
-        key_valid: ``[BH, N]`` bool, or None when every key is valid.
+        key_valid: ``[BH, N]`` bool or int8 (1 = valid), or None when every key is valid.
         topk: keys per landmark, ``1 <= topk <= N``.
         small_max_n: rows up to this length take the on-chip kernel (when the key tile fits in 64 KiB).
         cap: candidate-list length of the long-row path (default ``2 topk``; at least ``max(topk, 64)``, rounded up
