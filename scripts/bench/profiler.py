@@ -36,8 +36,8 @@ the timed calls. On CUDA also the cost of single launches (an empty Triton kerne
 torch.empty, a small PyTorch op) and each forward stage's host and wall time. ``--device cpu`` runs anywhere: the
 Triton launches are replaced by no-ops after the project's own launch wrapper (``launch.py``: key, cache lookup,
 argument tuple), so the time is MiTA's Python, PyTorch's dispatch and allocations without Triton's C launcher or
-the driver (hosts differ in speed; the CPU figures compare code, not machines). ``--out DIR`` writes
-``host_<device>.csv``.
+the driver (hosts differ in speed; the CPU figures compare code, not machines). ``--variants`` times kernel settings
+side by side (sweep.py's syntax). ``--out DIR`` writes ``host_<device>.csv``.
 
 ncu: one MiTA forward (or forward + backward) inside a CUDA profiler range, for Nsight Compute. The call is warmed
 up first (every kernel compiled), outside the range; the landmarks are pooled as bench_op.py's MiTA calls pool
@@ -667,18 +667,30 @@ def run_host(args) -> None:
         torch.set_num_threads(1)
     else:
         launch_costs()
+    from sweep import Variants
+
+    variants = args.variants.split("|") if args.variants else [""]
+    switch = Variants()
     env = environment()
     rows = []
     for name in names:
         for call in calls:
-            rows += [dict(r, **env) for r in host_point(name, call, device, args.reps, counters, args.profile)]
+            # Variants in turn, twice (a, b, a, b), so a drift of the host's speed shows as a spread, not a gap.
+            for _ in range(2 if len(variants) > 1 else 1):
+                for variant in variants:
+                    switch["variant"] = variant
+                    for r in host_point(name, call, device, args.reps, counters, args.profile):
+                        rows.append(dict(r, variant=variant, **env))
+            switch["variant"] = ""
         if device == "cuda" and args.stages:
             host_stages(name)
             torch.cuda.empty_cache()
-    print(f"{'point':12s} {'call':6s} {'pass':9s} {'host us':>9s} {'launches':>9s} {'torch ops':>10s}  torch ops")
+    print(
+        f"{'point':12s} {'call':6s} {'pass':9s} {'host us':>9s} {'launches':>9s} {'torch ops':>10s}  variant; torch ops"
+    )
     for r in rows:
         print(f"{r['point']:12s} {r['call']:6s} {r['pass_']:9s} {r['host_us']:9.1f} {r['launches']:9d} "
-              f"{r['torch_ops']:10d}  {r['torch_op_names']}")  # fmt: skip
+              f"{r['torch_ops']:10d}  {r['variant'] or 'defaults'}; {r['torch_op_names']}")  # fmt: skip
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         write_csv(os.path.join(args.out, f"host_{device}.csv"), rows)
@@ -772,6 +784,12 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=48, help="timed forward + backward calls per point and call")
     p.add_argument("--profile", type=int, default=0, help="print the N functions with the most own time")
     p.add_argument("--stages", action="store_true", help="CUDA: also each forward stage's host and wall time")
+    p.add_argument(
+        "--variants",
+        default="",
+        help="'|'-separated kernel settings as sweep.py --variants takes them (empty: the defaults), each point "
+        "timed under each in turn, twice; e.g. '|fwd.route_stream=0'",
+    )
     p.add_argument("--out", default="", help="write host_<device>.csv here")
     p.set_defaults(run=run_host)
     p = sub.add_parser("ncu", help="one MiTA call inside a CUDA profiler range (run under Nsight Compute)")

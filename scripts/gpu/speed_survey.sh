@@ -7,7 +7,8 @@
 #          cap. About 8 min.
 #   op     the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel GPU
 #          time and launch sequence of each point, the host time of each forward and backward (launches, PyTorch
-#          ops, cProfile) and of each forward stage. About 7 min.
+#          ops, cProfile; the routing's second stream on and off) and of each forward stage, and the second stream
+#          on and off side by side as timings. About 9 min.
 #   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
 #          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
@@ -72,8 +73,12 @@ if want op; then
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
   --timing eager,cuda_graph_queued --backends triton
 step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
-step host "${HOST_S:-120}" python3 scripts/bench/profiler.py host --out "$out" --profile 30 --stages \
-  --points "${HOST_POINTS:-deit_s,N1024,B8_N4096,N16384,N65536,lra_listops}"
+step host "${HOST_S:-150}" python3 scripts/bench/profiler.py host --out "$out" --profile 30 --stages \
+  --points "${HOST_POINTS:-deit_s,N1024,B8_N4096,N16384,N65536,lra_listops}" --variants "|fwd.route_stream=0"
+# The routing's second stream (route_stream 3) was timed only at 64K-1M as graph replays; below, eager calls are
+# bound by the host, which the fork's stream switches add to: both forms side by side, eager and as graph replays.
+step route_stream "${STREAM_S:-150}" python3 scripts/bench/sweep.py --points 1024:16,4096:32,16384:64,65536:128 \
+  --batch 1 --heads 2 --rho 0 --backward --timing eager,cuda_graph --reps 20 --sweep fwd.route_stream=3,0
 fi
 if want long && [ -n "${BEFORE_LONG:-}" ]; then
   long_points=N16384,N65536,N262144,N1048576

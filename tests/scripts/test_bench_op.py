@@ -89,8 +89,12 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
         "small.bwd.tail=0,1",
         "small.route.maxnreg=168,None,128",
         "small.attn.maxnreg=168,None",
+        "fwd.route_stream=3,0",
     ]
-    assert [sweep.parse_sweep(item)[2] for item in sweeps] == [[0, 1], [0, 1], [168, None, 128], [168, None]]
+    assert [sweep.parse_sweep(item)[2] for item in sweeps] == [[0, 1], [0, 1], [168, None, 128], [168, None], [3, 0]]
+    # The host step's variants are settings too.
+    for item in re.search(r'profiler.py host .*?--variants "([^"]*)"', text, re.S).group(1).split("|")[1:]:
+        assert sweep.parse_sweep(item)[0] is sweep.afwd.FWD_CONFIG
     variants = re.search(r'--variants \\\n\s*"([^"]*)"', text).group(1).split("|")
     assert variants[0] == "" and len(variants) == 4
     for v in variants[1:]:
@@ -143,8 +147,8 @@ def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch
     "parts,steps",
     [
         ("short", {"short_tests", "short_tail", "short_bwd", "ab_before_1", "ab_after_1", "ab_before_2", "ab_after_2"}),
-        ("op,lra", {"op_bench", "kernels", "host", "lra_time", "lra_time_pathfinder", "lra_time_topk_math",
-                    "lra_time_topk_math_pathfinder"}),
+        ("op,lra", {"op_bench", "kernels", "host", "route_stream", "lra_time", "lra_time_pathfinder",
+                    "lra_time_topk_math", "lra_time_topk_math_pathfinder"}),
         ("long", {"long_before_1", "long_after_1", "long_before_2", "long_after_2"}),
     ],
 )  # fmt: skip
