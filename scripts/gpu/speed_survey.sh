@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Where MiTA stands against dense attention at the lengths where the paper trains, on one H200, in parts (PARTS, a
-# comma-separated list; default all three, more than one 10-minute device call: run them as two calls):
+# comma-separated list; default short,op,lra, more than one 10-minute device call: run them as two calls):
 #   short  the short path (N <= 256) at DeiT-S: its GPU tests, its launch settings side by side (sweep.py), with
 #          BEFORE=DIR the op benchmark's short and medium training points on an earlier tree and this one in turn
 #          (before, after, before, after; each process alone on the GPU), then the backward's tiles and register
 #          cap. About 8 min.
 #   op     the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel GPU
-#          time and launch sequence of each point, the host time of each forward and backward (launches, PyTorch
-#          ops, cProfile; the routing's second stream on and off) and of each forward stage, and the second stream
-#          on and off side by side as timings. About 9 min.
+#          time and launch sequence of each point. About 5.5 min.
+#   host   (not in the default) the host time of each forward and backward (launches, PyTorch ops, cProfile; the
+#          routing's second stream on and off) and of each forward stage, the second stream on and off side by
+#          side as timings (eager, graph replays), and with BEFORE_HOST=DIR eager op calls at 16K, 64K and two LRA
+#          shapes plus whole ListOps steps (MiTA, full) on that tree and this one in turn, twice. About 8.5 min.
 #   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
 #          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
@@ -73,12 +75,28 @@ if want op; then
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
   --timing eager,cuda_graph_queued --backends triton
 step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
-step host "${HOST_S:-150}" python3 scripts/bench/profiler.py host --out "$out" --profile 30 --stages \
+fi
+if want host; then
+step host "${HOST_S:-120}" python3 scripts/bench/profiler.py host --out "$out" --profile 30 --stages \
   --points "${HOST_POINTS:-deit_s,N1024,B8_N4096,N16384,N65536,lra_listops}" --variants "|fwd.route_stream=0"
 # The routing's second stream (route_stream 3) was timed only at 64K-1M as graph replays; below, eager calls are
 # bound by the host, which the fork's stream switches add to: both forms side by side, eager and as graph replays.
-step route_stream "${STREAM_S:-150}" python3 scripts/bench/sweep.py --points 1024:16,4096:32,16384:64,65536:128 \
+step route_stream "${STREAM_S:-120}" python3 scripts/bench/sweep.py --points 1024:16,4096:32,16384:64,65536:128 \
   --batch 1 --heads 2 --rho 0 --backward --timing eager,cuda_graph --reps 20 --sweep fwd.route_stream=3,0
+if [ -n "${BEFORE_HOST:-}" ]; then
+  # Eager op calls and whole LRA MiTA steps on an earlier tree and this one in turn (host-bound: each alone).
+  for i in 1 2; do
+    for side in before after; do
+      tree=.
+      [ "$side" = before ] && tree=$BEFORE_HOST
+      mkdir -p "$out/host_${side}_$i"
+      step "host_${side}_$i" "${HOST_AB_S:-60}" bash -c "cd '$tree' && python3 scripts/bench/bench_op.py \
+        --out '$out/host_${side}_$i' --point-set training --points N16384,N65536,lra_listops,lra_pathfinder \
+        --timing eager --backends triton && python3 scripts/lra_time.py --out '$out/host_${side}_$i/lra_time.csv' \
+        --experiments lra/listops-mita lra/listops-full"
+    done
+  done
+fi
 fi
 if want long && [ -n "${BEFORE_LONG:-}" ]; then
   long_points=N16384,N65536,N262144,N1048576

@@ -147,8 +147,9 @@ def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch
     "parts,steps",
     [
         ("short", {"short_tests", "short_tail", "short_bwd", "ab_before_1", "ab_after_1", "ab_before_2", "ab_after_2"}),
-        ("op,lra", {"op_bench", "kernels", "host", "route_stream", "lra_time", "lra_time_pathfinder",
-                    "lra_time_topk_math", "lra_time_topk_math_pathfinder"}),
+        ("op,lra", {"op_bench", "kernels", "lra_time", "lra_time_pathfinder", "lra_time_topk_math",
+                    "lra_time_topk_math_pathfinder"}),
+        ("host", {"host", "route_stream", "host_before_1", "host_after_1", "host_before_2", "host_after_2"}),
         ("long", {"long_before_1", "long_after_1", "long_before_2", "long_after_2"}),
     ],
 )  # fmt: skip
@@ -169,7 +170,7 @@ def test_speed_survey_parts(tmp_path, parts, steps):
     before.mkdir()
     out = tmp_path / "out"
     env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", PARTS=parts, BEFORE=str(before), MITA_COMMIT="abc",
-               BEFORE_LONG=str(before))  # fmt: skip
+               BEFORE_LONG=str(before), BEFORE_HOST=str(before))  # fmt: skip
     subprocess.run(["bash", str(root / "scripts" / "gpu" / "speed_survey.sh"), str(out)], cwd=root, env=env,
                    check=True, capture_output=True, timeout=60)  # fmt: skip
     logs = {p.stem for p in out.glob("*.log")}
@@ -177,6 +178,11 @@ def test_speed_survey_parts(tmp_path, parts, steps):
     if "short" in parts:
         assert (out / "ab_before_1.log").read_text().startswith(f"{before} scripts/bench/bench_op.py")
         assert (out / "ab_after_2.log").read_text().startswith(f"{root} scripts/bench/bench_op.py")
+    if "host" in parts:
+        before_log = (out / "host_before_1.log").read_text().splitlines()
+        assert before_log[0].startswith(f"{before} scripts/bench/bench_op.py")
+        assert before_log[1].startswith(f"{before} scripts/lra_time.py")
+        assert (out / "host_after_2.log").read_text().startswith(f"{root} scripts/bench/bench_op.py")
     if "long" in parts:
         assert "--graph --queued" in (out / "long_before_2.log").read_text()
         assert (out / "long_after_1.log").read_text().startswith(f"{root} scripts/bench/bench_op.py")
