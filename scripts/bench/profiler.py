@@ -445,7 +445,7 @@ def cpu_launch_stubs() -> None:
     from mita.ops.mita.triton import backend, common, launch
 
     os.environ.pop("TRITON_INTERPRET", None)
-    launch.interpreting.cache_clear()
+    getattr(launch.interpreting, "cache_clear", lambda: None)()  # (older trees read the variable per call)
     backend.interpreting = lambda: True  # the backend takes CPU tensors only when interpreting
     torch.cuda.current_device = lambda: 0
     common._SM_COUNT.setdefault(0, 132)
