@@ -46,6 +46,17 @@ step() {  # step NAME LIMIT_S COMMAND...: run one part, its log in OUT/NAME.log,
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } >"$out/environment.txt" 2>&1
 want() { [[ $parts == *",$1,"* ]]; }
+before_after() {  # before_after PREFIX TREE LIMIT_S COMMAND: COMMAND (its output folder in $dir) in TREE, then here,
+  local prefix=$1 tree=$2 limit=$3 cmd=$4 i side dir  # twice in turn; steps PREFIX_before_1, PREFIX_after_1, ...
+  for i in 1 2; do
+    for side in before after; do
+      dir="$out/${prefix}_${side}_$i"
+      mkdir -p "$dir"
+      step "${prefix}_${side}_$i" "$limit" bash -c "cd '$([ "$side" = before ] && echo "$tree" || echo .)' && \
+        dir='$dir' && $cmd"
+    done
+  done
+}
 if want short; then
 # The short kernels against naive_mita on this GPU first (every setting the next step times).
 step short_tests "${SHORT_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_triton_mita.py \
@@ -56,15 +67,8 @@ step short_tail "${TAIL_S:-240}" python3 scripts/bench/sweep.py --points 197:25 
   --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1 \
   --sweep small.route.maxnreg=168,None,128 --sweep small.attn.maxnreg=168,None
 if [ -n "${BEFORE:-}" ]; then
-  for i in 1 2; do
-    for side in before after; do
-      tree=.
-      [ "$side" = before ] && tree=$BEFORE
-      mkdir -p "$out/ab_${side}_$i"
-      step "ab_${side}_$i" "${AB_S:-60}" bash -c "cd '$tree' && python3 scripts/bench/bench_op.py --out '$out/ab_${side}_$i' \
-        --point-set training --points deit_s,seg_1025,B8_N4096 --timing eager,cuda_graph_queued --backends triton"
-    done
-  done
+  before_after ab "$BEFORE" "${AB_S:-60}" 'python3 scripts/bench/bench_op.py --out "$dir" --point-set training \
+    --points deit_s,seg_1025,B8_N4096 --timing eager,cuda_graph_queued --backends triton'
 fi
 # The backward's tiles and register cap (3 programs per SM at 168 registers, with some spilling).
 step short_bwd "${BWD_S:-150}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
@@ -85,17 +89,9 @@ step route_stream "${STREAM_S:-120}" python3 scripts/bench/sweep.py --points 102
   --batch 1 --heads 2 --rho 0 --backward --timing eager,cuda_graph --reps 20 --sweep fwd.route_stream=3,0
 if [ -n "${BEFORE_HOST:-}" ]; then
   # Eager op calls and whole LRA MiTA steps on an earlier tree and this one in turn (host-bound: each alone).
-  for i in 1 2; do
-    for side in before after; do
-      tree=.
-      [ "$side" = before ] && tree=$BEFORE_HOST
-      mkdir -p "$out/host_${side}_$i"
-      step "host_${side}_$i" "${HOST_AB_S:-60}" bash -c "cd '$tree' && python3 scripts/bench/bench_op.py \
-        --out '$out/host_${side}_$i' --point-set training --points N16384,N65536,lra_listops,lra_pathfinder \
-        --timing eager --backends triton && python3 scripts/lra_time.py --out '$out/host_${side}_$i/lra_time.csv' \
-        --experiments lra/listops-mita lra/listops-full"
-    done
-  done
+  before_after host "$BEFORE_HOST" "${HOST_AB_S:-60}" 'python3 scripts/bench/bench_op.py --out "$dir" \
+    --point-set training --points N16384,N65536,lra_listops,lra_pathfinder --timing eager --backends triton \
+    && python3 scripts/lra_time.py --out "$dir/lra_time.csv" --experiments lra/listops-mita lra/listops-full'
 fi
 fi
 if want long && [ -n "${BEFORE_LONG:-}" ]; then
