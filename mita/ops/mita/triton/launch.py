@@ -4,7 +4,7 @@
 looks the compiled binary up on each call: about 14 us of host time for a 3-argument kernel and 27 us for one
 with 24 arguments (triton 3.6 on the H200 host). MiTA's general path makes 6-8 launches per forward and 7 per
 backward, so at N <= 64K, where the GPU work is tens to a few hundred microseconds, the host is the bottleneck
-(scripts/bench/host_profile.py measures it). ``fast(kernel)[grid](...)`` keys each call in one pass over its
+(``scripts/bench/profiler.py host`` measures it). ``fast(kernel)[grid](...)`` keys each call in one pass over its
 arguments (``_key``: a tensor's dtype and 16-byte alignment, an int's value, one marker for all floats, which
 Triton does not specialise on; the keyword arguments, i.e. constexprs and launch options, as given), which is
 finer than what Triton specialises on, so a cached binary is always the one Triton would pick; on a hit it
