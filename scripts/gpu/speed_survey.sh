@@ -9,8 +9,9 @@
 #          time and launch sequence of each point. About 5.5 min.
 #   host   (not in the default) the host time of each forward and backward (launches, PyTorch ops, cProfile; the
 #          routing's second stream on and off) and of each forward stage, the second stream on and off side by
-#          side as timings (eager, graph replays), and with BEFORE_HOST=DIR eager op calls at 16K, 64K and two LRA
-#          shapes plus whole ListOps steps (MiTA, full) on that tree and this one in turn, twice. About 8.5 min.
+#          side as timings (eager, graph replays), and with BEFORE_HOST=DIR eager op calls at 16K, 64K and the ListOps
+#          shape plus whole ListOps steps (MiTA, full; full length and padded) on that tree and this one in turn,
+#          twice. About 9 min.
 #   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
 #          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
@@ -81,17 +82,21 @@ step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --po
 step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
 fi
 if want host; then
-step host "${HOST_S:-120}" python3 scripts/bench/profiler.py host --out "$out" --profile 30 --stages \
+step host "${HOST_S:-100}" python3 scripts/bench/profiler.py host --out "$out" --profile 30 --stages \
   --points "${HOST_POINTS:-deit_s,N1024,B8_N4096,N16384,N65536,lra_listops}" --variants "|fwd.route_stream=0"
 # The routing's second stream (route_stream 3) was timed only at 64K-1M as graph replays; below, eager calls are
 # bound by the host, which the fork's stream switches add to: both forms side by side, eager and as graph replays.
-step route_stream "${STREAM_S:-120}" python3 scripts/bench/sweep.py --points 1024:16,4096:32,16384:64,65536:128 \
+step route_stream "${STREAM_S:-100}" python3 scripts/bench/sweep.py --points 1024:16,4096:32,16384:64,65536:128 \
   --batch 1 --heads 2 --rho 0 --backward --timing eager,cuda_graph --reps 20 --sweep fwd.route_stream=3,0
 if [ -n "${BEFORE_HOST:-}" ]; then
   # Eager op calls and whole LRA MiTA steps on an earlier tree and this one in turn (host-bound: each alone).
-  before_after host "$BEFORE_HOST" "${HOST_AB_S:-60}" 'python3 scripts/bench/bench_op.py --out "$dir" \
-    --point-set training --points N16384,N65536,lra_listops,lra_pathfinder --timing eager --backends triton \
-    && python3 scripts/lra_time.py --out "$dir/lra_time.csv" --experiments lra/listops-mita lra/listops-full'
+  # ListOps steps at full length (lra_time's default: no padding) and with 40% of the tokens padding (real ListOps
+  # batches are padded: the masked landmark pooling).
+  before_after host "$BEFORE_HOST" "${HOST_AB_S:-80}" 'python3 scripts/bench/bench_op.py --out "$dir" \
+    --point-set training --points N16384,N65536,lra_listops --timing eager --backends triton \
+    && python3 scripts/lra_time.py --out "$dir/lra_time.csv" --experiments lra/listops-mita lra/listops-full \
+    && python3 scripts/lra_time.py --out "$dir/lra_time_padded.csv" --valid-fraction 0.6 \
+      --experiments lra/listops-mita lra/listops-full'
 fi
 fi
 if want long && [ -n "${BEFORE_LONG:-}" ]; then
