@@ -43,27 +43,23 @@ def compose(experiment: str, overrides: list[str]):
         return hydra_compose("train", overrides=[f"experiment={experiment}", *overrides])
 
 
-def time_experiment(
-    experiment: str, steps: int, warmup: int, device: str, overrides: list[str], valid_fraction: float = 1.0
-) -> dict:
-    """Median seconds per optimiser step and the estimated total for one experiment file.
+def build_step(experiment: str, device: str, overrides: list[str], valid_fraction: float = 1.0):
+    """One training step of ``experiment`` on a synthetic full-length batch: ``(step, cfg, B, N)``, where ``step()``
+    runs forward, backward and the optimiser (bf16 autocast on CUDA when the recipe trains in bf16).
 
     Args:
         experiment: e.g. ``lra/listops-mita``.
-        steps: timed steps.
-        warmup: untimed steps first (compilation, autotuning, allocator).
         device: ``cuda`` or ``cpu``.
         overrides: extra Hydra overrides (e.g. ``data.batch_size=8``).
         valid_fraction: share of each sequence's tokens that are valid (the rest padding at random positions):
             the encoder compacts valid tokens and cuts the batch to its longest row, as on Pathfinder images,
             where about 0.34 of the pixels are inked (zero pixels are padding).
-
-    Returns:
-        dict with experiment, batch, length, valid_fraction, max_steps, step_s, estimate_h.
     """
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    if not 0.0 < valid_fraction <= 1.0:
+        raise ValueError(f"valid_fraction must be in (0, 1], got {valid_fraction}")
     cfg = compose(experiment, overrides)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
     # The data module is not built (no data needed): the model reads vocab/length/classes from cfg.data.
@@ -77,8 +73,6 @@ def time_experiment(
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, eps=1e-6)
     B, N = int(data.batch_size), int(data.max_length)
     g = torch.Generator().manual_seed(0)
-    if not 0.0 < valid_fraction <= 1.0:
-        raise ValueError(f"valid_fraction must be in (0, 1], got {valid_fraction}")
 
     def padding() -> torch.Tensor:
         return torch.rand(B, N, generator=g) >= valid_fraction if valid_fraction < 1 else torch.zeros(B, N, dtype=bool)
@@ -98,6 +92,16 @@ def time_experiment(
         loss.backward()
         opt.step()
 
+    return step, cfg, B, N
+
+
+def time_experiment(
+    experiment: str, steps: int, warmup: int, device: str, overrides: list[str], valid_fraction: float = 1.0
+) -> dict:
+    """Median seconds per optimiser step (:func:`build_step`'s step, synchronised) and the estimated total for one
+    experiment file: dict with experiment, batch, length, valid_fraction, max_steps, step_s, estimate_h. ``warmup``:
+    untimed steps first (compilation, autotuning, allocator)."""
+    step, cfg, B, N = build_step(experiment, device, overrides, valid_fraction)
     times = []
     for i in range(warmup + steps):
         if device == "cuda":

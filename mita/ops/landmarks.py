@@ -208,6 +208,12 @@ def _pool_kernels():
     return _pool_kernels_module() if TRITON_POOL else None
 
 
+def _kernels_for(x: torch.Tensor):
+    """The Triton pooling kernels for x: CUDA tensors outside torch.compile (whose generated code pools as well
+    without them), else None (the PyTorch forms)."""
+    return _pool_kernels() if x.is_cuda and not torch.compiler.is_compiling() else None
+
+
 class _PoolBF16(torch.autograd.Function):
     """bfloat16 pooling ``[G, N, D] -> [G, m, D]`` with float32 sums, rounded once.
 
@@ -221,7 +227,7 @@ class _PoolBF16(torch.autograd.Function):
     def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
         G, N, D = x3.shape
         m = member.shape[0]
-        tp = _pool_kernels() if x3.is_cuda and not torch.compiler.is_compiling() else None
+        tp = _kernels_for(x3)
         ctx.triton = tp is not None
         ctx.save_for_backward(weights_t)
         ctx.heads = heads
@@ -333,7 +339,7 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
             # (over twice its input; mem_profile.py), the two stages' partials take a sixteenth of the input. Under
             # torch.compile the generated reduction needs no such buffer and the single sum stays.
             L = N // m
-            tp = _pool_kernels() if x.is_cuda and not torch.compiler.is_compiling() else None
+            tp = _kernels_for(x)
             if tp is not None and tp.pool1d_supported(x, m):
                 # CUDA fp16 / bf16: one Triton launch (float32 sums, rounded once) instead of three or four.
                 return _Pool1D.apply(x, m)
@@ -346,7 +352,7 @@ def _pool_1d(x: torch.Tensor, m: int, key_padding_mask: torch.Tensor | None) -> 
         raise ValueError(
             f"key_padding_mask must be a bool tensor of shape [{B}, {N}], got {tuple(key_padding_mask.shape)}"
         )
-    tp = _pool_kernels() if x.is_cuda and not torch.compiler.is_compiling() else None
+    tp = _kernels_for(x)
     if tp is not None and tp.pool1d_masked_supported(x, m, key_padding_mask):
         # CUDA: one Triton launch each way instead of about 28 PyTorch kernels forward and 14 backward.
         return _Pool1DMasked.apply(x, m, key_padding_mask)

@@ -37,7 +37,10 @@ torch.empty, a small PyTorch op) and each forward stage's host and wall time. ``
 Triton launches are replaced by no-ops after the project's own launch wrapper (``launch.py``: key, cache lookup,
 argument tuple), so the time is MiTA's Python, PyTorch's dispatch and allocations without Triton's C launcher or
 the driver (hosts differ in speed; the CPU figures compare code, not machines). ``--variants`` times kernel settings
-side by side (sweep.py's syntax). ``--out DIR`` writes ``host_<device>.csv``.
+side by side (sweep.py's syntax). ``--lra lra/listops-full,lra/listops-mita`` adds whole training steps
+(scripts/lra_time.py's synthetic batches, full length and with ``--valid-fraction`` of the tokens valid; on the CPU
+the landmark pooling picks its kernels as on CUDA). ``--points none`` skips the op points. ``--out DIR`` writes
+``host_<device>.csv``.
 
 ncu: one MiTA forward (or forward + backward) inside a CUDA profiler range, for Nsight Compute. The call is warmed
 up first (every kernel compiled), outside the range; the landmarks are pooled as bench_op.py's MiTA calls pool
@@ -447,6 +450,10 @@ def cpu_launch_stubs() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     getattr(launch.interpreting, "cache_clear", lambda: None)()  # (older trees read the variable per call)
     backend.interpreting = lambda: True  # the backend takes CPU tensors only when interpreting
+    from mita.ops import landmarks
+
+    if hasattr(landmarks, "_kernels_for"):  # the landmark pooling picks its kernels as on CUDA
+        landmarks._kernels_for = lambda x: landmarks._pool_kernels()
     torch.cuda.current_device = lambda: 0
     common._SM_COUNT.setdefault(0, 132)
 
@@ -651,11 +658,47 @@ def run_memory(args) -> None:
         torch.cuda.empty_cache()
 
 
+def host_lra_step(experiment: str, device: str, reps: int, counters, valid_fraction: float) -> dict:
+    """One LRA training step (scripts/lra_time.py's synthetic batch; MiTA rows on the Triton backend): host time per
+    step (CUDA: queued behind a spin kernel), Triton launches and PyTorch kernel ops."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lra_time", os.path.join(_REPO, "scripts", "lra_time.py"))
+    lra_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lra_time)
+    inside, count = counters
+    cfg = lra_time.compose(experiment, [])
+    overrides = ["model.attention.backend=triton"] if "backend" in cfg.model.attention else []
+    step, _, B, N = lra_time.build_step(experiment, device, overrides, valid_fraction)
+    for _ in range(2):
+        step()
+    count[0] = 0
+    with _KernelOps(inside) as ops:
+        step()
+    launches = count[0]
+    times = []
+    for i in range(reps):
+        if device == "cuda" and i % 4 == 0:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(400_000_000)
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return dict(
+        point=experiment, call=f"step (valid {valid_fraction:g})", pass_="step", B=B, N=N,
+        host_us=round(statistics.median(times) * 1e6, 1), host_us_min=round(min(times) * 1e6, 1), launches=launches,
+        torch_ops=sum(ops.names.values()),
+        torch_op_names=";".join(f"{op}x{n}" for op, n in sorted(ops.names.items())), device=device, reps=reps,
+    )  # fmt: skip
+
+
 def run_host(args) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here (use --device cpu)")
-    names = [x for x in args.points.split(",") if x]
+    names = [x for x in args.points.split(",") if x and x != "none"]
     for name in names:
         point(name)  # unknown names stop the run before anything is timed
     calls = [x for x in (args.calls or ("op,bench" if device == "cuda" else "op")).split(",") if x]
@@ -685,6 +728,9 @@ def run_host(args) -> None:
         if device == "cuda" and args.stages:
             host_stages(name)
             torch.cuda.empty_cache()
+    for exp in [x for x in args.lra.split(",") if x]:
+        for frac in (1.0, args.valid_fraction) if args.valid_fraction < 1 else (1.0,):
+            rows.append(dict(host_lra_step(exp, device, max(4, args.reps // 8), counters, frac), variant="", **env))
     print(
         f"{'point':12s} {'call':6s} {'pass':9s} {'host us':>9s} {'launches':>9s} {'torch ops':>10s}  variant; torch ops"
     )
@@ -791,6 +837,12 @@ def main(argv=None) -> None:
         "timed under each in turn, twice; e.g. '|fwd.route_stream=0'",
     )
     p.add_argument("--out", default="", help="write host_<device>.csv here")
+    p.add_argument(
+        "--lra", default="", help="comma-separated LRA experiments (lra/listops-mita, ...): whole training steps too"
+    )
+    p.add_argument(
+        "--valid-fraction", type=float, default=0.6, help="with --lra: also steps with this share of valid tokens"
+    )
     p.set_defaults(run=run_host)
     p = sub.add_parser("ncu", help="one MiTA call inside a CUDA profiler range (run under Nsight Compute)")
     p.add_argument("--n", type=int, default=65536)

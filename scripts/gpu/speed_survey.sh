@@ -8,10 +8,10 @@
 #   op     the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel GPU
 #          time and launch sequence of each point. About 5.5 min.
 #   host   (not in the default) the host time of each forward and backward (launches, PyTorch ops, cProfile; the
-#          routing's second stream on and off) and of each forward stage, the second stream on and off side by
-#          side as timings (eager, graph replays), and with BEFORE_HOST=DIR eager op calls at 16K, 64K and the ListOps
-#          shape plus whole ListOps steps (MiTA, full; full length and padded) on that tree and this one in turn,
-#          twice. About 9 min.
+#          routing's second stream on and off), of each forward stage and of whole ListOps / Pathfinder steps; the
+#          second stream on and off side by side as timings (eager, graph replays); with BEFORE_HOST=DIR eager op
+#          calls at 16K, 64K and the ListOps shape plus whole ListOps steps (MiTA, full; full length and padded) on
+#          that tree and this one in turn, twice. About 9 min.
 #   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
 #          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
@@ -83,7 +83,8 @@ step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --poi
 fi
 if want host; then
 step host "${HOST_S:-100}" python3 scripts/bench/profiler.py host --out "$out" --profile 30 --stages \
-  --points "${HOST_POINTS:-deit_s,N1024,B8_N4096,N16384,N65536,lra_listops}" --variants "|fwd.route_stream=0"
+  --points "${HOST_POINTS:-deit_s,N1024,B8_N4096,N16384,N65536,lra_listops}" --variants "|fwd.route_stream=0" \
+  --lra lra/listops-full,lra/listops-mita,lra/pathfinder-full,lra/pathfinder-mita
 # The routing's second stream (route_stream 3) was timed only at 64K-1M as graph replays; below, eager calls are
 # bound by the host, which the fork's stream switches add to: both forms side by side, eager and as graph replays.
 step route_stream "${STREAM_S:-100}" python3 scripts/bench/sweep.py --points 1024:16,4096:32,16384:64,65536:128 \

@@ -32,3 +32,22 @@ def test_host_counts_on_cpu(tmp_path):
         assert int(r["launches"]) == n, (key, r)
         assert int(r["torch_ops"]) == 0, (key, r["torch_op_names"])
         assert float(r["host_us"]) > 0 and r["call"] == "op" and r["device"] == "cpu"
+
+
+def test_host_counts_of_an_lra_step_on_cpu(tmp_path):
+    """``--lra``: a whole ListOps MiTA training step (2 layers) makes 13 Triton launches per layer, plus the masked
+    landmark pooling's two when rows are padded (picked as on CUDA), and no PyTorch prefix sums or searches."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, str(root / "scripts" / "bench" / "profiler.py"), "host", "--device", "cpu", "--points",
+         "none", "--lra", "lra/listops-mita", "--reps", "8", "--valid-fraction", "0.6", "--out", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    with open(tmp_path / "host_cpu.csv") as f:
+        rows = {r["call"]: r for r in csv.DictReader(f)}
+    assert int(rows["step (valid 1)"]["launches"]) == 26
+    padded = rows["step (valid 0.6)"]
+    assert int(padded["launches"]) == 30
+    assert "cumsum" not in padded["torch_op_names"] and "searchsorted" not in padded["torch_op_names"]
