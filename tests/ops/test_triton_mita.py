@@ -660,6 +660,14 @@ def _compute_ops(fn, launches) -> list[str]:
         "_unsafe_view",
         "alias",
         "as_strided",
+        "unsqueeze",
+        "expand",
+        "slice",
+        "select",
+        "permute",
+        "transpose",
+        "t",
+        "squeeze",
     )
     ops = []
 
@@ -702,6 +710,20 @@ def test_launch_count_small_shape(monkeypatch, triton_launches):
     assert launches == ["_small_route_kernel", "_small_attn_kernel"], launches
     torch.autograd.grad(out, (q, k, v, r), torch.randn_like(out))
     assert launches[2:] == ["_small_bwd_kernel"], launches
+
+
+def test_padding_mask_costs_few_pytorch_kernels(monkeypatch, triton_launches):
+    """With a padding mask the general path turns it into the kernels' int8 form once per call (not, bool to int8
+    cast, head broadcast; valid-key counts: sum, clamp) and the backward converts nothing."""
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    (q, k, v, r), mask = _inputs(2, 2, 300, 32, 8, torch.float32, pad_from=(300, 140), seed=3)
+    res = {}
+    ops = _compute_ops(lambda: res.setdefault("out", tmop.triton_mita(q, k, v, r, 16, key_padding_mask=mask)),
+                       triton_launches)  # fmt: skip
+    names = sorted(op.split(".")[1] for op in ops)
+    assert names == ["_to_copy", "bitwise_not", "clamp_", "clone", "sum"], ops
+    do = torch.randn_like(res["out"])
+    assert _compute_ops(lambda: torch.autograd.grad(res["out"], (q, k, v, r), do), triton_launches) == []
 
 
 @pytest.mark.parametrize("heads,N,start,grid,bins", [(3, 197, 0, (14, 14), (5, 5)), (0, 50, 1, (7, 7), (2, 3))])
