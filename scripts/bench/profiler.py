@@ -39,7 +39,8 @@ argument tuple), so the time is MiTA's Python, PyTorch's dispatch and allocation
 the driver (hosts differ in speed; the CPU figures compare code, not machines). ``--variants`` times kernel settings
 side by side (sweep.py's syntax). ``--lra lra/listops-full,lra/listops-mita`` adds whole training steps
 (scripts/lra_time.py's synthetic batches, full length and with ``--valid-fraction`` of the tokens valid; on the CPU
-the landmark pooling picks its kernels as on CUDA). ``--points none`` skips the op points. ``--out DIR`` writes
+the landmark pooling picks its kernels as on CUDA): their launches and PyTorch kernels, and their wall time (a step
+synchronises, so its host time alone is not measured). ``--points none`` skips the op points. ``--out DIR`` writes
 ``host_<device>.csv``.
 
 ncu: one MiTA forward (or forward + backward) inside a CUDA profiler range, for Nsight Compute. The call is warmed
@@ -659,8 +660,9 @@ def run_memory(args) -> None:
 
 
 def host_lra_step(experiment: str, device: str, reps: int, counters, valid_fraction: float) -> dict:
-    """One LRA training step (scripts/lra_time.py's synthetic batch; MiTA rows on the Triton backend): host time per
-    step (CUDA: queued behind a spin kernel), Triton launches and PyTorch kernel ops."""
+    """One LRA training step (scripts/lra_time.py's synthetic batch; MiTA rows on the Triton backend): Triton launches
+    and PyTorch kernel ops per step, and the step's wall time (synchronised: the encoder reads its batch's longest
+    row on the host, so a step cannot run ahead of the GPU and its host time alone is not separable here)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("lra_time", os.path.join(_REPO, "scripts", "lra_time.py"))
@@ -677,17 +679,16 @@ def host_lra_step(experiment: str, device: str, reps: int, counters, valid_fract
         step()
     launches = count[0]
     times = []
-    for i in range(reps):
-        if device == "cuda" and i % 4 == 0:
+    for _ in range(reps):
+        if device == "cuda":
             torch.cuda.synchronize()
-            torch.cuda._sleep(400_000_000)
         t0 = time.perf_counter()
         step()
+        if device == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    if device == "cuda":
-        torch.cuda.synchronize()
     return dict(
-        point=experiment, call=f"step (valid {valid_fraction:g})", pass_="step", B=B, N=N,
+        point=experiment, call=f"step (valid {valid_fraction:g})", pass_="step wall", B=B, N=N,
         host_us=round(statistics.median(times) * 1e6, 1), host_us_min=round(min(times) * 1e6, 1), launches=launches,
         torch_ops=sum(ops.names.values()),
         torch_op_names=";".join(f"{op}x{n}" for op, n in sorted(ops.names.items())), device=device, reps=reps,

@@ -8,10 +8,10 @@
 #   op     the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel GPU
 #          time and launch sequence of each point. About 5.5 min.
 #   host   (not in the default) the host time of each forward and backward (launches, PyTorch ops, cProfile; the
-#          routing's second stream on and off), of each forward stage and of whole ListOps / Pathfinder steps; the
-#          second stream on and off side by side as timings (eager, graph replays); with BEFORE_HOST=DIR eager op
-#          calls at 16K, 64K and the ListOps shape plus whole ListOps steps (MiTA, full; full length and padded) on
-#          that tree and this one in turn, twice. About 9 min.
+#          routing's second stream on and off) and of each forward stage, whole ListOps / Pathfinder steps'
+#          launches and wall time; the second stream on and off side by side as timings (eager, graph replays);
+#          with BEFORE_HOST=DIR eager op calls at 16K, 64K and the ListOps shape plus whole ListOps steps (MiTA,
+#          full; full length and padded) on that tree and this one in turn, twice. About 9 min.
 #   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
 #          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
