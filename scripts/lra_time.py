@@ -95,13 +95,8 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
     return step, cfg, B, N
 
 
-def time_experiment(
-    experiment: str, steps: int, warmup: int, device: str, overrides: list[str], valid_fraction: float = 1.0
-) -> dict:
-    """Median seconds per optimiser step (:func:`build_step`'s step, synchronised) and the estimated total for one
-    experiment file: dict with experiment, batch, length, valid_fraction, max_steps, step_s, estimate_h. ``warmup``:
-    untimed steps first (compilation, autotuning, allocator)."""
-    step, cfg, B, N = build_step(experiment, device, overrides, valid_fraction)
+def step_times(step, device: str, warmup: int, steps: int) -> list[float]:
+    """Wall seconds of ``steps`` calls of ``step`` after ``warmup`` untimed ones, each synchronised on CUDA."""
     times = []
     for i in range(warmup + steps):
         if device == "cuda":
@@ -112,7 +107,17 @@ def time_experiment(
             torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t)
-    step_s = statistics.median(times)
+    return times
+
+
+def time_experiment(
+    experiment: str, steps: int, warmup: int, device: str, overrides: list[str], valid_fraction: float = 1.0
+) -> dict:
+    """Median seconds per optimiser step (:func:`build_step`'s step, synchronised) and the estimated total for one
+    experiment file: dict with experiment, batch, length, valid_fraction, max_steps, step_s, estimate_h. ``warmup``:
+    untimed steps first (compilation, autotuning, allocator)."""
+    step, cfg, B, N = build_step(experiment, device, overrides, valid_fraction)
+    step_s = statistics.median(step_times(step, device, warmup, steps))
     max_steps = int(cfg.trainer.max_steps)
     return {
         "experiment": experiment,

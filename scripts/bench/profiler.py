@@ -678,15 +678,7 @@ def host_lra_step(experiment: str, device: str, reps: int, counters, valid_fract
     with _KernelOps(inside) as ops:
         step()
     launches = count[0]
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+    times = lra_time.step_times(step, device, 0, reps)
     return dict(
         point=experiment, call=f"step (valid {valid_fraction:g})", pass_="step wall", B=B, N=N,
         host_us=round(statistics.median(times) * 1e6, 1), host_us_min=round(min(times) * 1e6, 1), launches=launches,
