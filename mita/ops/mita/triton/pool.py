@@ -220,13 +220,26 @@ def pool1d_fwd(x: torch.Tensor, m: int) -> torch.Tensor:
 
 
 @triton.jit
+def _valid(MASK, i_b, SMB, o_n, N):
+    # 1 where position o_n of mask row i_b holds a valid token (MASK: 1 for padding, bool as uint8), else 0 (int32).
+    return (tl.load(MASK + i_b * SMB + o_n, mask=o_n < N, other=1) == 0).to(tl.int32)
+
+
+@triton.jit
+def _valid_ranks(MASK, i_b, SMB, o_n, N, carry):
+    # (_valid of positions o_n, each one's rank among the row's valid tokens given carry valid tokens before o_n[0]).
+    b_v = _valid(MASK, i_b, SMB, o_n, N)
+    return b_v, carry + tl.cumsum(b_v, 0) - b_v
+
+
+@triton.jit
 def _valid_counts(MASK, i_b, SMB, N, c0, BC: tl.constexpr):
-    # (valid tokens of mask row i_b, valid tokens before position c0); MASK holds 1 for padding (bool as uint8).
+    # (valid tokens of mask row i_b, valid tokens before position c0).
     total = 0
     before = 0
     for n0 in range(0, N, BC):
         o_n = n0 + tl.arange(0, BC)
-        b_v = (tl.load(MASK + i_b * SMB + o_n, mask=o_n < N, other=1) == 0).to(tl.int32)
+        b_v = _valid(MASK, i_b, SMB, o_n, N)
         total += tl.sum(b_v, 0)
         before += tl.sum(tl.where(o_n < c0, b_v, 0), 0)
     return total, before
@@ -265,8 +278,7 @@ def _pool1d_masked_fwd_kernel(
     n0 = 0
     while (n0 < N) & (carry < hi):
         o_n = n0 + tl.arange(0, BN)
-        b_v = (tl.load(MASK + i_b * SMB + o_n, mask=o_n < N, other=1) == 0).to(tl.int32)
-        b_r = carry + tl.cumsum(b_v, 0) - b_v  # each token's rank among the row's valid tokens
+        b_v, b_r = _valid_ranks(MASK, i_b, SMB, o_n, N, carry)
         b_w = (b_r[None, :] >= start[:, None]) & (b_r[None, :] < end[:, None]) & (b_v[None, :] != 0)
         # Padding is never read (a NaN there cannot reach a landmark through a zero weight).
         b_x = tl.load(X_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=(b_v != 0)[:, None], other=0.0)
@@ -294,8 +306,7 @@ def _pool1d_masked_bwd_kernel(
     for n0 in range(c0, tl.minimum(c0 + CH, N), BN):
         o_n = n0 + tl.arange(0, BN)
         m_n = o_n < N
-        b_v = (tl.load(MASK + i_b * SMB + o_n, mask=m_n, other=1) == 0).to(tl.int32)
-        b_r = carry + tl.cumsum(b_v, 0) - b_v
+        b_v, b_r = _valid_ranks(MASK, i_b, SMB, o_n, N, carry)
         b_dx = tl.zeros([BN, D], tl.float32)
         for i0 in range(0, M, BI):
             o_i = i0 + tl.arange(0, BI)
