@@ -77,17 +77,23 @@ TRAINING_POINTS = [
 
 
 @functools.lru_cache(maxsize=1)
-def lra_points() -> tuple[dict, ...]:
-    """One point per LRA task, from its MiTA experiment file: the batch (doubled for two-document tasks), heads,
-    full sequence length, head dim, m and k that a training step of that row runs (padding compaction can make the
-    real rows shorter: Pathfinder keeps about a third of its pixels). Composed once per process (profiler.py asks
-    for each LRA point by name)."""
+def lra_time_module():
+    """scripts/lra_time.py as a module (it sits outside this folder): its config composition and training step."""
     spec = importlib.util.spec_from_file_location(
         "lra_time", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lra_time.py")
     )
     lra_time = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lra_time)
-    compose = lra_time.compose
+    return lra_time
+
+
+@functools.lru_cache(maxsize=1)
+def lra_points() -> tuple[dict, ...]:
+    """One point per LRA task, from its MiTA experiment file: the batch (doubled for two-document tasks), heads,
+    full sequence length, head dim, m and k that a training step of that row runs (padding compaction can make the
+    real rows shorter: Pathfinder keeps about a third of its pixels). Composed once per process (profiler.py asks
+    for each LRA point by name)."""
+    compose = lra_time_module().compose
 
     pts = []
     for task in LRA_TASKS:

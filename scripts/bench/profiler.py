@@ -84,7 +84,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from bench_op import TRAINING_POINTS, lra_points, point_landmarks  # noqa: E402
+from bench_op import TRAINING_POINTS, lra_points, lra_time_module, point_landmarks  # noqa: E402
 from common import cuda_time, environment, write_csv  # noqa: E402
 
 from mita.ops.landmarks import pool_landmarks  # noqa: E402
@@ -663,11 +663,7 @@ def host_lra_step(experiment: str, device: str, reps: int, counters, valid_fract
     """One LRA training step (scripts/lra_time.py's synthetic batch; MiTA rows on the Triton backend): Triton launches
     and PyTorch kernel ops per step, and the step's wall time (synchronised: the encoder reads its batch's longest
     row on the host, so a step cannot run ahead of the GPU and its host time alone is not separable here)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lra_time", os.path.join(_REPO, "scripts", "lra_time.py"))
-    lra_time = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lra_time)
+    lra_time = lra_time_module()
     inside, count = counters
     cfg = lra_time.compose(experiment, [])
     overrides = ["model.attention.backend=triton"] if "backend" in cfg.model.attention else []
