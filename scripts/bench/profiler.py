@@ -79,7 +79,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
@@ -96,6 +95,7 @@ from mita.ops.mita.triton import plan as tplan  # noqa: E402
 from mita.ops.mita.triton import routing as trt  # noqa: E402
 from mita.ops.mita.triton import short as ts  # noqa: E402
 from mita.ops.mita.triton import topk as ttk  # noqa: E402
+from mita.utils.kernel_ops import KernelOps  # noqa: E402
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -404,26 +404,6 @@ def host_stages(name: str) -> None:
             print(f"{name:8s} {sname:34s} host {h:7.3f} ms  wall {w:7.3f} ms", flush=True)
 
 
-# PyTorch ops that allocate, view or detach: no kernel on a GPU.
-FREE_OPS = {"empty", "new_empty", "new_empty_strided", "empty_like", "empty_strided", "view", "detach",
-            "_unsafe_view", "alias", "as_strided", "_reshape_alias", "unsqueeze", "transpose", "t", "expand",
-            "slice", "select", "permute", "squeeze", "split", "unbind", "reshape"}  # fmt: skip
-
-
-class _KernelOps(TorchDispatchMode):
-    """Counts the PyTorch ops that launch kernels (all but FREE_OPS) run outside Triton launches."""
-
-    def __init__(self, inside: list):
-        super().__init__()
-        self.inside = inside
-        self.names: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.inside[0] and func.overloadpacket.__name__ not in FREE_OPS:
-            self.names[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def count_launches() -> tuple[list, list]:
     """Wrap the project's launch wrapper: ``(inside, count)``, whether a launch is running and launches so far."""
     from mita.ops.mita.triton import launch
@@ -507,11 +487,11 @@ def host_point(name: str, call: str, device: str, reps: int, counters, profile: 
         bwd(fwd())
     counts = {}
     count[0] = 0
-    with _KernelOps(inside) as ops:
+    with KernelOps(lambda: inside[0]) as ops:
         out = fwd()
     counts["forward"] = (count[0], ops.names)
     count[0] = 0
-    with _KernelOps(inside) as ops:
+    with KernelOps(lambda: inside[0]) as ops:
         bwd(out)
     counts["backward"] = (count[0], ops.names)
     times = {"forward": [], "backward": []}
@@ -671,7 +651,7 @@ def host_lra_step(experiment: str, device: str, reps: int, counters, valid_fract
     for _ in range(2):
         step()
     count[0] = 0
-    with _KernelOps(inside) as ops:
+    with KernelOps(lambda: inside[0]) as ops:
         step()
     launches = count[0]
     times = lra_time.step_times(step, device, 0, reps)
