@@ -33,21 +33,6 @@ def masked_sdpa(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
-IMPLS = ("sdpa", "math")
-
-
-def math_masked_attention(
-    scores: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float, dropout_p: float
-) -> torch.Tensor:
-    """softmax(scores * scale + bias) v from scores already computed (with their gradient): no second q k^T. The
-    probabilities stay in the scores' dtype (accumulated in float32 inside the softmax; an explicit dtype keeps
-    autocast from widening them to float32)."""
-    attn = torch.add(bias, scores, alpha=scale).softmax(dim=-1, dtype=scores.dtype)
-    if dropout_p > 0:
-        attn = F.dropout(attn, p=dropout_p)
-    return attn @ v
-
-
 def topk_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -58,12 +43,12 @@ def topk_attention(
     key_padding_mask: torch.Tensor | None = None,
     chunk_size: int | None = None,
     dropout_p: float = 0.0,
-    impl: str = "sdpa",
 ) -> torch.Tensor:
     """Each query attends, with one softmax, to its own ``topk`` highest-scoring valid keys.
 
     Scores are computed densely (quadratic time) to select the keys; the selection (:func:`mita.ops.row_topk_bias`:
-    one Triton kernel on CUDA) writes an additive mask per chunk of queries, which ``impl`` applies, so working
+    one Triton kernel on CUDA) writes an additive mask per chunk of queries, which SDPA applies (it computes q k^T
+    again), so working
     memory is O(B * H * chunk * M). With ``topk >=`` the number of valid keys the
     result equals full softmax attention. The selection is not differentiated (as in the paper); gradients flow
     through the selected scores and values. Ties at the k-th score go to the lower key index. No host
@@ -76,17 +61,12 @@ def topk_attention(
         key_padding_mask: [B, M] bool, True = padding (never selected with a positive weight).
         chunk_size: queries per chunk; None picks the largest chunk within CHUNK_ELEMENTS entries.
         dropout_p: dropout on the attention probabilities (training only; the caller passes 0 in eval).
-        impl: ``"sdpa"``: the selected keys' attention is SDPA with the additive mask (it computes q k^T again);
-            ``"math"``: softmax and the value product in PyTorch on the scores of the selection, which then keep
-            their gradient (one q k^T, scores and probabilities in q's dtype). Same function.
 
     Returns:
         [B, H, N, d] in q's dtype.
     """
     if topk < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     B, H, N, _ = q.shape
     n_keys = k.shape[-2]
@@ -95,17 +75,14 @@ def topk_attention(
     key_padding_mask = nonempty_key_padding_mask(key_padding_mask)
     outputs = []
     for q_chunk in q.split(chunk, dim=-2):
-        # [B, H, c, M]; with impl "math" they keep their gradient and the attention reuses them.
-        with torch.set_grad_enabled(impl == "math" and torch.is_grad_enabled()):
+        # [B, H, c, M], only to select the keys (not differentiated).
+        with torch.no_grad():
             scores = q_chunk @ k.transpose(-2, -1)
         # Additive bias: 0 on the selected keys, -inf elsewhere (SDPA runs a float mask faster than a bool one);
         # padded keys are never selected.
-        bias = row_topk_bias(scores.detach(), kk, dtype=scores.dtype, key_padding_mask=key_padding_mask)
-        if impl == "math":
-            outputs.append(math_masked_attention(scores, v, bias, scale, dropout_p))
-        else:
-            del scores
-            outputs.append(masked_sdpa(q_chunk, k, v, bias.to(q.dtype), scale, dropout_p))
+        bias = row_topk_bias(scores, kk, dtype=scores.dtype, key_padding_mask=key_padding_mask)
+        del scores
+        outputs.append(masked_sdpa(q_chunk, k, v, bias.to(q.dtype), scale, dropout_p))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 
@@ -122,7 +99,6 @@ class TopkAttention(AttentionBase):
         k: keys per query; may be changed after construction (``layer.topk = ...``).
         chunk_size: queries per chunk (working memory O(chunk_size * N) per head); None (default) picks the
             largest chunk within ``CHUNK_ELEMENTS`` score entries.
-        impl: ``"sdpa"`` (default) or ``"math"``, see :func:`topk_attention`.
     """
 
     def __init__(
@@ -137,7 +113,6 @@ class TopkAttention(AttentionBase):
         norm_layer: type[nn.Module] = nn.LayerNorm,
         k: int = 64,
         chunk_size: int | None = None,
-        impl: str = "sdpa",
         grid_size: tuple[int, int] | None = None,
         num_prefix_tokens: int = 1,
     ) -> None:
@@ -148,11 +123,8 @@ class TopkAttention(AttentionBase):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         query_chunk(1, 1, 1, chunk_size)
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         self.topk = k
         self.chunk_size = chunk_size
-        self.impl = impl
 
     def forward(
         self,
@@ -179,9 +151,8 @@ class TopkAttention(AttentionBase):
             key_padding_mask=key_padding_mask,
             chunk_size=self.chunk_size,
             dropout_p=self.attn_drop_p if self.training else 0.0,
-            impl=self.impl,
         )
         return self.output(self.merge_heads(o))
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, k={self.topk}, chunk_size={self.chunk_size}, impl={self.impl}"
+        return f"{super().extra_repr()}, k={self.topk}, chunk_size={self.chunk_size}"

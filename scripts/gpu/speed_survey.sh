@@ -12,7 +12,7 @@
 #          launches and wall time; the second stream on and off side by side as timings (eager, graph replays);
 #          with BEFORE_HOST=DIR eager op calls at 16K, 64K and the ListOps shape plus whole ListOps steps (MiTA,
 #          full; full length and padded) on that tree and this one in turn, twice. About 9 min.
-#   lra    whole LRA training steps: full attention, MiTA, per-query top-k (both impls) and MoBA of ListOps and
+#   lra    whole LRA training steps: full attention, MiTA, per-query top-k and MoBA of ListOps and
 #          Pathfinder; every Table D and E row with FULL_TABLE=1. About 3 min.
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
 #          before the kernel package's restructuring, 3b24a53, whose bench_op takes --graph --queued) and on this
@@ -119,12 +119,6 @@ else
   # Pathfinder batches as training sees them: about 0.34 of the pixels inked, the rest padding, compacted.
   step lra_time_pathfinder "${LRA_PF_S:-60}" python3 scripts/lra_time.py --out "$out/lra_time_pathfinder.csv" \
     --valid-fraction 0.34 --experiments lra/pathfinder-full lra/pathfinder-mita lra/pathfinder-topk lra/pathfinder-moba
-  # Per-query top-k's other form of the attention over the selected keys (softmax on the selection's scores).
-  # (Hydra overrides before --experiments, which takes every word after it.)
-  step lra_time_topk_math "${LRA_M_S:-40}" python3 scripts/lra_time.py model.attention.impl=math \
-    --out "$out/lra_time_topk_math.csv" --experiments lra/listops-topk
-  step lra_time_topk_math_pathfinder "${LRA_M_S:-40}" python3 scripts/lra_time.py model.attention.impl=math \
-    --out "$out/lra_time_topk_math_pathfinder.csv" --valid-fraction 0.34 --experiments lra/pathfinder-topk
 fi
 fi
 tail -n 25 "$out/short_tail.log" "$out/op_bench.log" 2>/dev/null

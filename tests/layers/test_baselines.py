@@ -217,8 +217,7 @@ def test_topk_with_k_at_least_valid_count_equals_full(layout):
         assert not torch.allclose(topk(x)[0], full(x)[0], atol=1e-4)
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "math"])
-def test_topk_selects_the_k_best_keys(impl):
+def test_topk_selects_the_k_best_keys():
     g = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(2, 3, 23, 8, generator=g) for _ in range(3))
     mask = torch.zeros(2, 23, dtype=torch.bool)
@@ -229,36 +228,38 @@ def test_topk_selects_the_k_best_keys(impl):
         allowed = (scores >= kth) & ~mask[:, None, None, :]
         expected = dense_attention(q, k, v, allowed)
         for chunk in (1, 6, 64):
-            out = topk_attention(q, k, v, kk, key_padding_mask=mask, chunk_size=chunk, impl=impl)
+            out = topk_attention(q, k, v, kk, key_padding_mask=mask, chunk_size=chunk)
             torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
     # k = 1 returns the value of the best key.
     best = scores.argmax(-1)
     torch.testing.assert_close(
-        topk_attention(q, k, v, 1, key_padding_mask=mask, impl=impl), v.gather(2, best[..., None].expand(-1, -1, -1, 8))
+        topk_attention(q, k, v, 1, key_padding_mask=mask), v.gather(2, best[..., None].expand(-1, -1, -1, 8))
     )
 
 
 @pytest.mark.parametrize("chunk", [None, 5])
-def test_topk_math_and_sdpa_agree_in_outputs_and_gradients(chunk):
-    """The two forms of the selected keys' attention are one function: same outputs and gradients of q, k, v
-    (float64, so only the summation order differs), padding included; an unknown form is refused."""
+def test_topk_gradients_match_dense_attention_over_the_selection(chunk):
+    """Gradients of q, k, v flow through the selected keys' attention as through dense attention restricted to
+    the selection (float64, padding included); the selection itself is not differentiated."""
     g = torch.Generator().manual_seed(4)
     base = [torch.randn(2, 3, 19, 8, generator=g, dtype=torch.float64) for _ in range(3)]
     mask = torch.zeros(2, 19, dtype=torch.bool)
     mask[1, 12:] = True
     do = torch.randn(2, 3, 19, 8, generator=g, dtype=torch.float64)
-    results = {}
-    for impl in ("sdpa", "math"):
+    scores = (base[0] @ base[1].transpose(-2, -1)).masked_fill(mask[:, None, None, :], float("-inf"))
+    kth = scores.sort(dim=-1, descending=True).values[..., 5:6]
+    allowed = (scores >= kth) & ~mask[:, None, None, :]
+    results = []
+    for form in ("topk", "dense"):
         q, k, v = (t.clone().requires_grad_() for t in base)
-        out = topk_attention(q, k, v, 6, key_padding_mask=mask, chunk_size=chunk, impl=impl)
+        if form == "topk":
+            out = topk_attention(q, k, v, 6, key_padding_mask=mask, chunk_size=chunk)
+        else:
+            out = dense_attention(q, k, v, allowed)
         out.backward(do)
-        results[impl] = (out, q.grad, k.grad, v.grad)
-    for a, b in zip(results["sdpa"], results["math"]):
+        results.append((out, q.grad, k.grad, v.grad))
+    for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)
-    with pytest.raises(ValueError, match="impl must be one of"):
-        topk_attention(*base, 6, impl="flash")
-    with pytest.raises(ValueError, match="impl must be one of"):
-        make("topk", "1d", impl="flash")
 
 
 def moba_reference(q, k, v, block_ids, num_blocks, topk_blocks, mask):
@@ -403,24 +404,3 @@ def test_bfloat16_forward_is_finite(name):
     with torch.no_grad():
         y = layer(x, key_padding_mask=mask)
     assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
-
-
-def test_topk_math_keeps_bf16_probabilities_under_autocast(monkeypatch):
-    """Under bf16 autocast the math form's probabilities stay bf16 (the softmax's explicit dtype), and it matches
-    the SDPA form to bf16 precision."""
-    g = torch.Generator().manual_seed(6)
-    q, k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(3))
-    seen = []
-    real_softmax = torch.Tensor.softmax
-
-    def softmax(self, *args, **kwargs):
-        out = real_softmax(self, *args, **kwargs)
-        seen.append(out.dtype)
-        return out
-
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out_sdpa = topk_attention(q, k, v, 8, impl="sdpa")
-        monkeypatch.setattr(torch.Tensor, "softmax", softmax)
-        out_math = topk_attention(q, k, v, 8, impl="math")
-    assert seen == [torch.bfloat16] and out_math.dtype == torch.bfloat16
-    torch.testing.assert_close(out_math.float(), out_sdpa.float(), atol=3e-2, rtol=3e-2)

@@ -49,9 +49,9 @@ def test_table_options_list_every_row(lra_time, monkeypatch):
     monkeypatch.setattr(lra_time, "time_experiment", lambda exp, steps, warmup, device, overrides, vf: calls.append(
         (exp, overrides, vf)) or {"experiment": exp, "batch": 1, "length": 1, "max_steps": 1, "step_s": 0.0,
                                   "estimate_h": 0.0})  # fmt: skip
-    lra_time.main(["model.attention.impl=math", "--valid-fraction", "0.34", "--experiments", "lra/listops-topk",
+    lra_time.main(["model.attention.chunk_size=64", "--valid-fraction", "0.34", "--experiments", "lra/listops-topk",
                    "--device", "cpu"])  # fmt: skip
-    assert calls == [("lra/listops-topk", ["model.attention.impl=math"], 0.34)]
+    assert calls == [("lra/listops-topk", ["model.attention.chunk_size=64"], 0.34)]
     assert len(seen) == 30 + 6
     rows = ("full", "mita", "mita_routing", "agent_minus", "moba", "topk")
     tasks = ("listops", "text", "retrieval", "image", "pathfinder")
