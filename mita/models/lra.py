@@ -55,7 +55,7 @@ class Block(nn.Module):
 
 
 def compact_padding(
-    x: torch.Tensor, key_padding_mask: torch.Tensor, multiple: int
+    x: torch.Tensor, key_padding_mask: torch.Tensor, multiple: int, valid_lengths: tuple[int, int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Valid tokens first, trailing padding cut.
 
@@ -64,14 +64,22 @@ def compact_padding(
         key_padding_mask: [B, N] bool, True = padding, anywhere in a row.
         multiple: the kept length is the longest row's valid count rounded up to this (few distinct shapes),
             at most N.
+        valid_lengths: (shortest, longest) valid-token count over the rows, when the caller knows them (the LRA
+            collate counts them on the CPU); None reads them from the mask, one host synchronisation.
 
     Returns:
         (tokens [B, L], positions [B, L] (each token's index in x), padding mask [B, L], or None when no kept
         token is padding).
     """
     N = x.shape[1]
-    counts = (~key_padding_mask).sum(dim=1)
-    longest, shortest = torch.stack([counts.max(), counts.min()]).tolist()
+    if valid_lengths is None:
+        counts = (~key_padding_mask).sum(dim=1)
+        shortest, longest = torch.stack([counts.min(), counts.max()]).tolist()
+    else:
+        shortest, longest = (int(n) for n in valid_lengths)
+        if not 0 <= shortest <= longest <= N:
+            raise ValueError(f"valid_lengths must be (shortest, longest) with 0 <= shortest <= longest <= {N}, "
+                             f"got {tuple(valid_lengths)}")  # fmt: skip
     length = min(N, -(-max(longest, 1) // multiple) * multiple)
     # A stable sort of the mask puts each row's valid tokens first, in their order.
     order = torch.sort(key_padding_mask.to(torch.uint8), dim=1, stable=True).indices[:, :length]
@@ -168,12 +176,19 @@ class LRAEncoder(nn.Module):
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
 
-    def encode(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        valid_lengths: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
         """Pooled features of one batch of sequences.
 
         Args:
             x: [B, N] token ids, N <= max_length.
             key_padding_mask: [B, N] bool, True = padding, anywhere (None: no padding).
+            valid_lengths: (shortest, longest) valid-token count over the rows if known (see
+                :func:`compact_padding`); saves a host synchronisation.
 
         Returns:
             [B, dim] mean of the final token features over the valid tokens.
@@ -184,7 +199,7 @@ class LRAEncoder(nn.Module):
         if key_padding_mask is None:
             pos = torch.arange(N, device=x.device)[None]
         else:
-            x, pos, key_padding_mask = compact_padding(x, key_padding_mask, self.pad_multiple)
+            x, pos, key_padding_mask = compact_padding(x, key_padding_mask, self.pad_multiple, valid_lengths)
         h = self.drop(self.embed(x) + self.pos_embed(pos))
         for block in self.blocks:
             h = block(h, key_padding_mask)
@@ -200,13 +215,17 @@ class LRAEncoder(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         x2: torch.Tensor | None = None,
         key_padding_mask2: torch.Tensor | None = None,
+        valid_lengths: tuple[int, int] | None = None,
+        valid_lengths2: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Class logits [B, num_classes] of token ids ``x`` [B, N] with ``key_padding_mask`` [B, N] (True =
-        padding); the dual encoder takes the second document as ``x2``/``key_padding_mask2``."""
-        f1 = self.encode(x, key_padding_mask)
+        padding); the dual encoder takes the second document as ``x2``/``key_padding_mask2``. ``valid_lengths`` /
+        ``valid_lengths2``: (shortest, longest) valid-token count of each document's rows, when known (the LRA
+        collate gives them): no host synchronisation in the forward."""
+        f1 = self.encode(x, key_padding_mask, valid_lengths)
         if not self.dual:
             return self.head(f1)
         if x2 is None:
             raise ValueError("the retrieval dual encoder needs x2 (the second document)")
-        f2 = self.encode(x2, key_padding_mask2)
+        f2 = self.encode(x2, key_padding_mask2, valid_lengths2)
         return self.head(torch.cat([f1, f2, f1 * f2, f1 - f2], dim=-1))

@@ -24,12 +24,13 @@ def _batch_size(batch: Any) -> int:
     return 0
 
 
-def _tokens(batch: Any) -> int | None:
-    """Valid tokens in a sequence batch (``key_padding_mask`` True = padding), else None."""
+def _tokens(batch: Any) -> int | torch.Tensor | None:
+    """Valid tokens in a sequence batch (``key_padding_mask`` True = padding; a 0-dim tensor on the mask's device,
+    read only when the window is logged: no host synchronisation per step), else None."""
     if isinstance(batch, Mapping):
         mask = batch.get("key_padding_mask")
         if isinstance(mask, torch.Tensor):
-            return int((~mask).sum())
+            return (~mask).sum()
         x = batch.get("x")
         if isinstance(x, torch.Tensor) and x.dim() == 2:
             return int(x.numel())
@@ -84,7 +85,8 @@ class ThroughputMonitor(Callback):
             return
         self._samples += _batch_size(batch)
         tokens = _tokens(batch)
-        self._tokens += tokens or 0
+        if tokens is not None:
+            self._tokens = self._tokens + tokens
         self._steps += 1
         if self._steps < self.log_every_n_steps:
             return
@@ -96,7 +98,7 @@ class ThroughputMonitor(Callback):
             "perf/peak_mem_gb": peak_memory_gb(pl_module.device),
         }
         if tokens is not None:
-            metrics["perf/tokens_per_s"] = self._tokens * world / elapsed
+            metrics["perf/tokens_per_s"] = int(self._tokens) * world / elapsed
         self.last.update(metrics)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
         pl_module.log("samples/s", metrics["perf/samples_per_s"], prog_bar=True, on_step=True, rank_zero_only=True)

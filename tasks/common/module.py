@@ -166,10 +166,13 @@ class ClassificationModule(NetModule):
             target = y
         logits = self(**inputs)
         loss = self.train_loss(logits, target)
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        # The batch size given: Lightning need not infer it from a batch that holds more than tensors.
+        n = y.shape[0]
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=n)
         if self.mixup is None:
             # The batch's top-1 accuracy as a device tensor: no host synchronisation in the training step.
-            self.log("train/acc1", (logits.detach().argmax(-1) == y).float().mean(), on_step=True, on_epoch=False)
+            acc = (logits.detach().argmax(-1) == y).float().mean()
+            self.log("train/acc1", acc, on_step=True, on_epoch=False, batch_size=n)
         return loss
 
     def _eval_step(self, batch: Any, metrics: torchmetrics.MetricCollection, loss_metric, prefix: str) -> None:
@@ -177,11 +180,12 @@ class ClassificationModule(NetModule):
         logits = self(**inputs)
         loss_metric(F.cross_entropy(logits.float(), y))
         metrics(logits, y)
-        self.log(f"{prefix}loss", loss_metric, on_step=False, on_epoch=True, sync_dist=True)
-        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=prefix == "val/")
+        n = y.shape[0]
+        self.log(f"{prefix}loss", loss_metric, on_step=False, on_epoch=True, sync_dist=True, batch_size=n)
+        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=prefix == "val/", batch_size=n)
         if prefix == "val/" and self.val_metrics_ema is not None:
             self.val_metrics_ema(self.ema.module(**inputs), y)
-            self.log_dict(self.val_metrics_ema, on_step=False, on_epoch=True)
+            self.log_dict(self.val_metrics_ema, on_step=False, on_epoch=True, batch_size=n)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics, self.val_loss, "val/")

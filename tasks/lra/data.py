@@ -116,18 +116,28 @@ def pad_batch(seqs: Sequence[np.ndarray], length: int | None) -> tuple[torch.Ten
     return tokens, tokens == PAD
 
 
+def valid_lengths(key_padding_mask: torch.Tensor) -> tuple[int, int]:
+    """(shortest, longest) valid-token count over the rows of a [B, L] padding mask (True = padding)."""
+    counts = (~key_padding_mask).sum(dim=1)
+    return int(counts.min()), int(counts.max())
+
+
 class Collate:
-    """Batch dict ``{"x", "key_padding_mask", "label"}`` (the framework's sequence-batch keys, which are the
-    encoder's keyword arguments); retrieval adds the second document as ``x2``/``key_padding_mask2``."""
+    """Batch dict ``{"x", "key_padding_mask", "valid_lengths", "label"}`` (the framework's sequence-batch keys,
+    which are the encoder's keyword arguments); retrieval adds the second document as ``x2``/``key_padding_mask2``/
+    ``valid_lengths2``. ``valid_lengths`` (Python ints, counted here on the CPU) let the encoder cut the batch's
+    padding without reading the mask back from the GPU."""
 
     def __init__(self, length: int | None) -> None:
         self.length = length
 
-    def __call__(self, items: list[tuple]) -> dict[str, torch.Tensor]:
-        batch: dict[str, torch.Tensor] = {}
+    def __call__(self, items: list[tuple]) -> dict[str, torch.Tensor | tuple[int, int]]:
+        batch: dict[str, torch.Tensor | tuple[int, int]] = {}
         batch["x"], batch["key_padding_mask"] = pad_batch([it[0] for it in items], self.length)
+        batch["valid_lengths"] = valid_lengths(batch["key_padding_mask"])
         if len(items[0]) == 3:
             batch["x2"], batch["key_padding_mask2"] = pad_batch([it[1] for it in items], self.length)
+            batch["valid_lengths2"] = valid_lengths(batch["key_padding_mask2"])
         batch["label"] = torch.tensor([it[-1] for it in items], dtype=torch.long)
         return batch
 

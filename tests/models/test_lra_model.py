@@ -67,6 +67,38 @@ def test_compact_padding_moves_valid_tokens_first_and_cuts() -> None:
     assert mask is None and torch.equal(pos, torch.arange(5).expand(2, 5))
 
 
+def test_compact_padding_with_known_lengths_reads_nothing_back(monkeypatch) -> None:
+    """Given the rows' (shortest, longest) valid counts, the cut is the same and no tensor is read back to the host
+    (each read is a GPU synchronisation in a training step); lengths that cannot be the mask's are refused."""
+    tokens, mask = _scattered(4, 40, 0.6, seed=5)
+    counts = (~mask).sum(1).tolist()
+    expected = compact_padding(tokens, mask, 8)
+    model = LRAEncoder(16, 40, 3, attention="full").eval()
+    with torch.no_grad():
+        features = model.encode(tokens, mask)
+
+    def no_readback(*args, **kwargs):
+        raise AssertionError("a tensor was read back to the host")
+
+    for name in ("tolist", "item", "__int__", "__bool__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, no_readback)
+    got = compact_padding(tokens, mask, 8, (min(counts), max(counts)))
+    with torch.no_grad():
+        known = model(tokens, mask, valid_lengths=(min(counts), max(counts)))
+        with pytest.raises(AssertionError, match="read back"):
+            model(tokens, mask)
+    monkeypatch.undo()
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(known, model.head(features))
+    # All rows full after the cut: no mask, as without the lengths.
+    full = torch.ones(2, 6, dtype=torch.long)
+    assert compact_padding(full, full == 0, 4, (6, 6))[2] is None
+    for bad in ((5, 3), (-1, 3), (2, 41)):
+        with pytest.raises(ValueError, match="valid_lengths"):
+            compact_padding(tokens, mask, 8, bad)
+
+
 def test_scattered_padding_full_attention_matches_masked_dense_encoder() -> None:
     """The compacted encoder computes what the ports' encoder computes on the whole sequence: attention over the
     unmasked tokens at their own positions, pooled over them."""
@@ -187,3 +219,28 @@ def test_all_padding_row_stays_finite(name: str) -> None:
         alone = model(tokens[2:], mask[2:])
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[2:], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["full", "mita"])
+def test_padded_training_step_on_cuda_never_synchronises(attention) -> None:
+    """With the collate's valid lengths, a padded batch's forward and backward (bf16 autocast, the Triton MiTA
+    backend) make no host synchronisation, so the host can queue the next step while the GPU works; without them
+    the cut reads the counts back (one synchronisation)."""
+    torch.manual_seed(0)
+    model = LRAEncoder(16, 256, 3, attention={"name": attention, **ATTENTIONS[attention]}).cuda().train()
+    tokens, mask = _scattered(4, 256, 0.6, seed=2)
+    counts = (~mask).sum(1).tolist()
+    tokens, mask = tokens.cuda(), mask.cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(tokens, mask, valid_lengths=(min(counts), max(counts))).float().sum().backward()  # warm-up
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss = model(tokens, mask, valid_lengths=(min(counts), max(counts))).float().sum()
+            loss.backward()
+            with pytest.raises(RuntimeError, match="synchroniz"):
+                model(tokens, mask)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())

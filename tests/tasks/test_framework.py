@@ -129,6 +129,36 @@ def test_run_clock_reads_checkpoints_without_commits():
     assert shared.processes == [4, None, 2] and shared.state_dict()["processes"] == [4, None, 2]
 
 
+def test_throughput_monitor_counts_tokens_without_a_readback_per_step(monkeypatch):
+    """Valid tokens are summed on the batch's device and read once per logged window, not once per step (a read
+    is a GPU synchronisation in a training step); the logged rate counts exactly the valid tokens."""
+    from types import SimpleNamespace
+
+    from tasks.common.callbacks import ThroughputMonitor
+
+    reads = []
+    real_int = torch.Tensor.__int__
+    monkeypatch.setattr(torch.Tensor, "__int__", lambda t: reads.append(1) or real_int(t))
+    logged = []
+    module = SimpleNamespace(
+        device=torch.device("cpu"),
+        log_dict=lambda metrics, **kw: logged.append(dict(metrics)),
+        log=lambda *a, **kw: None,
+    )
+    trainer = SimpleNamespace(world_size=1)
+    monitor = ThroughputMonitor(log_every_n_steps=3)
+    mask = torch.zeros(2, 10, dtype=torch.bool)
+    mask[0, 7:] = True  # 17 valid tokens per batch
+    batch = {"x": torch.ones(2, 10, dtype=torch.long), "key_padding_mask": mask, "valid_lengths": (7, 10)}
+    times = iter([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    monkeypatch.setattr("tasks.common.callbacks.time.perf_counter", lambda: next(times))
+    for step in range(7):
+        monitor.on_train_batch_end(trainer, module, None, batch, step)
+    # Step 0 starts the window; steps 1-3 and 4-6 are two windows of 3 steps, 1 s each: one read per window.
+    assert len(logged) == 2 and len(reads) == 2
+    assert logged[0]["perf/tokens_per_s"] == 17.0 and logged[0]["perf/samples_per_s"] == 2.0
+
+
 def test_config_error_in_process_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         run_in_process(["experiment=synthetic/shapes-mita", "debug=smoke", "model.attention.m=100"], tmp_path / "run")

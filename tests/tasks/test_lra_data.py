@@ -44,6 +44,10 @@ def test_listops_tokens_and_batches(tmp_path) -> None:
     assert batch["label"].tolist() == [9, 1, 3, 7]
     # Right padding: the mask is True exactly where the token is padding, after the valid prefix.
     assert batch["key_padding_mask"][0].tolist() == [False] * 4 + [True] * 8
+    # (shortest, longest) valid count of the rows, Python ints counted on the CPU: the encoder's cut needs no sync.
+    counts = (~batch["key_padding_mask"]).sum(1).tolist()
+    assert batch["valid_lengths"] == (min(counts), max(counts)) and min(counts) < max(counts)
+    assert all(type(n) is int for n in batch["valid_lengths"])
     assert (batch["x"][batch["key_padding_mask"]] == 0).all() and (batch["x"][~batch["key_padding_mask"]] > 0).all()
     dm_batch = ListOpsDataModule(str(tmp_path / "listops-1000"), batch_size=4, pad_to="batch")
     assert next(iter(dm_batch.val_dataloader()))["x"].shape == (4, 8)
@@ -69,7 +73,19 @@ def test_text_imdb_folders_and_parquet(tmp_path) -> None:
 def test_retrieval_pairs_keep_order(tmp_path) -> None:
     dm = RetrievalDataModule(str(write_aan(tmp_path / "aan")), max_length=32, batch_size=3)
     batch = next(iter(dm.test_dataloader()))
-    assert set(batch) == {"x", "key_padding_mask", "x2", "key_padding_mask2", "label"}
+    assert set(batch) == {
+        "x",
+        "key_padding_mask",
+        "valid_lengths",
+        "x2",
+        "key_padding_mask2",
+        "valid_lengths2",
+        "label",
+    }
+    for mask, lengths in ((batch["key_padding_mask"], batch["valid_lengths"]),
+                          (batch["key_padding_mask2"], batch["valid_lengths2"])):  # fmt: skip
+        counts = (~mask).sum(1).tolist()
+        assert lengths == (min(counts), max(counts))
     assert batch["label"].tolist() == [0, 1, 0]
     first = bytes((batch["x"][1][~batch["key_padding_mask"][1]] - 1).tolist()).decode()
     second = bytes((batch["x2"][1][~batch["key_padding_mask2"][1]] - 1).tolist()).decode()
