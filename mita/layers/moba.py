@@ -7,7 +7,7 @@ import torch.nn as nn
 
 from mita.layers.base import AttentionBase
 from mita.layers.full import nonempty_key_padding_mask
-from mita.layers.topk import masked_sdpa, query_chunk
+from mita.layers.topk import check_masked_sdpa_backend, masked_sdpa, query_chunk
 from mita.registry import register_attention
 
 PREFIX_MODES = ("always", "routed")
@@ -25,6 +25,7 @@ def moba_attention(
     key_padding_mask: torch.Tensor | None = None,
     chunk_size: int | None = None,
     dropout_p: float = 0.0,
+    sdpa_backend: str = "auto",
 ) -> torch.Tensor:
     """Bidirectional MoBA: each query attends, with one softmax, to the tokens of its top-k key blocks.
 
@@ -45,12 +46,14 @@ def moba_attention(
             fully padded blocks are never chosen.
         chunk_size: queries per chunk; None picks the largest chunk within ``CHUNK_ELEMENTS`` mask entries.
         dropout_p: dropout on the attention probabilities (training only; the caller passes 0 in eval).
+        sdpa_backend: the SDPA kernel of the masked attention (``mita.layers.topk.MASKED_SDPA_BACKENDS``).
 
     Returns:
         [B, H, N, d] in q's dtype.
     """
     if topk_blocks < 1:
         raise ValueError(f"topk_blocks must be >= 1, got {topk_blocks}")
+    check_masked_sdpa_backend(sdpa_backend)
     B, H, N, _ = q.shape
     chunk = query_chunk(B * H, N, N, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -87,7 +90,7 @@ def moba_attention(
             chosen = torch.zeros_like(route, dtype=torch.bool).scatter_(-1, idx, True) & block_ok[:, None, None, :]
             table[..., :num_blocks].masked_fill_(chosen, 0.0)
         bias = torch.gather(table, -1, columns[:, None, None, :].expand(B, H, c, N))
-        outputs.append(masked_sdpa(q_chunk, k, v, bias, scale, dropout_p))
+        outputs.append(masked_sdpa(q_chunk, k, v, bias, scale, dropout_p, sdpa_backend))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 
@@ -157,6 +160,7 @@ class MoBAAttention(AttentionBase):
         prefix_block: ``"always"`` or ``"routed"``.
         chunk_size: queries per chunk (working memory O(chunk_size * N) per head); None (default) picks the
             largest chunk within ``CHUNK_ELEMENTS`` mask entries.
+        sdpa_backend: SDPA kernel of the masked attention (``"auto"``, ``"efficient"``, ``"cudnn"``, ``"math"``).
     """
 
     def __init__(
@@ -174,6 +178,7 @@ class MoBAAttention(AttentionBase):
         topk_blocks: int = 3,
         prefix_block: str = "always",
         chunk_size: int | None = None,
+        sdpa_backend: str = "auto",
         grid_size: tuple[int, int] | None = None,
         num_prefix_tokens: int = 1,
     ) -> None:
@@ -196,6 +201,7 @@ class MoBAAttention(AttentionBase):
         self.topk_blocks = topk_blocks
         self.prefix_block = prefix_block
         self.chunk_size = chunk_size
+        self.sdpa_backend = check_masked_sdpa_backend(sdpa_backend)
 
     def block_ids(self, n_tokens: int, grid: tuple[int, int] | None, device: torch.device) -> tuple[torch.Tensor, int]:
         """Block of every token for this call's layout: ([N] long ids, -1 = always attended; number of blocks)."""
@@ -232,11 +238,12 @@ class MoBAAttention(AttentionBase):
             key_padding_mask=key_padding_mask,
             chunk_size=self.chunk_size,
             dropout_p=self.attn_drop_p if self.training else 0.0,
+            sdpa_backend=self.sdpa_backend,
         )
         return self.output(self.merge_heads(o))
 
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, block_size={self.block_size}, window_size={self.window_size}, "
-            f"topk_blocks={self.topk_blocks}, prefix_block={self.prefix_block!r}"
+            f"topk_blocks={self.topk_blocks}, prefix_block={self.prefix_block!r}, sdpa_backend={self.sdpa_backend!r}"
         )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
 
 from mita.layers.base import AttentionBase
-from mita.layers.full import nonempty_key_padding_mask
+from mita.layers.full import SDPA_BACKENDS, nonempty_key_padding_mask
 from mita.ops import row_topk_bias
 from mita.registry import register_attention
 
@@ -25,12 +26,33 @@ def query_chunk(batch_heads: int, n_queries: int, n_keys: int, chunk_size: int |
     return max(1, min(n_queries, CHUNK_ELEMENTS // max(1, batch_heads * n_keys)))
 
 
+# SDPA kernels that take an additive mask: "auto" lets PyTorch pick (which one it picks depends on the GPU and
+# the cuDNN version); a pinned kernel that cannot run the call raises PyTorch's RuntimeError.
+MASKED_SDPA_BACKENDS = ("auto", "efficient", "cudnn", "math")
+
+
+def check_masked_sdpa_backend(name: str) -> str:
+    """``name`` if it is one of MASKED_SDPA_BACKENDS, else ValueError."""
+    if name not in MASKED_SDPA_BACKENDS:
+        raise ValueError(f"sdpa_backend must be one of {MASKED_SDPA_BACKENDS}, got {name!r}")
+    return name
+
+
 def masked_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float, dropout_p: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    dropout_p: float,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Softmax attention of q [B, H, c, d] over the keys whose additive ``bias`` [B, H, c, M] (q's dtype) is 0, not
-    -inf, on SDPA's fused kernels (every row must allow at least one key)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    -inf, on SDPA's fused kernels (every row must allow at least one key); ``backend`` as MASKED_SDPA_BACKENDS."""
+    if backend == "auto":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    with sdpa_kernel(SDPA_BACKENDS[check_masked_sdpa_backend(backend)]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
 def topk_attention(
@@ -43,6 +65,7 @@ def topk_attention(
     key_padding_mask: torch.Tensor | None = None,
     chunk_size: int | None = None,
     dropout_p: float = 0.0,
+    sdpa_backend: str = "auto",
 ) -> torch.Tensor:
     """Each query attends, with one softmax, to its own ``topk`` highest-scoring valid keys.
 
@@ -61,12 +84,14 @@ def topk_attention(
         key_padding_mask: [B, M] bool, True = padding (never selected with a positive weight).
         chunk_size: queries per chunk; None picks the largest chunk within CHUNK_ELEMENTS entries.
         dropout_p: dropout on the attention probabilities (training only; the caller passes 0 in eval).
+        sdpa_backend: the SDPA kernel of the masked attention, one of MASKED_SDPA_BACKENDS ("auto": PyTorch picks).
 
     Returns:
         [B, H, N, d] in q's dtype.
     """
     if topk < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
+    check_masked_sdpa_backend(sdpa_backend)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     B, H, N, _ = q.shape
     n_keys = k.shape[-2]
@@ -82,7 +107,7 @@ def topk_attention(
         # padded keys are never selected.
         bias = row_topk_bias(scores, kk, dtype=scores.dtype, key_padding_mask=key_padding_mask)
         del scores
-        outputs.append(masked_sdpa(q_chunk, k, v, bias.to(q.dtype), scale, dropout_p))
+        outputs.append(masked_sdpa(q_chunk, k, v, bias.to(q.dtype), scale, dropout_p, sdpa_backend))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 
@@ -99,6 +124,7 @@ class TopkAttention(AttentionBase):
         k: keys per query; may be changed after construction (``layer.topk = ...``).
         chunk_size: queries per chunk (working memory O(chunk_size * N) per head); None (default) picks the
             largest chunk within ``CHUNK_ELEMENTS`` score entries.
+        sdpa_backend: SDPA kernel of the masked attention (``"auto"``, ``"efficient"``, ``"cudnn"``, ``"math"``).
     """
 
     def __init__(
@@ -113,6 +139,7 @@ class TopkAttention(AttentionBase):
         norm_layer: type[nn.Module] = nn.LayerNorm,
         k: int = 64,
         chunk_size: int | None = None,
+        sdpa_backend: str = "auto",
         grid_size: tuple[int, int] | None = None,
         num_prefix_tokens: int = 1,
     ) -> None:
@@ -125,6 +152,7 @@ class TopkAttention(AttentionBase):
         query_chunk(1, 1, 1, chunk_size)
         self.topk = k
         self.chunk_size = chunk_size
+        self.sdpa_backend = check_masked_sdpa_backend(sdpa_backend)
 
     def forward(
         self,
@@ -151,8 +179,11 @@ class TopkAttention(AttentionBase):
             key_padding_mask=key_padding_mask,
             chunk_size=self.chunk_size,
             dropout_p=self.attn_drop_p if self.training else 0.0,
+            sdpa_backend=self.sdpa_backend,
         )
         return self.output(self.merge_heads(o))
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, k={self.topk}, chunk_size={self.chunk_size}"
+        return (
+            f"{super().extra_repr()}, k={self.topk}, chunk_size={self.chunk_size}, sdpa_backend={self.sdpa_backend!r}"
+        )

@@ -404,3 +404,64 @@ def test_bfloat16_forward_is_finite(name):
     with torch.no_grad():
         y = layer(x, key_padding_mask=mask)
     assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+
+
+def test_masked_baselines_pin_their_sdpa_kernel(monkeypatch):
+    """``sdpa_backend`` pins the masked attention's SDPA kernel for per-query top-k and MoBA (functions and layers):
+    "math" runs under exactly that kernel and gives the "auto" result; names outside the masked kernels are
+    refused."""
+    import mita.layers.topk as topk_module
+
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 2, 21, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.zeros(2, 21, dtype=torch.bool)
+    mask[1, 15:] = True
+    ids, nb = block_ids_1d(21, 4)
+    pinned = []
+    real = topk_module.sdpa_kernel
+
+    def spy(backend):
+        pinned.append(backend)
+        return real(backend)
+
+    monkeypatch.setattr(topk_module, "sdpa_kernel", spy)
+    for fn in (
+        lambda **kw: topk_attention(q, k, v, 5, key_padding_mask=mask, **kw),
+        lambda **kw: moba_attention(q, k, v, ids, nb, 2, key_padding_mask=mask, **kw),
+    ):
+        pinned.clear()
+        auto = fn()
+        assert pinned == []
+        torch.testing.assert_close(fn(sdpa_backend="math"), auto, atol=1e-12, rtol=1e-10)
+        assert pinned == [torch.nn.attention.SDPBackend.MATH]
+        for bad in ("flash", "fastest"):
+            with pytest.raises(ValueError, match="sdpa_backend must be one of"):
+                fn(sdpa_backend=bad)
+    for name in ("topk", "moba"):
+        layer = make(name, "1d", sdpa_backend="math")
+        assert layer.sdpa_backend == "math" and "sdpa_backend='math'" in repr(layer)
+        with pytest.raises(ValueError, match="sdpa_backend must be one of"):
+            make(name, "1d", sdpa_backend="flash")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["efficient", "cudnn"])
+def test_masked_baselines_pinned_kernels_match_auto_on_cuda(backend):
+    """On CUDA (bf16, padding) each pinned masked kernel gives what "auto" gives, forward and backward."""
+    g = torch.Generator().manual_seed(3)
+    base = [torch.randn(2, 2, 300, 64, generator=g).cuda().to(torch.bfloat16) for _ in range(3)]
+    mask = torch.zeros(2, 300, dtype=torch.bool, device="cuda")
+    mask[1, 200:] = True
+    ids, nb = block_ids_1d(300, 32, device="cuda")
+    for fn in (
+        lambda *t, **kw: topk_attention(*t, 40, key_padding_mask=mask, **kw),
+        lambda *t, **kw: moba_attention(*t, ids, nb, 3, key_padding_mask=mask, **kw),
+    ):
+        results = []
+        for kw in ({}, {"sdpa_backend": backend}):
+            ins = [t.clone().requires_grad_() for t in base]
+            out = fn(*ins, **kw)
+            out.float().square().sum().backward()
+            results.append((out, *(t.grad for t in ins)))
+        for a, b in zip(*results):
+            torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
