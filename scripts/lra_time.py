@@ -14,6 +14,10 @@ Usage::
     python scripts/lra_time.py --table D          # every Table D row
     python scripts/lra_time.py --table E          # every Table E row (arXiv, 16K-64K)
     python scripts/lra_time.py --experiments lra/pathfinder-full lra/pathfinder-mita --valid-fraction 0.34
+    python scripts/lra_time.py --mode cuda_graph --experiments lra/listops-full lra/listops-mita   # GPU time alone
+
+``--mode cuda_graph`` replays a captured step instead (the GPU's time without the host's launches; not what training
+runs, and only for the CSV's ``mode`` column, never for the tables' time column).
 """
 
 from __future__ import annotations
@@ -43,9 +47,15 @@ def compose(experiment: str, overrides: list[str]):
         return hydra_compose("train", overrides=[f"experiment={experiment}", *overrides])
 
 
-def build_step(experiment: str, device: str, overrides: list[str], valid_fraction: float = 1.0):
+# How a step is run: ``eager`` (each op launched from Python, what training does) or ``cuda_graph`` (the whole step,
+# forward, backward and the optimiser, captured once and replayed: the GPU's time for it, without the host's).
+MODES = ("eager", "cuda_graph")
+
+
+def build_step(experiment: str, device: str, overrides: list[str], valid_fraction: float = 1.0, mode: str = "eager"):
     """One training step of ``experiment`` on a synthetic full-length batch: ``(step, cfg, B, N)``, where ``step()``
-    runs forward, backward and the optimiser (bf16 autocast on CUDA when the recipe trains in bf16).
+    runs forward, backward and the optimiser (bf16 autocast on CUDA when the recipe trains in bf16); ``step.net`` is
+    the network.
 
     Args:
         experiment: e.g. ``lra/listops-mita``.
@@ -54,6 +64,9 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
         valid_fraction: share of each sequence's tokens that are valid (the rest padding at random positions):
             the encoder compacts valid tokens and cuts the batch to its longest row, as on Pathfinder images,
             where about 0.34 of the pixels are inked (zero pixels are padding).
+        mode: one of MODES. ``cuda_graph`` (CUDA only) warms the step up on a side stream, captures one step (AdamW
+            with ``capturable=True``, autocast without its cast cache) and returns the graph's replay; the batch is
+            the same every step, as in eager mode.
     """
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
@@ -62,6 +75,11 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
 
     if not 0.0 < valid_fraction <= 1.0:
         raise ValueError(f"valid_fraction must be in (0, 1], got {valid_fraction}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "cuda_graph" and device != "cuda":
+        raise ValueError("mode cuda_graph needs device cuda")
+    graph = mode == "cuda_graph"
     cfg = compose(experiment, overrides)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
     # The data module is not built (no data needed): the model reads vocab/length/classes from cfg.data.
@@ -72,7 +90,7 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
         )
     )
     net = net.to(device).train()
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, eps=1e-6)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, eps=1e-6, capturable=graph)
     B, N = int(data.batch_size), int(data.max_length)
     g = torch.Generator().manual_seed(0)
 
@@ -91,14 +109,36 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
     labels = torch.randint(0, int(data.num_classes), (B,), generator=g).to(device)
     bf16 = "bf16" in str(cfg.trainer.precision) and device == "cuda"
 
-    def step() -> None:
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+    def body() -> None:
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16, cache_enabled=not graph):
             loss = torch.nn.functional.cross_entropy(net(**batch).float(), labels)
-        opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
-    return step, cfg, B, N
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        body()
+
+    step.net = net  # (for tests and tools)
+    if not graph:
+        return step, cfg, B, N
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    # Gradients start as None: the captured backward writes them into the graph's memory on every replay.
+    opt.zero_grad(set_to_none=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+
+    def replay() -> None:
+        g.replay()
+
+    replay.net = net
+    return replay, cfg, B, N
 
 
 def step_times(step, device: str, warmup: int, steps: int) -> list[float]:
@@ -117,12 +157,18 @@ def step_times(step, device: str, warmup: int, steps: int) -> list[float]:
 
 
 def time_experiment(
-    experiment: str, steps: int, warmup: int, device: str, overrides: list[str], valid_fraction: float = 1.0
+    experiment: str,
+    steps: int,
+    warmup: int,
+    device: str,
+    overrides: list[str],
+    valid_fraction: float = 1.0,
+    mode: str = "eager",
 ) -> dict:
     """Median seconds per optimiser step (:func:`build_step`'s step, synchronised) and the estimated total for one
-    experiment file: dict with experiment, batch, length, valid_fraction, max_steps, step_s, estimate_h. ``warmup``:
-    untimed steps first (compilation, autotuning, allocator)."""
-    step, cfg, B, N = build_step(experiment, device, overrides, valid_fraction)
+    experiment file: dict with experiment, batch, length, valid_fraction, mode, max_steps, step_s, estimate_h.
+    ``warmup``: untimed steps first (compilation, autotuning, allocator)."""
+    step, cfg, B, N = build_step(experiment, device, overrides, valid_fraction, mode)
     step_s = statistics.median(step_times(step, device, warmup, steps))
     max_steps = int(cfg.trainer.max_steps)
     return {
@@ -130,6 +176,7 @@ def time_experiment(
         "batch": B,
         "length": N,
         "valid_fraction": valid_fraction,
+        "mode": mode,
         "overrides": " ".join(overrides),
         "max_steps": max_steps,
         "step_s": round(step_s, 6),
@@ -156,6 +203,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         default=1.0,
         help="share of valid tokens per sequence, padding at random positions (Pathfinder images: about 0.34)",
     )
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default="eager",
+        help="eager (what training runs) or cuda_graph (whole steps captured and replayed: the GPU's time alone)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every experiment")
     args = parser.parse_args(argv)
     from tasks.common.experiments import list_experiments
@@ -168,13 +221,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     hw = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     print(
-        f"ESTIMATE, not a measured training time: median step time over {args.steps} synthetic steps (valid fraction "
-        f"{args.valid_fraction:g}) x "
+        f"ESTIMATE, not a measured training time: median step time over {args.steps} synthetic steps ({args.mode}, "
+        f"valid fraction {args.valid_fraction:g}) x "
         f"trainer.max_steps; excludes data loading and evaluation. {hw}, torch {torch.__version__}, {stamp}"
     )
     rows = []
     for exp in experiments:
-        row = time_experiment(exp, args.steps, args.warmup, args.device, args.overrides, args.valid_fraction)
+        row = time_experiment(
+            exp, args.steps, args.warmup, args.device, args.overrides, args.valid_fraction, mode=args.mode
+        )
         row.update({"hardware": hw, "torch": torch.__version__, "date": stamp, "kind": "estimate"})
         rows.append(row)
         print(

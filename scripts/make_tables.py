@@ -319,11 +319,12 @@ def provenance(recs: list[dict[str, Any]], table_dir: Path) -> str:
 
 
 def read_time_estimates(path: Path) -> dict[str, dict[str, str]]:
-    """experiment -> row of scripts/lra_time.py's CSV (estimated training time), if the file exists."""
+    """experiment -> row of scripts/lra_time.py's CSV (estimated training time), if the file exists; eager rows only
+    (what training runs; older CSVs have no mode column)."""
     if not path.exists():
         return {}
     with open(path, newline="") as f:
-        return {row["experiment"]: row for row in csv.DictReader(f)}
+        return {row["experiment"]: row for row in csv.DictReader(f) if row.get("mode", "eager") in ("", "eager")}
 
 
 def sharing(rec: dict[str, Any]) -> list[int]:

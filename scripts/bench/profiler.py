@@ -641,8 +641,7 @@ def run_memory(args) -> None:
 
 def host_lra_step(experiment: str, device: str, reps: int, counters, valid_fraction: float) -> dict:
     """One LRA training step (scripts/lra_time.py's synthetic batch; MiTA rows on the Triton backend): Triton launches
-    and PyTorch kernel ops per step, and the step's wall time (synchronised: the encoder reads its batch's longest
-    row on the host, so a step cannot run ahead of the GPU and its host time alone is not separable here)."""
+    and PyTorch kernel ops per step, and the step's wall time (each step synchronised after it, as lra_time's)."""
     lra_time = lra_time_module()
     inside, count = counters
     cfg = lra_time.compose(experiment, [])

@@ -13,8 +13,8 @@
 #          with BEFORE_HOST=DIR eager op calls at 16K, 64K and the ListOps shape plus whole ListOps steps (MiTA,
 #          full; full length and padded) on that tree and this one in turn, twice. About 9 min.
 #   lra    whole LRA training steps: full attention, MiTA, per-query top-k and MoBA of ListOps and
-#          Pathfinder, then top-k and MoBA of ListOps with their SDPA kernel pinned (efficient, cudnn); every
-#          Table D and E row with FULL_TABLE=1. About 4 min.
+#          Pathfinder, eager and as CUDA-graph replays of whole steps, then top-k and MoBA of ListOps with their
+#          SDPA kernel pinned (efficient, cudnn); every Table D and E row with FULL_TABLE=1. About 5 min.
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
 #          before the kernel package's restructuring, 3b24a53, whose bench_op takes --graph --queued) and on this
 #          tree, each alone, twice in turn. About 6 min.
@@ -120,6 +120,13 @@ else
   # Pathfinder batches as training sees them: about 0.34 of the pixels inked, the rest padding, compacted.
   step lra_time_pathfinder "${LRA_PF_S:-60}" python3 scripts/lra_time.py --out "$out/lra_time_pathfinder.csv" \
     --valid-fraction 0.34 --experiments lra/pathfinder-full lra/pathfinder-mita lra/pathfinder-topk lra/pathfinder-moba
+  # The same steps captured whole and replayed (the GPU's time alone): whether MiTA's GPU time is below full
+  # attention's at these shapes, i.e. whether the eager gap is the host's.
+  step lra_time_graph "${LRA_S:-60}" python3 scripts/lra_time.py --mode cuda_graph --out "$out/lra_time_graph.csv" \
+    --experiments lra/listops-full lra/listops-mita lra/listops-topk lra/listops-moba
+  step lra_time_graph_pathfinder "${LRA_PF_S:-60}" python3 scripts/lra_time.py --mode cuda_graph \
+    --out "$out/lra_time_graph_pathfinder.csv" --valid-fraction 0.34 --experiments lra/pathfinder-full \
+    lra/pathfinder-mita
   # The masked baselines' SDPA kernel pinned (the default lets PyTorch pick): which one "auto" takes, and whether
   # another is faster. (Hydra overrides before --experiments, which takes every word after it.)
   for backend in efficient cudnn; do
@@ -129,5 +136,6 @@ else
 fi
 fi
 tail -n 25 "$out/short_tail.log" "$out/op_bench.log" 2>/dev/null
-tail -n 6 "$out/lra_time.log" "$out/lra_time_pathfinder.log" "$out"/lra_time_sdpa_*.log 2>/dev/null
+tail -n 6 "$out/lra_time.log" "$out/lra_time_pathfinder.log" "$out"/lra_time_graph*.log "$out"/lra_time_sdpa_*.log \
+  2>/dev/null
 exit 0

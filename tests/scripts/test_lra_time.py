@@ -39,19 +39,22 @@ def test_estimates_full_and_mita_side_by_side(lra_time, tmp_path):
 def test_table_options_list_every_row(lra_time, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        lra_time, "time_experiment", lambda exp, *a: seen.append(exp) or {"experiment": exp, "batch": 1,
+        lra_time, "time_experiment", lambda exp, *a, **kw: seen.append(exp) or {"experiment": exp, "batch": 1,
                                                                           "length": 1, "max_steps": 1, "step_s": 0.0,
                                                                           "estimate_h": 0.0}
     )  # fmt: skip
     lra_time.main(["--table", "D", "--table", "E", "--device", "cpu"])
     # Hydra overrides go before --experiments (speed_survey.sh's form), which would take them as experiment names.
     calls = []
-    monkeypatch.setattr(lra_time, "time_experiment", lambda exp, steps, warmup, device, overrides, vf: calls.append(
-        (exp, overrides, vf)) or {"experiment": exp, "batch": 1, "length": 1, "max_steps": 1, "step_s": 0.0,
-                                  "estimate_h": 0.0})  # fmt: skip
+
+    def record(exp, steps, warmup, device, overrides, vf, mode):
+        calls.append((exp, overrides, vf, mode))
+        return {"experiment": exp, "batch": 1, "length": 1, "max_steps": 1, "step_s": 0.0, "estimate_h": 0.0}
+
+    monkeypatch.setattr(lra_time, "time_experiment", record)
     lra_time.main(["model.attention.chunk_size=64", "--valid-fraction", "0.34", "--experiments", "lra/listops-topk",
                    "--device", "cpu"])  # fmt: skip
-    assert calls == [("lra/listops-topk", ["model.attention.chunk_size=64"], 0.34)]
+    assert calls == [("lra/listops-topk", ["model.attention.chunk_size=64"], 0.34, "eager")]
     assert len(seen) == 30 + 6
     rows = ("full", "mita", "mita_routing", "agent_minus", "moba", "topk")
     tasks = ("listops", "text", "retrieval", "image", "pathfinder")
@@ -80,3 +83,52 @@ def test_valid_fraction_pads_the_batches(lra_time, monkeypatch):
     assert lengths and max(lengths) <= 128
     with pytest.raises(ValueError, match="valid_fraction"):
         lra_time.time_experiment("lra/pathfinder-mita", valid_fraction=0.0, **kw)
+
+
+def test_cuda_graph_mode_is_refused_off_cuda_and_kept_out_of_the_tables(lra_time, tmp_path):
+    """--mode cuda_graph needs CUDA (a clear error on the CPU, before any model is built), an unknown mode is
+    refused, and make_tables reads only eager rows of an estimate CSV (a replayed step is not what training runs)."""
+    import importlib.util
+
+    with pytest.raises(ValueError, match="mode cuda_graph needs device cuda"):
+        lra_time.build_step("lra/listops-full", "cpu", [], mode="cuda_graph")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        lra_time.build_step("lra/listops-full", "cpu", [], mode="compiled")
+    with pytest.raises(SystemExit):
+        lra_time.main(["--mode", "compiled", "--experiments", "lra/listops-full", "--device", "cpu"])
+    spec = importlib.util.spec_from_file_location("make_tables_under_test", ROOT / "scripts" / "make_tables.py")
+    make_tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_tables)
+    csv_path = tmp_path / "estimates.csv"
+    csv_path.write_text(
+        "experiment,mode,step_s,estimate_h\n"
+        "lra/listops-full,eager,0.009,0.0125\n"
+        "lra/listops-full,cuda_graph,0.002,0.0028\n"
+        "lra/listops-mita,cuda_graph,0.003,0.0042\n"
+    )
+    rows = make_tables.read_time_estimates(csv_path)
+    assert set(rows) == {"lra/listops-full"} and rows["lra/listops-full"]["step_s"] == "0.009"
+    # Older CSVs without a mode column are eager.
+    csv_path.write_text("experiment,step_s,estimate_h\nlra/listops-full,0.009,0.0125\n")
+    assert set(make_tables.read_time_estimates(csv_path)) == {"lra/listops-full"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("experiment", ["lra/listops-full", "lra/listops-mita", "lra/listops-topk"])
+def test_cuda_graph_step_captures_and_trains(lra_time, experiment):
+    """A whole training step captures on CUDA (no host synchronisation in it, padding included: the batch's valid
+    lengths come from the CPU) and each replay updates the parameters, which stay finite; the row records the
+    mode."""
+    import torch
+
+    overrides = ["data.batch_size=4", "data.max_length=512"]
+    step, cfg, B, N = lra_time.build_step(experiment, "cuda", overrides, 0.6, "cuda_graph")
+    params = [p for p in step.net.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    step()
+    torch.cuda.synchronize()
+    changed = [not torch.equal(a, p) for a, p in zip(before, params)]
+    assert sum(changed) > len(params) // 2
+    assert all(torch.isfinite(p).all() for p in params)
+    row = lra_time.time_experiment(experiment, 2, 1, "cuda", overrides, 0.6, mode="cuda_graph")
+    assert row["mode"] == "cuda_graph" and row["step_s"] > 0
