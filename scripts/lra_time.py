@@ -71,7 +71,7 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from tasks.lra.data import valid_lengths
+    from tasks.lra.data import add_valid_lengths
 
     if not 0.0 < valid_fraction <= 1.0:
         raise ValueError(f"valid_fraction must be in (0, 1], got {valid_fraction}")
@@ -102,9 +102,7 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
         batch["x2"] = torch.randint(1, int(data.vocab_size), (B, N), generator=g)
         batch["key_padding_mask2"] = padding()
     # As the LRA collate does: each document's (shortest, longest) valid count, counted on the CPU.
-    for key, mask in [("valid_lengths", batch["key_padding_mask"]), ("valid_lengths2", batch.get("key_padding_mask2"))]:
-        if mask is not None:
-            batch[key] = valid_lengths(mask)
+    add_valid_lengths(batch)
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     labels = torch.randint(0, int(data.num_classes), (B,), generator=g).to(device)
     bf16 = "bf16" in str(cfg.trainer.precision) and device == "cuda"

@@ -122,6 +122,16 @@ def valid_lengths(key_padding_mask: torch.Tensor) -> tuple[int, int]:
     return int(counts.min()), int(counts.max())
 
 
+def add_valid_lengths(batch: dict) -> dict:
+    """``batch`` with ``valid_lengths`` (``valid_lengths2``) beside each CPU padding mask ``key_padding_mask``
+    (``key_padding_mask2``): what the encoder's padding cut needs so as not to read the mask back from the GPU."""
+    for suffix in ("", "2"):
+        mask = batch.get(f"key_padding_mask{suffix}")
+        if mask is not None:
+            batch[f"valid_lengths{suffix}"] = valid_lengths(mask)
+    return batch
+
+
 class Collate:
     """Batch dict ``{"x", "key_padding_mask", "valid_lengths", "label"}`` (the framework's sequence-batch keys,
     which are the encoder's keyword arguments); retrieval adds the second document as ``x2``/``key_padding_mask2``/
@@ -134,10 +144,9 @@ class Collate:
     def __call__(self, items: list[tuple]) -> dict[str, torch.Tensor | tuple[int, int]]:
         batch: dict[str, torch.Tensor | tuple[int, int]] = {}
         batch["x"], batch["key_padding_mask"] = pad_batch([it[0] for it in items], self.length)
-        batch["valid_lengths"] = valid_lengths(batch["key_padding_mask"])
         if len(items[0]) == 3:
             batch["x2"], batch["key_padding_mask2"] = pad_batch([it[1] for it in items], self.length)
-            batch["valid_lengths2"] = valid_lengths(batch["key_padding_mask2"])
+        add_valid_lengths(batch)
         batch["label"] = torch.tensor([it[-1] for it in items], dtype=torch.long)
         return batch
 
