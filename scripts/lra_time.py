@@ -128,12 +128,12 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
     torch.cuda.current_stream().wait_stream(side)
     # Gradients start as None: the captured backward writes them into the graph's memory on every replay.
     opt.zero_grad(set_to_none=True)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured):
         body()
 
     def replay() -> None:
-        g.replay()
+        captured.replay()
 
     replay.net = net
     return replay, cfg, B, N
