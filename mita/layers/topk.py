@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -48,10 +50,9 @@ def masked_sdpa(
     backend: str = "auto",
 ) -> torch.Tensor:
     """Softmax attention of q [B, H, c, d] over the keys whose additive ``bias`` [B, H, c, M] (q's dtype) is 0, not
-    -inf, on SDPA's fused kernels (every row must allow at least one key); ``backend`` as MASKED_SDPA_BACKENDS."""
-    if backend == "auto":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
-    with sdpa_kernel(SDPA_BACKENDS[check_masked_sdpa_backend(backend)]):
+    -inf, on SDPA's fused kernels (every row must allow at least one key); ``backend``: one of MASKED_SDPA_BACKENDS,
+    checked by the caller (``topk_attention``, ``moba_attention``)."""
+    with contextlib.nullcontext() if backend == "auto" else sdpa_kernel(SDPA_BACKENDS[backend]):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
