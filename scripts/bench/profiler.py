@@ -458,6 +458,11 @@ def cpu_launch_stubs() -> None:
     launch.FastKernel.__init__ = init
 
 
+def op_fields(names) -> dict:
+    """A row's PyTorch kernel ops from a :class:`KernelOps` counter: their number and ``opxN`` names."""
+    return dict(torch_ops=sum(names.values()), torch_op_names=";".join(f"{op}x{n}" for op, n in sorted(names.items())))
+
+
 def host_point(name: str, call: str, device: str, reps: int, counters, profile: int) -> list[dict]:
     """Forward and backward host time, launches and PyTorch kernel ops of one point's call (module docstring)."""
     p = point(name)
@@ -528,8 +533,7 @@ def host_point(name: str, call: str, device: str, reps: int, counters, profile: 
                 point=name, call=call, pass_=pname, B=p["B"], H=p["H"], N=p["N"], d=p["d"], m=p["m"], k=p["k"],
                 host_us=round(statistics.median(times[pname]) * 1e6, 1),
                 host_us_min=round(min(times[pname]) * 1e6, 1), launches=n_launch,
-                torch_ops=sum(op_names.values()),
-                torch_op_names=";".join(f"{op}x{n}" for op, n in sorted(op_names.items())), device=device, reps=reps,
+                **op_fields(op_names), device=device, reps=reps,
             )
         )  # fmt: skip
     return rows
@@ -657,8 +661,7 @@ def host_lra_step(experiment: str, device: str, reps: int, counters, valid_fract
     return dict(
         point=experiment, call=f"step (valid {valid_fraction:g})", pass_="step wall", B=B, N=N,
         host_us=round(statistics.median(times) * 1e6, 1), host_us_min=round(min(times) * 1e6, 1), launches=launches,
-        torch_ops=sum(ops.names.values()),
-        torch_op_names=";".join(f"{op}x{n}" for op, n in sorted(ops.names.items())), device=device, reps=reps,
+        **op_fields(ops.names), device=device, reps=reps,
     )  # fmt: skip
 
 
