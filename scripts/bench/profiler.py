@@ -436,11 +436,17 @@ def cpu_launch_stubs() -> None:
     if hasattr(landmarks, "_kernels_for"):  # the landmark pooling picks its kernels as on CUDA
         landmarks._kernels_for = lambda x: landmarks._pool_kernels()
     torch.cuda.current_device = lambda: 0
+    launch._stream_getter = lambda: lambda dev: 0
     common._SM_COUNT.setdefault(0, 132)
 
     class NoLaunch:
-        def __getitem__(self, grid):
-            return lambda *args: None
+        """A compiled kernel whose launcher does nothing (the attributes the direct path reads)."""
+
+        function = packed_metadata = None
+
+        @staticmethod
+        def run(*args):
+            return None
 
     class Stub:
         def __init__(self, fn):

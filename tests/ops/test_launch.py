@@ -17,16 +17,20 @@ class _Param:
 
 
 class _FakeCompiled:
+    """A compiled kernel's launcher as the direct path calls it: ``run(gx, gy, gz, stream, function, metadata,
+    launch_metadata, enter_hook, exit_hook, *args)``."""
+
+    function, packed_metadata = "function", "metadata"
+
     def __init__(self, log, fail=False):
         self.log, self.fail = log, fail
 
-    def __getitem__(self, grid):
-        def run(*args):
-            if self.fail:
-                raise TypeError("launcher signature changed")
-            self.log.append(("direct", grid, args))
-
-        return run
+    def run(self, gx, gy, gz, stream, function, meta, launch_meta, enter, exit_, *args):
+        if self.fail:
+            raise TypeError("launcher signature changed")
+        assert (stream, function, meta) == ("stream 0", "function", "metadata")
+        assert launch_meta is None and enter is None and exit_ is None
+        self.log.append(("direct", (gx, gy, gz), args))
 
 
 class _FakeJit:
@@ -52,11 +56,16 @@ def on_gpu_path(monkeypatch):
     monkeypatch.setattr(launch, "interpreting", lambda: False)
     monkeypatch.setattr(launch, "ENABLED", True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_stream_getter", lambda: lambda dev: f"stream {dev}")
+
+
+def _key(args):
+    return launch._key_ptrs(args)[0]
 
 
 def test_key_separates_what_triton_specialises_on():
     x = torch.zeros(64)
-    key = launch._key
+    key = _key
     assert key([x]) == key([torch.ones(64)])
     assert key([x]) != key([x[1:]])  # 16-byte alignment
     assert key([x]) != key([x.to(torch.float16)])
@@ -67,6 +76,10 @@ def test_key_separates_what_triton_specialises_on():
     assert key([0.5]) == key([2.0]) and key([1.0]) != key([1])  # floats: one class; an int 1 is specialised
     assert key([None]) != key([0])
     assert key([x, 3, 0.25]) == key([torch.ones(64), 3, 4.0])
+    # The direct launch's arguments: tensors as their addresses; the key says the tensor is not on CUDA.
+    akey, ptrs = launch._key_ptrs([x, 3, 0.25, None, True])
+    assert ptrs == [x.data_ptr(), 3, 0.25, None, True]
+    assert akey[0] == (torch.float32, True, False)
 
 
 def test_new_keys_stop_being_cached_at_the_limit(monkeypatch, on_gpu_path):
@@ -100,8 +113,13 @@ def test_first_call_compiles_then_direct_launch_with_constexpr_tail(on_gpu_path)
     k[(4,)](x, 32, BLOCK=64, num_warps=4)
     k[(8,)](torch.ones(64), 32, BLOCK=64, num_warps=4)  # same key: another tensor of the same dtype and alignment
     assert fn.log[0][0] == "jit"
+    # Direct: the grid as 3 ints, the tensor as its address, the constexpr tail after the runtime arguments.
+    y = torch.ones(64)
+    k[(8, 2)](y, 32, BLOCK=64, num_warps=4)
+    assert fn.log[2] == ("direct", (8, 2, 1), (y.data_ptr(), 32, 64))
+    del fn.log[2]
     assert fn.log[1][0] == "direct" and fn.log[1][1] == (8, 1, 1) and fn.log[1][2][1:] == (32, 64)
-    assert k.direct == 1
+    assert k.direct == 2
     k[(8,)](x, 33, BLOCK=64, num_warps=4)  # new key (another int value): Triton's own path again
     k[(8,)](x, 32, BLOCK=128, num_warps=4)  # new constexpr value
     k[(8,)](x, 32, BLOCK=64, num_warps=8)  # new launch option

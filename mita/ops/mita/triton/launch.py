@@ -5,12 +5,16 @@ looks the compiled binary up on each call: about 14 us of host time for a 3-argu
 with 24 arguments (triton 3.6 on the H200 host). MiTA's general path makes 6-8 launches per forward and 7 per
 backward, so at N <= 64K, where the GPU work is tens to a few hundred microseconds, the host is the bottleneck
 (``scripts/bench/profiler.py host`` measures it). ``fast(kernel)[grid](...)`` keys each call in one pass over its
-arguments (``_key``: a tensor's dtype and 16-byte alignment, an int's value, one marker for all floats, which
+arguments (``_key_ptrs``: a tensor's dtype and 16-byte alignment, an int's value, one marker for all floats, which
 Triton does not specialise on; the keyword arguments, i.e. constexprs and launch options, as given), which is
-finer than what Triton specialises on, so a cached binary is always the one Triton would pick; on a hit it
-launches the cached ``CompiledKernel`` through its own launcher (``compiled[grid](*args)``). The first call of
-each key goes through ``kernel[grid]`` as usual (compiling if needed), so results are the same binaries. At most
-``MAX_KEYS`` keys are kept per kernel (calls of further keys take Triton's path).
+finer than what Triton specialises on, so a cached binary is always the one Triton would pick. On a hit it calls
+the cached ``CompiledKernel``'s launcher itself (``compiled.run``, the call ``compiled[grid](*args)`` makes, without
+its per-call closure, device and hook lookups) with every tensor passed as its device address, an int: Triton's C
+launcher then neither calls ``data_ptr()`` nor asks the driver about the pointer (``cuPointerGetAttribute``, one
+driver call per tensor argument and launch, 10-20 per MiTA launch). The first call of each key goes through
+``kernel[grid]`` as usual (compiling if needed, and checking every pointer), so results are the same binaries.
+At most ``MAX_KEYS`` keys are kept per kernel (calls of further keys take Triton's path). Only CUDA tensors reach
+a cached launch: a key records whether each tensor is on CUDA, and a key with a CPU tensor never compiles.
 
 Not used under ``TRITON_INTERPRET=1`` (read once per process: :func:`interpreting`), while a Triton launch hook is
 installed (profilers), or after any error of the direct path (it then turns itself off for the process with a
@@ -69,17 +73,28 @@ def _other_key(a):
     return a
 
 
-def _key(args) -> tuple:
-    """The cache key of a launch's positional arguments: per tensor its dtype and whether it is 16-byte aligned, per
-    int its value (finer than Triton's classes of 1 / multiples of 16 / 32-bit range, never coarser), per float one
-    marker. One pass, no call per tensor or int."""
+def _key_ptrs(args) -> tuple[tuple, list]:
+    """The cache key of a launch's positional arguments and the arguments as the direct launch passes them. Key: per
+    tensor its dtype, whether it is 16-byte aligned and whether it is on CUDA, per int its value (finer than Triton's
+    classes of 1 / multiples of 16 / 32-bit range, never coarser), per float one marker. Arguments: each tensor
+    replaced by its address (``data_ptr()``), everything else as given."""
     T = torch.Tensor
-    return tuple(
+    ptrs = [a.data_ptr() if isinstance(a, T) else a for a in args]
+    key = tuple(
         [
-            (a.dtype, not a.data_ptr() & 15) if isinstance(a, T) else (a if a.__class__ is int else _other_key(a))
-            for a in args
+            (a.dtype, not p & 15, a.is_cuda) if isinstance(a, T) else (a if a.__class__ is int else _other_key(a))
+            for a, p in zip(args, ptrs)
         ]
     )
+    return key, ptrs
+
+
+@functools.cache
+def _stream_getter():
+    """Triton's own ``get_current_stream(device)`` (the raw CUDA stream its launches use), looked up once."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream
 
 
 class FastKernel:
@@ -104,8 +119,10 @@ class FastKernel:
         global ENABLED
         if not ENABLED or interpreting() or _hooks_installed():
             return self.fn[grid](*args, **kwargs)
+        dev = torch.cuda.current_device()
         # Keyword arguments as given (one call site passes them in one order).
-        key = (torch.cuda.current_device(), _key(args), tuple(kwargs.items()))
+        akey, ptrs = _key_ptrs(args)
+        key = (dev, akey, tuple(kwargs.items()))
         try:
             hit = self.cache.get(key)
         except TypeError:  # an unhashable value: take the usual path
@@ -115,12 +132,21 @@ class FastKernel:
             names = self.arg_names[len(args) :]
             cacheable = all(n in kwargs and n in self.constexprs for n in names)
             if compiled is not None and cacheable and len(self.cache) < MAX_KEYS:
-                self.cache[key] = (compiled, tuple(kwargs[n] for n in names))
+                # The launcher and handles exist once the kernel has run (``run`` loads them otherwise).
+                self.cache[key] = (
+                    compiled, compiled.run, compiled.function, compiled.packed_metadata,
+                    tuple(kwargs[n] for n in names),
+                )  # fmt: skip
             return compiled
-        compiled, tail = hit
+        compiled, run, function, meta, tail = hit
         try:
-            # The compiled kernel's launcher indexes a 3-D grid.
-            compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *tail)
+            # What ``compiled[grid](*args)`` runs, with no launch hook installed (checked above), the grid as 3 ints
+            # and the tensors as addresses.
+            g = tuple(grid)
+            run(
+                g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1, _stream_getter()(dev), function, meta,
+                None, None, None, *ptrs, *tail,
+            )  # fmt: skip
             self.direct += 1
         except Exception as e:  # noqa: BLE001 (any failure of the direct path: fall back for good)
             ENABLED = False
