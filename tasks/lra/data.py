@@ -174,6 +174,9 @@ class LRADataModule(L.LightningDataModule):
         limit: keep at most this many examples per split (smoke tests and short runs); None keeps all.
         num_classes, vocab_size: optional, as written in the data config for the model to read
             (``${data.num_classes}``); checked against the task's own values.
+        pin_memory: batches in page-locked memory on machines with CUDA, so that their copy to the GPU is queued
+            like a kernel (a copy from pageable memory may hold the host until the GPU has run the work queued
+            before it).
     """
 
     num_classes: int = 2
@@ -191,6 +194,7 @@ class LRADataModule(L.LightningDataModule):
         limit: int | None = None,
         num_classes: int | None = None,
         vocab_size: int | None = None,
+        pin_memory: bool = True,
     ) -> None:
         super().__init__()
         for key, given in (("num_classes", num_classes), ("vocab_size", vocab_size)):
@@ -207,6 +211,7 @@ class LRADataModule(L.LightningDataModule):
         self.pad_to = pad_to
         self.seed = seed
         self.limit = limit
+        self.pin_memory = bool(pin_memory)
         self.datasets: dict[str, TokenDataset] = {}
 
     def load(self) -> dict[str, TokenDataset]:
@@ -241,6 +246,7 @@ class LRADataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             collate_fn=Collate(self.max_length if self.pad_to == "max" else None),
             drop_last=shuffle,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
             persistent_workers=self.num_workers > 0,
             generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
         )

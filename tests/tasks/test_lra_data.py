@@ -54,6 +54,14 @@ def test_listops_tokens_and_batches(tmp_path) -> None:
     assert dm.num_classes == 10 and dm.vocab_size == 16
 
 
+def test_loaders_pin_batches_only_where_cuda_is(tmp_path, monkeypatch) -> None:
+    root = str(write_listops(tmp_path / "listops-1000"))
+    for cuda in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda c=cuda: c)
+        assert ListOpsDataModule(root, batch_size=4).train_dataloader().pin_memory is cuda
+        assert ListOpsDataModule(root, batch_size=4, pin_memory=False).val_dataloader().pin_memory is False
+
+
 def test_text_imdb_folders_and_parquet(tmp_path) -> None:
     dm = TextDataModule(str(write_imdb(tmp_path / "imdb")), max_length=64, batch_size=2, val_fraction=0.25, seed=1)
     dm.setup()
