@@ -68,14 +68,21 @@ step short_tests "${SHORT_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cache
 step short_tail "${TAIL_S:-240}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
   --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1 \
   --sweep small.route.maxnreg=168,None,128 --sweep small.attn.maxnreg=168,None
+# One route program per head (all 32 landmark rows: K and V read once, half the programs; Triton 3.6 for sm_90: 128
+# registers with 48 B of stack at 8 warps, 2 programs per SM) against two of 16 rows.
+step short_route "${ROUTE_S:-90}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
+  --timing eager,cuda_graph --reps 20 --variants \
+  "|small.route.BS=32;small.route.num_warps=8;small.route.maxnreg=128|small.route.BS=32;small.route.num_warps=8"
 if [ -n "${BEFORE:-}" ]; then
   before_after ab "$BEFORE" "${AB_S:-60}" 'python3 scripts/bench/bench_op.py --out "$dir" --point-set training \
     --points deit_s,seg_1025,B8_N4096 --timing eager,cuda_graph_queued --backends triton'
 fi
-# The backward's tiles and register cap (3 programs per SM at 168 registers, with some spilling).
-step short_bwd "${BWD_S:-150}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
+# The backward's tiles, warps and register cap (3 programs per SM at 168 registers, with some spilling; 8 warps: 255
+# registers without stack, 1 program per SM, the same 8 warps per SM as now).
+step short_bwd "${BWD_S:-180}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
   --backward --timing cuda_graph --reps 20 --variants \
-  "|small.bwd.maxnreg=168|small.bwd.BM=32;small.bwd.BN=32|small.bwd.BM=32;small.bwd.BN=32;small.bwd.maxnreg=168"
+  "|small.bwd.maxnreg=168|small.bwd.BM=32;small.bwd.BN=32|small.bwd.BM=32;small.bwd.BN=32;small.bwd.maxnreg=168\
+|small.bwd.num_warps=8"
 fi
 if want op; then
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \

@@ -95,11 +95,15 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
     # The host step's variants are settings too.
     for item in re.search(r'profiler.py host .*?--variants "([^"]*)"', text, re.S).group(1).split("|")[1:]:
         assert sweep.parse_sweep(item)[0] is sweep.afwd.FWD_CONFIG
-    variants = re.search(r'--variants \\\n\s*"([^"]*)"', text).group(1).split("|")
-    assert variants[0] == "" and len(variants) == 4
-    for v in variants[1:]:
-        for item in v.split(";"):
-            assert sweep.parse_sweep(item)[0] is sweep.ts.CONFIG["bwd"]
+    # The short path's variant steps (route, backward): each variant a set of the short kernels' settings.
+    blocks = [b.replace("\\\n", "") for b in re.findall(r'--variants \\\n\s*"([^"]*)"', text)]
+    assert len(blocks) == 2
+    for block, kernel, n in zip(blocks, ("route", "bwd"), (3, 5)):
+        variants = block.split("|")
+        assert variants[0] == "" and len(variants) == n
+        for v in variants[1:]:
+            for item in v.split(";"):
+                assert sweep.parse_sweep(item)[0] is sweep.ts.CONFIG[kernel]
     for name in re.search(r"--points (\S+) .*--timing eager,cuda_graph_queued", text).group(1).split(","):
         assert prof.point(name)["name"] == name
 
@@ -146,7 +150,8 @@ def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch
 @pytest.mark.parametrize(
     "parts,steps",
     [
-        ("short", {"short_tests", "short_tail", "short_bwd", "ab_before_1", "ab_after_1", "ab_before_2", "ab_after_2"}),
+        ("short", {"short_tests", "short_tail", "short_route", "short_bwd", "ab_before_1", "ab_after_1", "ab_before_2",
+                   "ab_after_2"}),
         ("op,lra", {"op_bench", "kernels", "lra_time", "lra_time_pathfinder", "lra_time_graph",
                     "lra_time_graph_pathfinder", "lra_time_sdpa_efficient", "lra_time_sdpa_cudnn"}),
         ("host", {"host", "route_stream", "host_before_1", "host_after_1", "host_before_2", "host_after_2"}),
