@@ -351,18 +351,44 @@ def host_and_wall(fn, reps: int = 10) -> tuple[float, float]:
 
 
 def launch_costs() -> None:
+    """Host cost of one launch, piece by piece: Triton's own path, the project's direct launch (``fast``), a compiled
+    kernel launched with tensors (its C launcher calls ``data_ptr()`` and ``cuPointerGetAttribute`` per tensor) and
+    with addresses as ints (neither), beside PyTorch's allocation, a reduction and a stream fork (what the MiTA
+    forward's second stream costs)."""
+    from mita.ops.mita.triton.launch import _stream_getter, fast
+
     x = torch.zeros(64, device="cuda")
     ptrs = [torch.zeros(64, device="cuda") for _ in range(12)]
+    addrs = [t.data_ptr() for t in ptrs]
+    ints = (1, 2, 3, 4, 5, 6, 7, 8)
+    compiled = _empty24[(1,)](*ptrs, *ints, C0=1, C1=2, C2=3, C3=4)
+    run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
+    main, side, dev = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.current_device()
+
+    def fork_join():
+        side.wait_stream(main)
+        main.wait_stream(side)
+
     cases = {
         "empty Triton kernel, 3 args": lambda: _empty3[(1,)](x, 64, 64),
-        "empty Triton kernel, 20 args + 4 constexpr": lambda: _empty24[(1,)](
-            *ptrs, 1, 2, 3, 4, 5, 6, 7, 8, C0=1, C1=2, C2=3, C3=4
+        "empty Triton kernel, 20 args + 4 constexpr": lambda: _empty24[(1,)](*ptrs, *ints, C0=1, C1=2, C2=3, C3=4),
+        "  the same through fast() (MiTA's launches)": lambda: fast(_empty24)[(1,)](
+            *ptrs, *ints, C0=1, C1=2, C2=3, C3=4
+        ),
+        "  compiled[grid], 12 tensors": lambda: compiled[(1, 1, 1)](*ptrs, *ints, 1, 2, 3, 4),
+        "  compiled.run, 12 addresses as ints": lambda: run(
+            1, 1, 1, _stream_getter()(dev), function, meta, None, None, None, *addrs, *ints, 1, 2, 3, 4
         ),
         "torch.empty(1024)": lambda: torch.empty(1024, device="cuda"),
         "x.sum()": lambda: x.sum(),
+        "stream fork + join (2 events)": fork_join,
     }
     for name, fn in cases.items():
-        h, w = host_and_wall(fn, reps=200)
+        try:
+            h, w = host_and_wall(fn, reps=200)
+        except Exception as e:  # noqa: BLE001 (one case's failure, e.g. another Triton's launcher, is reported)
+            print(f"launch  {name:45s} failed: {type(e).__name__}: {e}", flush=True)
+            continue
         print(f"launch  {name:45s} host {h * 1e3:8.1f} us  wall {w * 1e3:8.1f} us", flush=True)
 
 
