@@ -276,6 +276,19 @@ def test_short_path_launch_settings(poison, monkeypatch):
     _check(1, 2, 197, 64, 25, 25, torch.bfloat16)
 
 
+@pytest.mark.parametrize(
+    "N,m,topk,S,pad_from", [(197, 25, 25, 1, None), (150, 30, 20, 2, (150, 131)), (100, 9, 12, 1, (100, 40))]
+)
+def test_short_route_one_program_per_head(poison, monkeypatch, N, m, topk, S, pad_from):
+    """The route kernel with 32 landmark rows per program (one program per head where m <= 32; what the speed
+    survey times against 16) against naive_mita, forward and backward, with padding and S = 2."""
+    monkeypatch.setitem(ts.CONFIG["route"], "BS", 32)
+    monkeypatch.setitem(ts.CONFIG["route"], "num_warps", 8)
+    # Capped at the padded landmark count (16 for m <= 16): never more rows per program than there are.
+    assert ts._cfg("route", 16)["BS"] == 16 and ts._cfg("route", 32)["BS"] == 32
+    _check(2, 2, N, 64, m, topk, torch.bfloat16, S, True, pad_from)
+
+
 @pytest.mark.parametrize("tail", [0, 1])
 @pytest.mark.parametrize(
     "B,N,m,topk,dtype,S,shared,pad_from",

@@ -71,8 +71,14 @@ CONFIG = {
 
 
 def _cfg(name: str, NP: int) -> dict:
-    """Launch keywords of a short-path kernel from CONFIG (``tail`` is :func:`_tail`'s; ``maxnreg`` None: no cap)."""
-    cfg = {k: (min(v, NP) if k in ("BM", "BN") else v) for k, v in CONFIG[name].items() if k not in ("tail", "maxnreg")}
+    """Launch keywords of a short-path kernel from CONFIG, block sizes capped at NP (the route kernel's rows per
+    program at the padded landmark count: a larger BS would leave its grid empty); ``tail`` is :func:`_tail`'s;
+    ``maxnreg`` None: no cap."""
+    cfg = {
+        k: (min(v, NP) if k in ("BM", "BN", "BS") else v)
+        for k, v in CONFIG[name].items()
+        if k not in ("tail", "maxnreg")
+    }
     return {**cfg, **regs_cap(CONFIG[name].get("maxnreg"))}
 
 
