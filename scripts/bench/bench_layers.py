@@ -19,9 +19,17 @@ one that fails gets no speed-up:
     python scripts/bench/bench_layers.py --out results/bench [--max-n 65536] [--attentions mita,agent,...]
     python scripts/bench/bench_layers.py --device cpu --points tiny --dtype float32   # a CPU smoke run
 
-On the CPU times are wall-clock medians (no peak memory); on CUDA, CUDA-event medians of eager calls.
-``--rounds R`` times every method R times with the methods interleaved and reports the median of the rounds'
-medians (spread: their range), so a host whose speed drifts during the run weighs on every method alike.
+On the CPU times are wall-clock medians of eager calls (no peak memory); on CUDA, CUDA-event medians in each
+``--timing`` mode (as bench_op.py: ``eager`` calls launched from Python, what a user gets, the default;
+``cuda_graph`` replays of a captured call; ``cuda_graph_queued`` the same queued behind a spin kernel, the GPU's
+execution of one call), every mode a row per method with its ``timing`` and speed-ups against the fastest dense
+layer of the same point and mode; peak memory of eager calls only (a replay allocates nothing); a layer whose
+capture fails gets an ``error`` in that mode. One mode writes ``layer_bench.csv``, several
+``layer_bench_<mode>_<mode>.csv``. ``--rounds R`` times every method R times with the methods interleaved and
+reports the median of the rounds' medians (spread: their range), so a host whose speed drifts during the run weighs
+on every method alike.
+
+    python scripts/bench/bench_layers.py --points deit_s --timing eager,cuda_graph_queued   # the DeiT-S layer
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from bench_op import shapes  # noqa: E402
-from common import environment, wall_time, write_csv  # noqa: E402
+from common import capture_failure, environment, parse_timings, time_ms, wall_time, write_csv  # noqa: E402
 
 from mita.registry import create_attention, list_attentions  # noqa: E402
 
@@ -136,12 +144,10 @@ def gate(name: str, opts: dict, p: dict, device: str, dtype: torch.dtype) -> tup
     return not errs, "; ".join(errs) or "ok"
 
 
-def time_call(fn, device: str, warmup: int, reps: int) -> tuple[float, float]:
-    """Median and spread in ms (CUDA events on CUDA, wall clock on the CPU)."""
+def time_call(fn, device: str, warmup: int, reps: int, timing: str = "eager") -> tuple[float, float]:
+    """Median and spread in ms (CUDA events on CUDA in the ``timing`` mode, wall clock of eager calls on the CPU)."""
     if device == "cuda":
-        from common import time_ms
-
-        return time_ms(fn, "eager", warmup=warmup, reps=reps)
+        return time_ms(fn, timing, warmup=warmup, reps=reps)
     return wall_time(fn, warmup=warmup, reps=reps)
 
 
@@ -160,15 +166,24 @@ def stage_fns(layer, x, grid):
     return (("fwd", fwd), ("fwdbwd", fwdbwd))
 
 
-def measure(layer, x, grid, device: str, long_run: bool, reps: int = 10, peak: bool = True) -> dict:
-    """Forward and forward+backward time (median of ``reps`` calls; 3 for long runs) and (CUDA, ``peak``) peak
-    memory of one layer on tokens ``x``."""
+def measure(
+    layer, x, grid, device: str, long_run: bool, reps: int = 10, peak: bool = True, timing: str = "eager"
+) -> dict:
+    """Forward and forward+backward time (median of ``reps`` calls; 3 for long runs; ``timing``: eager calls or
+    CUDA-graph replays) and (CUDA, ``peak``, eager) peak memory of one layer on tokens ``x``. A failed capture
+    becomes the row's ``error``."""
     reps, warmup = (3, 1) if long_run else (reps, 2)
     row = {}
     for stage, fn in stage_fns(layer, x, grid):
         with torch.no_grad() if stage == "fwd" else torch.enable_grad():
-            row[f"{stage}_ms"], row[f"{stage}_spread_ms"] = time_call(fn, device, warmup, reps)
-            if device == "cuda" and peak:
+            try:
+                row[f"{stage}_ms"], row[f"{stage}_spread_ms"] = time_call(fn, device, warmup, reps, timing)
+            except RuntimeError as e:
+                if timing == "eager" or isinstance(e, torch.cuda.OutOfMemoryError):
+                    raise
+                row["error"] = capture_failure(e, "" if stage == "fwd" else "fwd+bwd")
+                break
+            if device == "cuda" and peak and timing == "eager":
                 from common import peak_memory_mib
 
                 row[f"{stage}_peak_mib"] = peak_memory_mib(fn)
@@ -201,8 +216,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="time every method this many times, the methods interleaved (median of the rounds' medians): host "
         "speed that drifts during a run then weighs on all methods alike",
     )  # fmt: skip
+    ap.add_argument(
+        "--timing", default="eager",
+        help="comma-separated timing modes (CUDA), each point timed in each: eager (calls launched from Python), "
+        "cuda_graph (replays of a captured call), cuda_graph_queued (replays queued behind a spin kernel: the GPU's "
+        "execution time)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
+    try:
+        timings = parse_timings(args.timing)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if args.device != "cuda" and timings != ["eager"]:
+        raise SystemExit(f"--timing {args.timing}: CUDA-graph timings need a CUDA device (the CPU times eager calls)")
     known = list_attentions()
     wanted = [a for a in args.attentions.split(",") if a] or known
     unknown = [a for a in wanted if a not in known]
@@ -210,12 +237,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SystemExit(f"unknown attention(s) {unknown}; registered: {', '.join(known)}")
     env = environment()
     os.makedirs(args.out, exist_ok=True)
+    out_csv = "layer_bench.csv" if timings == ["eager"] else f"layer_bench_{'_'.join(timings)}.csv"
     rows: list[dict] = []
     sel = [x for x in args.points.split(",") if x]
     for p in points(args.max_n):
         if sel and p["name"] not in sel:
             continue
-        res, gates, kept = {}, {}, {}
+        res: dict[str, dict[str, dict]] = {t: {} for t in timings}
+        gates, kept = {}, {}
         long_run = p["N"] >= 1 << 18
         for label, (name, opts) in methods(p, wanted, args.device).items():
             try:
@@ -223,50 +252,67 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 torch.manual_seed(0)
                 layer = build(name, opts, p).to(args.device, dtype)
                 x = torch.randn(p["B"], p["N"], p["H"] * p["d"], device=args.device, dtype=dtype, requires_grad=True)
-                res[label] = measure(layer, x, p["grid"], args.device, long_run, args.reps)
+                for timing in timings:
+                    res[timing][label] = measure(layer, x, p["grid"], args.device, long_run, args.reps, timing=timing)
                 if args.rounds > 1:
                     kept[label] = (layer, x)
                 del layer, x
             except (RuntimeError, ValueError) as e:
-                res[label] = {"error": str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__}
+                err = {"error": str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__}
+                for timing in timings:
+                    res[timing].setdefault(label, err)
                 gates.setdefault(label, (False, "not run"))
             if args.device == "cuda":
                 torch.cuda.empty_cache()
-            print(f"{p['name']} {label} gate {gates[label][1]} {res[label]}", flush=True)
+            print(f"{p['name']} {label} gate {gates[label][1]} {[res[t][label] for t in timings]}", flush=True)
         if kept:
-            later: dict[str, list[dict]] = {label: [] for label in kept}
+            later: dict[tuple[str, str], list[dict]] = {(t, label): [] for t in timings for label in kept}
             for _ in range(args.rounds - 1):
                 for label, (layer, x) in kept.items():
-                    later[label].append(measure(layer, x, p["grid"], args.device, long_run, args.reps, peak=False))
-            for label in kept:
-                res[label] = combine_rounds(res[label], later[label])
-                print(f"{p['name']} {label} over {args.rounds} rounds {res[label]}", flush=True)
+                    for timing in timings:
+                        if "error" not in res[timing][label]:
+                            later[timing, label].append(
+                                measure(layer, x, p["grid"], args.device, long_run, args.reps, False, timing)
+                            )
+            for (timing, label), more in later.items():
+                if more:
+                    res[timing][label] = combine_rounds(res[timing][label], more)
+                    print(f"{p['name']} {timing} {label} over {args.rounds} rounds {res[timing][label]}", flush=True)
             kept.clear()
-        dense = {lb: r for lb, r in res.items() if lb.startswith("full[") and gates[lb][0]}
-        for label, r in res.items():
-            row = dict(point=p["name"], B=p["B"], H=p["H"], N=p["N"], d=p["d"], m=p["m"], k=p["k"], method=label)
-            row.update(r)
-            row["correctness"] = "PASS" if gates[label][0] else f"FAIL: {gates[label][1]}"
-            for st in ("fwd", "fwdbwd"):
-                cands = [lb for lb in dense if f"{st}_ms" in dense[lb]]
-                if not cands or f"{st}_ms" not in r:
-                    continue
-                best = min(cands, key=lambda lb: dense[lb][f"{st}_ms"])
-                row[f"best_dense_{st}"] = best
-                if not label.startswith("full["):
-                    row[f"speedup_{st}"] = (
-                        dense[best][f"{st}_ms"] / r[f"{st}_ms"] if gates[label][0] else "refused: correctness gate"
-                    )
-            row.update(env, device=args.device, dtype=args.dtype)
-            rows.append(row)
-        write_csv(os.path.join(args.out, "layer_bench.csv"), rows)
-    print("point    method            fwd_ms   fwdbwd_ms  speedup_fwd  speedup_fwdbwd  correctness / error")
+        for timing in timings:
+            rows += point_rows(p, res[timing], gates, timing, env, args)
+        write_csv(os.path.join(args.out, out_csv), rows)
+    print("point    timing             method            fwd_ms   fwdbwd_ms  speedup_fwd  speedup_fwdbwd  correctness")
     for r in rows:
         print(
-            f"{r['point']:8s} {r['method']:16s} {r.get('fwd_ms', float('nan')):9.3f} "
+            f"{r['point']:8s} {r['timing']:18s} {r['method']:16s} {r.get('fwd_ms', float('nan')):9.3f} "
             f"{r.get('fwdbwd_ms', float('nan')):10.3f} {str(r.get('speedup_fwd', ''))[:8]:>12s} "
             f"{str(r.get('speedup_fwdbwd', ''))[:8]:>14s}  {r.get('error', r['correctness'])}"
         )
+    return rows
+
+
+def point_rows(p: dict, res: dict[str, dict], gates: dict, timing: str, env: dict, args) -> list[dict]:
+    """One point's rows in one timing mode: each method's times, its gate's verdict and its speed-ups against the
+    fastest dense layer that passed its gate, per stage."""
+    dense = {lb: r for lb, r in res.items() if lb.startswith("full[") and gates[lb][0]}
+    rows = []
+    for label, r in res.items():
+        row = dict(point=p["name"], B=p["B"], H=p["H"], N=p["N"], d=p["d"], m=p["m"], k=p["k"], method=label)
+        row.update(timing=timing, **r)
+        row["correctness"] = "PASS" if gates[label][0] else f"FAIL: {gates[label][1]}"
+        for st in ("fwd", "fwdbwd"):
+            cands = [lb for lb in dense if f"{st}_ms" in dense[lb]]
+            if not cands or f"{st}_ms" not in r:
+                continue
+            best = min(cands, key=lambda lb: dense[lb][f"{st}_ms"])
+            row[f"best_dense_{st}"] = best
+            if not label.startswith("full["):
+                row[f"speedup_{st}"] = (
+                    dense[best][f"{st}_ms"] / r[f"{st}_ms"] if gates[label][0] else "refused: correctness gate"
+                )
+        row.update(env, device=args.device, dtype=args.dtype)
+        rows.append(row)
     return rows
 
 

@@ -41,11 +41,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from common import (  # noqa: E402
-    TIMING_MODES,
     capture_failure,
     correlated_tokens,
     environment,
     mita_correct,
+    parse_timings,
     peak_memory_mib,
     time_ms,
     write_csv,
@@ -118,15 +118,6 @@ def shapes(max_n: int, point_set: str = "long") -> list[dict]:
         pts.append(dict(name=f"N{n}", B=1, H=2, N=n, d=64, m=mk, k=mk, layout="1d"))
         n *= 4
     return pts
-
-
-def parse_timings(text: str) -> list[str]:
-    """``--timing``'s comma-separated modes, checked, in the order given, without repeats."""
-    modes = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    bad = [t for t in modes if t not in TIMING_MODES]
-    if not modes or bad:
-        raise ValueError(f"--timing takes a comma-separated list of {', '.join(TIMING_MODES)}; got {text!r}")
-    return modes
 
 
 def csv_name(point_set: str, timings: list[str], rho: float = 0.0, block_top: int | None = None) -> str:

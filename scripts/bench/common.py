@@ -160,6 +160,15 @@ def time_ms(
         torch.cuda.empty_cache()
 
 
+def parse_timings(text: str) -> list[str]:
+    """``--timing``'s comma-separated modes, checked, in the order given, without repeats."""
+    modes = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [t for t in modes if t not in TIMING_MODES]
+    if not modes or bad:
+        raise ValueError(f"--timing takes a comma-separated list of {', '.join(TIMING_MODES)}; got {text!r}")
+    return modes
+
+
 def peak_memory_mib(fn: Callable[[], object]) -> float:
     """Peak allocated memory of one call of ``fn`` above what was allocated before it, in MiB."""
     torch.cuda.synchronize()

@@ -6,7 +6,7 @@
 #          (before, after, before, after; each process alone on the GPU), then the backward's tiles and register
 #          cap. About 8 min.
 #   op     the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel GPU
-#          time and launch sequence of each point. About 5.5 min.
+#          time and launch sequence of each point, the DeiT-S layer both ways. About 7 min.
 #   host   (not in the default) the host time of each forward and backward (launches, PyTorch ops, cProfile; the
 #          routing's second stream on and off) and of each forward stage, whole ListOps / Pathfinder steps'
 #          launches and wall time; the second stream on and off side by side as timings (eager, graph replays);
@@ -88,6 +88,10 @@ if want op; then
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \
   --timing eager,cuda_graph_queued --backends triton
 step kernels "${KERNELS_S:-120}" python3 scripts/bench/profiler.py kernels --points "$points" --sequence
+# The DeiT-S layer with its projections (issue 29's layer bar): MiTA against the dense layer on each SDPA kernel,
+# eager and as graph replays.
+step layers "${LAYERS_S:-90}" python3 scripts/bench/bench_layers.py --out "$out" --points deit_s --attentions mita \
+  --timing eager,cuda_graph_queued
 fi
 if want host; then
 step host "${HOST_S:-100}" python3 scripts/bench/profiler.py host --out "$out" --profile 30 --stages \

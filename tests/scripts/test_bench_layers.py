@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
 from script_loader import fresh_bench_script
 
 
@@ -92,3 +93,53 @@ def test_rounds_interleave_methods_and_take_the_median(bench, tmp_path, monkeypa
     assert row["fwd_ms"] == 2.0 and row["fwd_spread_ms"] == 2.0
     assert row["fwdbwd_ms"] == 8.0 and row["fwdbwd_spread_ms"] == 5.0
     assert row["fwd_peak_mib"] == 5.0 and row["rounds"] == 3
+
+
+def test_timing_modes_need_cuda_and_are_checked(bench, tmp_path):
+    base = ["--device", "cpu", "--points", "tiny", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match="need a CUDA device"):
+        bench.main([*base, "--timing", "eager,cuda_graph_queued"])
+    with pytest.raises(SystemExit, match="--timing takes"):
+        bench.main([*base, "--timing", "graph"])
+    assert not list(tmp_path.iterdir())
+
+
+def test_rows_carry_their_timing_and_a_failed_capture_is_an_error(bench, monkeypatch):
+    """Each timing mode is its own set of rows: speed-ups against the fastest dense layer of the same mode; a layer
+    whose CUDA-graph capture fails keeps the stages it timed and gets the capture's error."""
+    calls = []
+
+    def fake_time_call(fn, device, warmup, reps, timing="eager"):
+        calls.append(timing)
+        if timing == "cuda_graph" and len(calls) == 6:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return (2.0 if timing == "eager" else 1.0), 0.0
+
+    monkeypatch.setattr(bench, "time_call", fake_time_call)
+    p = next(q for q in bench.points(1 << 12) if q["name"] == "tiny")
+    layer = bench.build("full", {}, p)
+    x = torch.randn(p["B"], p["N"], p["H"] * p["d"], requires_grad=True)
+    eager = bench.measure(layer, x, p["grid"], "cpu", False, timing="eager")
+    graph_ok = bench.measure(layer, x, p["grid"], "cpu", False, timing="cuda_graph")
+    graph_failed = bench.measure(layer, x, p["grid"], "cpu", False, timing="cuda_graph")
+    assert calls == ["eager"] * 2 + ["cuda_graph"] * 4
+    assert eager["fwd_ms"] == eager["fwdbwd_ms"] == 2.0 and "error" not in eager
+    assert graph_ok["fwd_ms"] == 1.0 and "error" not in graph_ok
+    assert graph_failed["fwd_ms"] == 1.0 and "fwdbwd_ms" not in graph_failed
+    assert "fwd+bwd" in graph_failed["error"]
+    # An eager failure is a failure, not a row.
+    monkeypatch.setattr(bench, "time_call", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        bench.measure(layer, x, p["grid"], "cpu", False)
+
+    class Args:
+        device, dtype = "cuda", "bfloat16"
+
+    res = {"full[flash]": {"fwd_ms": 2.0, "fwdbwd_ms": 6.0}, "full[cudnn]": {"fwd_ms": 1.0, "fwdbwd_ms": 8.0},
+           "mita": {"fwd_ms": 0.5, "error": "capture failed (fwd+bwd)"}}  # fmt: skip
+    gates = dict.fromkeys(res, (True, "ok"))
+    rows = {r["method"]: r for r in bench.point_rows(p, res, gates, "cuda_graph_queued", {"gpu": "x"}, Args)}
+    assert {r["timing"] for r in rows.values()} == {"cuda_graph_queued"}
+    assert rows["mita"]["best_dense_fwd"] == "full[cudnn]" and rows["mita"]["speedup_fwd"] == 2.0
+    assert "speedup_fwdbwd" not in rows["mita"] and rows["mita"]["error"].startswith("capture failed")
+    assert rows["full[cudnn]"]["best_dense_fwdbwd"] == "full[flash]"

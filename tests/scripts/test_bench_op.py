@@ -152,7 +152,7 @@ def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch
     [
         ("short", {"short_tests", "short_tail", "short_route", "short_bwd", "ab_before_1", "ab_after_1", "ab_before_2",
                    "ab_after_2"}),
-        ("op,lra", {"op_bench", "kernels", "lra_time", "lra_time_pathfinder", "lra_time_graph",
+        ("op,lra", {"op_bench", "kernels", "layers", "lra_time", "lra_time_pathfinder", "lra_time_graph",
                     "lra_time_graph_pathfinder", "lra_time_sdpa_efficient", "lra_time_sdpa_cudnn"}),
         ("host", {"host", "route_stream", "host_before_1", "host_after_1", "host_before_2", "host_after_2"}),
         ("long", {"long_before_1", "long_after_1", "long_before_2", "long_after_2"}),
