@@ -77,12 +77,14 @@ if [ -n "${BEFORE:-}" ]; then
   before_after ab "$BEFORE" "${AB_S:-60}" 'python3 scripts/bench/bench_op.py --out "$dir" --point-set training \
     --points deit_s,seg_1025,B8_N4096 --timing eager,cuda_graph_queued --backends triton'
 fi
-# The backward's tiles, warps and register cap (3 programs per SM at 168 registers, with some spilling; 8 warps: 255
-# registers without stack, 1 program per SM, the same 8 warps per SM as now).
-step short_bwd "${BWD_S:-180}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
+# The backward's tiles, warps and register cap (now 4 warps, 255 registers, 2 programs = 8 warps per SM). Triton 3.6,
+# sm_90: 168 registers: 3 per SM with some spilling; 8 warps: 255 registers without stack, 1 per SM; 8 warps with
+# 32-row query blocks under a 128-register cap: 2 per SM (16 warps) with 56 B of stack (32-key blocks too: 48 B).
+step short_bwd "${BWD_S:-200}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
   --backward --timing cuda_graph --reps 20 --variants \
   "|small.bwd.maxnreg=168|small.bwd.BM=32;small.bwd.BN=32|small.bwd.BM=32;small.bwd.BN=32;small.bwd.maxnreg=168\
-|small.bwd.num_warps=8"
+|small.bwd.num_warps=8|small.bwd.BM=32;small.bwd.num_warps=8;small.bwd.maxnreg=128\
+|small.bwd.BM=32;small.bwd.BN=32;small.bwd.num_warps=8;small.bwd.maxnreg=128"
 fi
 if want op; then
 step op_bench "${OP_S:-200}" python3 scripts/bench/bench_op.py --out "$out" --point-set training \

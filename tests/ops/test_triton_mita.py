@@ -289,6 +289,17 @@ def test_short_route_one_program_per_head(poison, monkeypatch, N, m, topk, S, pa
     _check(2, 2, N, 64, m, topk, torch.bfloat16, S, True, pad_from)
 
 
+@pytest.mark.parametrize("bm,bn", [(32, 64), (32, 32)])
+@pytest.mark.parametrize("N,m,topk,S,pad_from", [(197, 25, 25, 1, None), (150, 30, 20, 2, (150, 131))])
+def test_short_backward_tiles(poison, monkeypatch, bm, bn, N, m, topk, S, pad_from):
+    """The short backward with 32-row query blocks (and 32-key blocks) at 8 warps, the forms the speed survey times
+    against 64 x 64 at 4 warps (two programs per SM under a 128-register cap), against naive_mita."""
+    monkeypatch.setitem(ts.CONFIG["bwd"], "BM", bm)
+    monkeypatch.setitem(ts.CONFIG["bwd"], "BN", bn)
+    monkeypatch.setitem(ts.CONFIG["bwd"], "num_warps", 8)
+    _check(2, 2, N, 64, m, topk, torch.bfloat16, S, True, pad_from)
+
+
 @pytest.mark.parametrize("tail", [0, 1])
 @pytest.mark.parametrize(
     "B,N,m,topk,dtype,S,shared,pad_from",

@@ -98,7 +98,7 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
     # The short path's variant steps (route, backward): each variant a set of the short kernels' settings.
     blocks = [b.replace("\\\n", "") for b in re.findall(r'--variants \\\n\s*"([^"]*)"', text)]
     assert len(blocks) == 2
-    for block, kernel, n in zip(blocks, ("route", "bwd"), (3, 5)):
+    for block, kernel, n in zip(blocks, ("route", "bwd"), (3, 7)):
         variants = block.split("|")
         assert variants[0] == "" and len(variants) == n
         for v in variants[1:]:
