@@ -67,7 +67,12 @@ step short_tests "${SHORT_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cache
 # and backward kernels (CONFIG["attn"/"bwd"]["tail"]) and the route kernel's register cap.
 step short_tail "${TAIL_S:-240}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
   --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1 \
-  --sweep small.route.maxnreg=168,None,128 --sweep small.attn.maxnreg=168,None
+  --sweep small.route.maxnreg=168,None,128 --sweep small.attn.maxnreg=168,None,128
+# The attention kernel at more warps per SM (Triton 3.6, sm_90: now 168 registers, 3 programs of 4 warps per SM; at a
+# 128 cap 4 per SM with 16 B of stack; 8 warps at 128: 2 per SM without stack; 128-query blocks: 2 programs per head).
+step short_attn "${ATTN_S:-90}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
+  --timing eager,cuda_graph --reps 20 --variants \
+  "|small.attn.num_warps=8;small.attn.maxnreg=128|small.attn.BM=128;small.attn.num_warps=8;small.attn.maxnreg=128"
 # One route program per head (all 32 landmark rows: K and V read once, half the programs; Triton 3.6 for sm_90: 128
 # registers with 48 B of stack at 8 warps, 2 programs per SM) against two of 16 rows.
 step short_route "${ROUTE_S:-90}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \

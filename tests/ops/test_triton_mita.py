@@ -289,6 +289,15 @@ def test_short_route_one_program_per_head(poison, monkeypatch, N, m, topk, S, pa
     _check(2, 2, N, 64, m, topk, torch.bfloat16, S, True, pad_from)
 
 
+@pytest.mark.parametrize("N,m,topk,S,pad_from", [(197, 25, 25, 1, None), (150, 30, 20, 2, (150, 131))])
+def test_short_attention_128_query_rows(poison, monkeypatch, N, m, topk, S, pad_from):
+    """The short attention kernel with 128-query blocks at 8 warps (two programs per head at N = 197, one form the
+    speed survey times), against naive_mita."""
+    monkeypatch.setitem(ts.CONFIG["attn"], "BM", 128)
+    monkeypatch.setitem(ts.CONFIG["attn"], "num_warps", 8)
+    _check(2, 2, N, 64, m, topk, torch.bfloat16, S, True, pad_from)
+
+
 @pytest.mark.parametrize("bm,bn", [(32, 64), (32, 32)])
 @pytest.mark.parametrize("N,m,topk,S,pad_from", [(197, 25, 25, 1, None), (150, 30, 20, 2, (150, 131))])
 def test_short_backward_tiles(poison, monkeypatch, bm, bn, N, m, topk, S, pad_from):

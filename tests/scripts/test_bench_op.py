@@ -88,17 +88,18 @@ def test_speed_survey_names_known_points_and_experiments(monkeypatch):
         "small.attn.tail=0,1",
         "small.bwd.tail=0,1",
         "small.route.maxnreg=168,None,128",
-        "small.attn.maxnreg=168,None",
+        "small.attn.maxnreg=168,None,128",
         "fwd.route_stream=3,0",
     ]
-    assert [sweep.parse_sweep(item)[2] for item in sweeps] == [[0, 1], [0, 1], [168, None, 128], [168, None], [3, 0]]
+    values = [[0, 1], [0, 1], [168, None, 128], [168, None, 128], [3, 0]]
+    assert [sweep.parse_sweep(item)[2] for item in sweeps] == values
     # The host step's variants are settings too.
     for item in re.search(r'profiler.py host .*?--variants "([^"]*)"', text, re.S).group(1).split("|")[1:]:
         assert sweep.parse_sweep(item)[0] is sweep.afwd.FWD_CONFIG
     # The short path's variant steps (route, backward): each variant a set of the short kernels' settings.
     blocks = [b.replace("\\\n", "") for b in re.findall(r'--variants \\\n\s*"([^"]*)"', text)]
-    assert len(blocks) == 2
-    for block, kernel, n in zip(blocks, ("route", "bwd"), (3, 7)):
+    assert len(blocks) == 3
+    for block, kernel, n in zip(blocks, ("attn", "route", "bwd"), (3, 3, 7)):
         variants = block.split("|")
         assert variants[0] == "" and len(variants) == n
         for v in variants[1:]:
@@ -150,8 +151,8 @@ def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch
 @pytest.mark.parametrize(
     "parts,steps",
     [
-        ("short", {"short_tests", "short_tail", "short_route", "short_bwd", "ab_before_1", "ab_after_1", "ab_before_2",
-                   "ab_after_2"}),
+        ("short", {"short_tests", "short_tail", "short_attn", "short_route", "short_bwd", "ab_before_1", "ab_after_1",
+                   "ab_before_2", "ab_after_2"}),
         ("op,lra", {"op_bench", "kernels", "layers", "lra_time", "lra_time_pathfinder", "lra_time_graph",
                     "lra_time_graph_pathfinder", "lra_time_sdpa_efficient", "lra_time_sdpa_cudnn"}),
         ("host", {"host", "route_stream", "host_before_1", "host_after_1", "host_before_2", "host_after_2"}),
