@@ -3,8 +3,9 @@
 # comma-separated list; default short,op,lra, more than one 10-minute device call: run them as two calls):
 #   short  the short path (N <= 256) at DeiT-S: its GPU tests, its launch settings side by side (sweep.py), with
 #          BEFORE=DIR the op benchmark's short and medium training points on an earlier tree and this one in turn
-#          (before, after, before, after; each process alone on the GPU), then the backward's tiles and register
-#          cap. About 8 min.
+#          (before, after, before, after; each process alone on the GPU). About 7 min.
+#   tiles  (not in the default) the short kernels' tiles, warps and register caps side by side at DeiT-S: the
+#          attention, the route kernel (one program per head) and the backward. About 6 min.
 #   op     the op benchmark's training points in eager calls and CUDA-graph replays side by side, the per-kernel GPU
 #          time and launch sequence of each point, the DeiT-S layer both ways. About 7 min.
 #   host   (not in the default) the host time of each forward and backward (launches, PyTorch ops, cProfile; the
@@ -68,6 +69,15 @@ step short_tests "${SHORT_TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cache
 step short_tail "${TAIL_S:-240}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
   --backward --timing eager,cuda_graph --reps 20 --sweep small.attn.tail=0,1 --sweep small.bwd.tail=0,1 \
   --sweep small.route.maxnreg=168,None,128 --sweep small.attn.maxnreg=168,None,128
+if [ -n "${BEFORE:-}" ]; then
+  before_after ab "$BEFORE" "${AB_S:-60}" 'python3 scripts/bench/bench_op.py --out "$dir" --point-set training \
+    --points deit_s,seg_1025,B8_N4096 --timing eager,cuda_graph_queued --backends triton'
+fi
+fi
+if want tiles; then
+# The forms timed next against naive_mita on this GPU (the CPU suite runs them under the interpreter).
+step tiles_tests "${TILES_TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider tests/ops/test_triton_mita.py \
+  -k "one_program_per_head or short_backward_tiles or 128_query_rows"
 # The attention kernel at more warps per SM (Triton 3.6, sm_90: now 168 registers, 3 programs of 4 warps per SM; at a
 # 128 cap 4 per SM with 16 B of stack; 8 warps at 128: 2 per SM without stack; 128-query blocks: 2 programs per head).
 step short_attn "${ATTN_S:-90}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
@@ -78,10 +88,6 @@ step short_attn "${ATTN_S:-90}" python3 scripts/bench/sweep.py --points 197:25 -
 step short_route "${ROUTE_S:-90}" python3 scripts/bench/sweep.py --points 197:25 --batch 256 --heads 6 --rho 0 \
   --timing eager,cuda_graph --reps 20 --variants \
   "|small.route.BS=32;small.route.num_warps=8;small.route.maxnreg=128|small.route.BS=32;small.route.num_warps=8"
-if [ -n "${BEFORE:-}" ]; then
-  before_after ab "$BEFORE" "${AB_S:-60}" 'python3 scripts/bench/bench_op.py --out "$dir" --point-set training \
-    --points deit_s,seg_1025,B8_N4096 --timing eager,cuda_graph_queued --backends triton'
-fi
 # The backward's tiles, warps and register cap (now 4 warps, 255 registers, 2 programs = 8 warps per SM). Triton 3.6,
 # sm_90: 168 registers: 3 per SM with some spilling; 8 warps: 255 registers without stack, 1 per SM; 8 warps with
 # 32-row query blocks under a 128-register cap: 2 per SM (16 warps) with 56 B of stack (32-key blocks too: 48 B).

@@ -151,8 +151,8 @@ def test_unknown_point_names_fail_before_any_timing(bench, tmp_path, monkeypatch
 @pytest.mark.parametrize(
     "parts,steps",
     [
-        ("short", {"short_tests", "short_tail", "short_attn", "short_route", "short_bwd", "ab_before_1", "ab_after_1",
-                   "ab_before_2", "ab_after_2"}),
+        ("short", {"short_tests", "short_tail", "ab_before_1", "ab_after_1", "ab_before_2", "ab_after_2"}),
+        ("tiles", {"tiles_tests", "short_attn", "short_route", "short_bwd"}),
         ("op,lra", {"op_bench", "kernels", "layers", "lra_time", "lra_time_pathfinder", "lra_time_graph",
                     "lra_time_graph_pathfinder", "lra_time_sdpa_efficient", "lra_time_sdpa_cudnn"}),
         ("host", {"host", "route_stream", "host_before_1", "host_after_1", "host_before_2", "host_after_2"}),
