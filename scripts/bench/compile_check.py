@@ -2,6 +2,7 @@
 catches compile errors before a device run.
 
     python scripts/bench/compile_check.py [--maxnreg 128] [--only mita_fwd,route]
+    python scripts/bench/compile_check.py --point lra_listops,deit_s    # what one call launches at these points
 
 Each kernel is compiled (TTIR -> TTGIR -> PTX -> cubin with Triton's bundled ptxas) at the constexpr settings the
 launchers use for bf16, d 64, with 16-byte aligned pointers and strides as a launch specialises them; the shared
@@ -9,6 +10,12 @@ memory of each, its asynchronous copies (cp.async: software-pipelined loads) and
 registers per thread (from the cubin, by the bundled cuobjdump) and the programs one SM holds at once as registers,
 shared memory and warps allow (sm_90: 64K registers, 228 KiB shared memory, 64 warps): a kernel whose loads wait
 on global memory runs faster with more programs per SM.
+
+``--point`` compiles instead what one forward + backward of ``mita_attention`` (landmarks pooled beforehand, as
+``profiler.py host`` calls it) launches at the named points of bench_op / profiler (the training shapes, the LRA
+shapes of their experiment files, the long points): the call runs on the CPU with every launch recorded instead of
+run, and each distinct launch is compiled with its own arguments' types, its constexprs and launch options (ints of
+value 1 and pointers, ints divisible by 16 specialised as a launch specialises them), printed with its grid.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import bench_figf as fm  # noqa: E402  (the fused MLP kernel of Figure F's block)
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -111,12 +119,98 @@ def resources(c, warps: int) -> str:
     return f"{reg} regs{f' (stack {stack} B)' if stack else ''}, {per_sm} programs/SM"
 
 
+_TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+                 torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}  # fmt: skip
+
+
+def _arg_type(a) -> str:
+    """Triton's signature type of a launch argument ("constexpr" where a launch specialises the value: None, 1)."""
+    if isinstance(a, torch.Tensor):
+        return "*" + _TRITON_TYPES[a.dtype]
+    if a is None or (a.__class__ is int and a == 1):
+        return "constexpr"
+    if isinstance(a, bool):
+        return "i1"
+    if isinstance(a, int):
+        return "i32" if -(2**31) <= a < 2**31 else "i64"
+    if isinstance(a, float):
+        return "fp32"
+    raise TypeError(f"unexpected launch argument of type {type(a).__name__}")
+
+
+def recorded_launches(names: list[str]) -> list[tuple]:
+    """``(point, kernel, grid, args, kwargs)`` of each distinct launch (kernel, argument types, constexprs, options)
+    of one forward + backward at each point, recorded on the CPU instead of run (profiler.py's launch stubs)."""
+    import profiler as prof
+
+    from mita.ops.mita.api import mita_attention
+    from mita.ops.mita.triton import launch
+
+    pts = [prof.point(n) for n in names]  # unknown names stop the run first
+    prof.cpu_launch_stubs()
+    seen: dict = {}
+    current = [""]
+
+    def record(self, grid, args, kwargs):
+        key = (self.fn.__name__, tuple(_arg_type(a) for a in args), tuple(kwargs.items()))
+        seen.setdefault(key, (current[0], self.fn.jit, tuple(grid), args, kwargs))
+
+    launch.FastKernel._launch = record
+    for p in pts:
+        current[0] = p["name"]
+        shape = (p["B"], p["H"], p["N"], p["d"])
+        q, k, v = (torch.zeros(shape, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        r = prof.point_landmarks(q, p).detach().requires_grad_(True)
+        mita_attention(q, k, v, r, p["k"], backend="triton").backward(torch.zeros(shape, dtype=torch.bfloat16))
+    return list(seen.values())
+
+
+def compile_launch(fn, args, kwargs, target):
+    """Compile one recorded launch: its arguments' types, its constexprs (given by keyword, or None / 1 values) and
+    launch options; 16-byte aligned pointers and ints divisible by 16 carry the divisibility a launch gives them."""
+    names = fn.arg_names
+    sig = {n: _arg_type(a) for n, a in zip(names, args)}
+    consts = {n: a for n, a in zip(names, args) if sig[n] == "constexpr"}
+    consts |= {n: kwargs[n] for n in names[len(args) :]}
+    sig |= dict.fromkeys(names[len(args) :], "constexpr")
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, (n, a) in enumerate(zip(names, args))
+        if sig[n] != "constexpr"
+        and ((isinstance(a, torch.Tensor) and a.data_ptr() % 16 == 0) or (a.__class__ is int and a % 16 == 0))
+    }
+    opts = {k: v for k, v in kwargs.items() if k not in names}
+    opts.setdefault("num_warps", 4)
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target, options=opts)
+
+
+def compile_points(names: list[str], target) -> int:
+    """Compile every distinct launch at the points; the number that failed."""
+    failed = 0
+    for point, fn, grid, args, kwargs in recorded_launches(names):
+        label = f"{point} {fn.__name__.strip('_')}"
+        try:
+            c = compile_launch(fn, args, kwargs, target)
+            warps = c.metadata.num_warps
+            print(
+                f"{label:40s} ok  grid {str(grid):16s} w{warps} shared {c.metadata.shared} B, {resources(c, warps)}",
+                flush=True,
+            )
+        except Exception as e:  # noqa: BLE001 (report every kernel, then fail)
+            failed += 1
+            print(f"{label:40s} FAILED: {str(e).strip().splitlines()[-1][:300]}", flush=True)
+    return failed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--maxnreg", type=int, default=0, help="compile every kernel with this register cap (0: none)")
     ap.add_argument("--only", default="", help="comma-separated name prefixes of the kernels to compile")
+    ap.add_argument("--point", default="", help="comma-separated benchmark points: compile what a call launches there")
     args = ap.parse_args()
     target = GPUTarget("cuda", 90, 32)
+    if args.point:
+        sys.exit(1 if compile_points([x for x in args.point.split(",") if x], target) else 0)
     common = dict(D=64, PREC="tf32", UP=False)
     cases = [
         (

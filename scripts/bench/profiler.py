@@ -477,6 +477,7 @@ def cpu_launch_stubs() -> None:
     class Stub:
         def __init__(self, fn):
             self.arg_names, self.params, self.__name__ = fn.arg_names, fn.params, fn.__name__
+            self.jit = fn  # the kernel itself (compile_check.py --point compiles what a call launched)
 
         def __getitem__(self, grid):
             return lambda *args, **kwargs: NoLaunch()

@@ -58,3 +58,30 @@ def test_every_kernel_compiles_for_sm90():
     # loop: 3 programs per SM (held in registers, 219 registers and 2 per SM, it was slower on the H200).
     mlp = next(ln for ln in lines if ln.startswith("residual_mlp 64x32 reload 1 poly 1 w4 s3"))
     assert int(mlp.split(" programs/SM")[0].rsplit(" ", 1)[1]) >= 3, mlp
+
+
+def test_point_compiles_what_a_call_launches():
+    """``--point deit_s``: the launches of one forward + backward at the DeiT-S shape, recorded on the CPU and each
+    compiled with its own arguments and options: the landmark pooling and the short path's three kernels."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its CUDA backend")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, str(root / "scripts" / "bench" / "compile_check.py"), "--point", "deit_s"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("deit_s ")]
+    kernels = {ln.split()[1] for ln in lines}
+    assert kernels == {"pool_fwd_kernel", "small_route_kernel", "small_attn_kernel", "small_bwd_kernel"}, run.stdout
+    assert all(" ok " in ln for ln in lines), run.stdout
+    # Each with its launch's grid and options: the attention over 4 query blocks of 64 per (batch, head), at the
+    # register cap short.CONFIG sets.
+    attn = next(ln for ln in lines if "small_attn_kernel" in ln)
+    assert "grid (4, 1536)" in attn and "w4" in attn, attn
+    assert int(attn.split(" regs")[0].rsplit(" ", 1)[1]) <= 168, attn
+    with pytest.raises(subprocess.CalledProcessError):
+        subprocess.run(
+            [sys.executable, str(root / "scripts" / "bench" / "compile_check.py"), "--point", "nope"],
+            capture_output=True, text=True, env=env, timeout=300, check=True,
+        )  # fmt: skip
