@@ -192,8 +192,10 @@ def compile_points(names: list[str], target) -> int:
         try:
             c = compile_launch(fn, args, kwargs, target)
             warps = c.metadata.num_warps
+            cap = f" cap {kwargs['maxnreg']}" if kwargs.get("maxnreg") else ""
             print(
-                f"{label:40s} ok  grid {str(grid):16s} w{warps} shared {c.metadata.shared} B, {resources(c, warps)}",
+                f"{label:40s} ok  grid {str(grid):16s} w{warps}{cap} shared {c.metadata.shared} B, "
+                f"{resources(c, warps)}",
                 flush=True,
             )
         except Exception as e:  # noqa: BLE001 (report every kernel, then fail)

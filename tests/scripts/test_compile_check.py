@@ -61,16 +61,19 @@ def test_every_kernel_compiles_for_sm90():
 
 
 def test_point_compiles_what_a_call_launches():
-    """``--point deit_s``: the launches of one forward + backward at the DeiT-S shape, recorded on the CPU and each
-    compiled with its own arguments and options: the landmark pooling and the short path's three kernels."""
+    """``--point deit_s,lra_pathfinder``: the launches of one forward + backward at the DeiT-S shape, recorded on the
+    CPU and each compiled with its own arguments and options: the landmark pooling and the short path's three kernels;
+    at the Pathfinder shape (d 128) the dq kernel holds 2 programs per SM (its 8 warps capped at 128 registers)."""
     pytest.importorskip("triton.backends.nvidia.compiler", reason="triton without its CUDA backend")
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
-        [sys.executable, str(root / "scripts" / "bench" / "compile_check.py"), "--point", "deit_s"],
+        [sys.executable, str(root / "scripts" / "bench" / "compile_check.py"), "--point", "deit_s,lra_pathfinder"],
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
+    dq = next(ln for ln in run.stdout.splitlines() if ln.startswith("lra_pathfinder mita_bwd_dq_kernel"))
+    assert " w8 cap 128 " in dq and "2 programs/SM" in dq and "stack" not in dq, dq
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("deit_s ")]
     kernels = {ln.split()[1] for ln in lines}
     assert kernels == {"pool_fwd_kernel", "small_route_kernel", "small_attn_kernel", "small_bwd_kernel"}, run.stdout

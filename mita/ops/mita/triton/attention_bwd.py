@@ -26,12 +26,14 @@ from mita.ops.mita.triton.common import (
     _upcast,
     grad_layouts,
     heads_layout,
+    regs_cap,
 )
 from mita.ops.mita.triton.landmark_values import _lv_bwd_dr_kernel, _lv_dkdv_block, _n_chunks
 from mita.ops.mita.triton.launch import fast
 from mita.ops.mita.triton.plan import RoutingPlan
 
-# The backward kernels launch with the compiler's register choice (caps timed no better: notes/kernels-notes.md).
+# The backward kernels launch with the compiler's register choice (caps timed no better at d 64:
+# notes/kernels-notes.md), except the dq kernel at 8 warps (``_dq_launch``).
 
 
 @triton.jit
@@ -417,6 +419,12 @@ def _dkdv_final_kernel(
 _MATCH_MAX = 1 << 28
 
 
+def _dq_launch(bm: int, d: int) -> dict:
+    """Warps and register cap of the dq kernel: 8 warps are capped at 128 registers (2 programs per SM)."""
+    warps = _num_warps(bm, d)
+    return dict(num_warps=warps, **regs_cap(128 if warps == 8 else None))
+
+
 def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared, scale, sscale, bn, bs, prec, up):
     """dq (``_mita_bwd_dq_kernel``) -> (dq ``[BH, N, d]`` in q's dtype, delta ``[BH, N]`` float32 that the kernel
     writes for the dk, dv and shared kernels)."""
@@ -465,7 +473,9 @@ def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared,
         BS=bs,
         PREC=prec,
         UP=up,
-        num_warps=_num_warps(plan.bm, D),
+        # At 8 warps (d 128) the compiler's choice can sit just above 128 registers (Triton 3.6: 130 at the LRA
+        # Pathfinder / Image shape, 1 program per SM); at 128, 2 fit, without spilling (compile_check.py --point).
+        **_dq_launch(plan.bm, D),
     )
     if not direct:
         dq = dq.view(BH, N, S, D).sum(dim=2).to(q.dtype)
