@@ -184,23 +184,34 @@ def compile_launch(fn, args, kwargs, target):
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target, options=opts)
 
 
+def report(label: str, width: int, build, describe) -> bool:
+    """Compile one kernel (``build()``) and print its line: ``describe(compiled)`` after "ok", or why it failed.
+    Whether it compiled."""
+    try:
+        c = build()
+    except Exception as e:  # noqa: BLE001 (report every kernel, then fail)
+        print(f"{label:{width}s} FAILED: {str(e).strip().splitlines()[-1][:300]}", flush=True)
+        return False
+    print(f"{label:{width}s} ok  {describe(c)}", flush=True)
+    return True
+
+
 def compile_points(names: list[str], target) -> int:
     """Compile every distinct launch at the points; the number that failed."""
     failed = 0
     for point, fn, grid, args, kwargs in recorded_launches(names):
-        label = f"{point} {fn.__name__.strip('_')}"
-        try:
-            c = compile_launch(fn, args, kwargs, target)
+        cap = f" cap {kwargs['maxnreg']}" if kwargs.get("maxnreg") else ""
+
+        def describe(c, grid=grid, cap=cap):
             warps = c.metadata.num_warps
-            cap = f" cap {kwargs['maxnreg']}" if kwargs.get("maxnreg") else ""
-            print(
-                f"{label:40s} ok  grid {str(grid):16s} w{warps}{cap} shared {c.metadata.shared} B, "
-                f"{resources(c, warps)}",
-                flush=True,
-            )
-        except Exception as e:  # noqa: BLE001 (report every kernel, then fail)
-            failed += 1
-            print(f"{label:40s} FAILED: {str(e).strip().splitlines()[-1][:300]}", flush=True)
+            return f"grid {str(grid):16s} w{warps}{cap} shared {c.metadata.shared} B, {resources(c, warps)}"
+
+        failed += not report(
+            f"{point} {fn.__name__.strip('_')}",
+            40,
+            lambda f=fn, a=args, k=kwargs: compile_launch(f, a, k, target),
+            describe,
+        )
     return failed
 
 
@@ -393,24 +404,24 @@ def main() -> None:
             **{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty},
             **consts,
         }
-        try:
+        # warps: the number of warps, or a launch's options (num_warps, num_stages, maxnreg).
+        opts = dict(warps) if isinstance(warps, dict) else dict(num_warps=warps)
+        if args.maxnreg:
+            opts["maxnreg"] = args.maxnreg
+
+        def build(fn=fn, consts=consts, over=over, opts=opts):
             sig = _sig(fn, consts, over)
             src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=_aligned(fn, sig))
-            # warps: the number of warps, or a launch's options (num_warps, num_stages, maxnreg).
-            opts = dict(warps) if isinstance(warps, dict) else dict(num_warps=warps)
-            warps = opts["num_warps"]
-            if args.maxnreg:
-                opts["maxnreg"] = args.maxnreg
-            c = triton.compile(src, target=target, options=opts)
+            return triton.compile(src, target=target, options=opts)
+
+        def describe(c, warps=opts["num_warps"]):
             ptx = c.asm["ptx"]
-            print(
-                f"{name:28s} ok  shared {c.metadata.shared} B, cp.async {ptx.count('cp.async.')}, "
-                f"bar.sync {ptx.count('bar.sync')}, {resources(c, warps)}",
-                flush=True,
+            return (
+                f"shared {c.metadata.shared} B, cp.async {ptx.count('cp.async.')}, bar.sync {ptx.count('bar.sync')}, "
+                f"{resources(c, warps)}"
             )
-        except Exception as e:  # noqa: BLE001 (report every kernel, then fail)
-            failed += 1
-            print(f"{name:28s} FAILED: {str(e).strip().splitlines()[-1][:300]}", flush=True)
+
+        failed += not report(name, 28, build, describe)
     sys.exit(1 if failed else 0)
 
 
