@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from bench_op import shapes  # noqa: E402
-from common import capture_failure, environment, parse_timings, time_ms, wall_time, write_csv  # noqa: E402
+from common import environment, parse_timings, time_ms, time_stage, wall_time, write_csv  # noqa: E402
 
 from mita.registry import create_attention, list_attentions  # noqa: E402
 
@@ -176,12 +176,7 @@ def measure(
     row = {}
     for stage, fn in stage_fns(layer, x, grid):
         with torch.no_grad() if stage == "fwd" else torch.enable_grad():
-            try:
-                row[f"{stage}_ms"], row[f"{stage}_spread_ms"] = time_call(fn, device, warmup, reps, timing)
-            except RuntimeError as e:
-                if timing == "eager" or isinstance(e, torch.cuda.OutOfMemoryError):
-                    raise
-                row["error"] = capture_failure(e, "" if stage == "fwd" else "fwd+bwd")
+            if not time_stage(row, stage, timing, lambda fn=fn: time_call(fn, device, warmup, reps, timing)):
                 break
             if device == "cuda" and peak and timing == "eager":
                 from common import peak_memory_mib

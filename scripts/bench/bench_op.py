@@ -41,13 +41,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from common import (  # noqa: E402
-    capture_failure,
     correlated_tokens,
     environment,
     mita_correct,
     parse_timings,
     peak_memory_mib,
     time_ms,
+    time_stage,
     write_csv,
 )
 
@@ -169,14 +169,9 @@ def measure(f, ins, do, long_run: bool, timing: str = "eager", reps_long: int = 
     row = {}
     reps, warmup = (reps_long, 1) if long_run else (20, 3)
     for stage, fn in (("fwd", f), ("fwdbwd", fwd_bwd(f, do, ins))):
-        try:
-            with torch.no_grad() if stage == "fwd" else contextlib.nullcontext():
-                row[f"{stage}_ms"], row[f"{stage}_spread_ms"] = time_ms(fn, timing, warmup=warmup, reps=reps)
-        except RuntimeError as e:
-            if timing == "eager" or isinstance(e, torch.cuda.OutOfMemoryError):
-                raise
-            row["error"] = capture_failure(e, "" if stage == "fwd" else "fwd+bwd")
-            break
+        with torch.no_grad() if stage == "fwd" else contextlib.nullcontext():
+            if not time_stage(row, stage, timing, lambda fn=fn: time_ms(fn, timing, warmup=warmup, reps=reps)):
+                break
         with torch.no_grad() if stage == "fwd" else contextlib.nullcontext():
             row[f"{stage}_peak_mib"] = peak_memory_mib(fn)
     return row

@@ -137,6 +137,19 @@ def capture_failure(err: BaseException, stage: str = "") -> str:
     return f"capture failed: {stage + ': ' if stage else ''}{reason}"
 
 
+def time_stage(row: dict, stage: str, timing: str, timer: Callable[[], tuple[float, float]]) -> bool:
+    """``row[stage_ms], row[stage_spread_ms] = timer()``. In a CUDA-graph mode a failed capture (anything but running
+    out of memory) becomes ``row["error"]`` instead and False is returned: the caller times no later stage."""
+    try:
+        row[f"{stage}_ms"], row[f"{stage}_spread_ms"] = timer()
+    except RuntimeError as e:
+        if timing == "eager" or isinstance(e, torch.cuda.OutOfMemoryError):
+            raise
+        row["error"] = capture_failure(e, "" if stage == "fwd" else "fwd+bwd")
+        return False
+    return True
+
+
 def time_ms(
     fn: Callable[[], object], timing: str = "eager", warmup: int = 2, reps: int = 10, max_s: float = 20.0
 ) -> tuple[float, float]:
