@@ -420,7 +420,9 @@ _MATCH_MAX = 1 << 28
 
 
 def _dq_launch(bm: int, d: int) -> dict:
-    """Warps and register cap of the dq kernel: 8 warps are capped at 128 registers (2 programs per SM)."""
+    """Warps and register cap of the dq kernel: 8 warps (d 128) are capped at 128 registers, so 2 programs fit per SM
+    (Triton 3.6 chose 130 at the LRA Pathfinder / Image shape: 1 per SM; capped, no spill: compile_check.py
+    --point)."""
     warps = _num_warps(bm, d)
     return dict(num_warps=warps, **regs_cap(128 if warps == 8 else None))
 
@@ -473,8 +475,6 @@ def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared,
         BS=bs,
         PREC=prec,
         UP=up,
-        # At 8 warps (d 128) the compiler's choice can sit just above 128 registers (Triton 3.6: 130 at the LRA
-        # Pathfinder / Image shape, 1 program per SM); at 128, 2 fit, without spilling (compile_check.py --point).
         **_dq_launch(plan.bm, D),
     )
     if not direct:

@@ -1,20 +1,21 @@
 """Lower host cost per Triton launch: the compiled kernel of each specialisation is kept and launched directly.
 
-``kernel[grid](...)`` on a ``triton.jit`` function binds every argument, computes its specialisation key and
-looks the compiled binary up on each call: about 14 us of host time for a 3-argument kernel and 27 us for one
-with 24 arguments (triton 3.6 on the H200 host). MiTA's general path makes 6-8 launches per forward and 7 per
-backward, so at N <= 64K, where the GPU work is tens to a few hundred microseconds, the host is the bottleneck
-(``scripts/bench/profiler.py host`` measures it). ``fast(kernel)[grid](...)`` keys each call in one pass over its
-arguments (``_key_ptrs``: a tensor's dtype and 16-byte alignment, an int's value, one marker for all floats, which
-Triton does not specialise on; the keyword arguments, i.e. constexprs and launch options, as given), which is
-finer than what Triton specialises on, so a cached binary is always the one Triton would pick. On a hit it calls
-the cached ``CompiledKernel``'s launcher itself (``compiled.run``, the call ``compiled[grid](*args)`` makes, without
-its per-call closure, device and hook lookups) with every tensor passed as its device address, an int: Triton's C
-launcher then neither calls ``data_ptr()`` nor asks the driver about the pointer (``cuPointerGetAttribute``, one
-driver call per tensor argument and launch, 10-20 per MiTA launch). The first call of each key goes through
-``kernel[grid]`` as usual (compiling if needed, and checking every pointer), so results are the same binaries.
-At most ``MAX_KEYS`` keys are kept per kernel (calls of further keys take Triton's path). Only CUDA tensors reach
-a cached launch: a key records whether each tensor is on CUDA, and a key with a CPU tensor never compiles.
+``kernel[grid](...)`` on a ``triton.jit`` function binds every argument, computes its specialisation key and looks
+the compiled binary up on each call: about 14 us of host time for a 3-argument kernel and 27 us for one with 24
+arguments (triton 3.6 on the H200 host). MiTA's general path makes 6-8 launches per forward and 7 per backward, so
+at N <= 64K, where the GPU work is tens to a few hundred microseconds, the host is the bottleneck
+(``scripts/bench/profiler.py host`` measures it). ``fast(kernel)[grid](...)`` keys each call by its arguments
+(``_key_ptrs``, two list comprehensions: a tensor's dtype and 16-byte alignment, an int's value, one marker for all
+floats, which Triton does not specialise on; the keyword arguments, i.e. constexprs and launch options, as given),
+which is finer than what Triton specialises on, so a cached binary is always the one Triton would pick. On a hit it
+calls the cached ``CompiledKernel``'s launcher itself (``compiled.run``, the call ``compiled[grid](*args)`` makes,
+without its per-call closure, device and hook lookups) with every tensor passed as its device address, an int:
+Triton's C launcher then neither calls ``data_ptr()`` nor asks the driver about the pointer
+(``cuPointerGetAttribute``, one driver call per tensor argument and launch, 10-20 per MiTA launch). The first call
+of each key goes through ``kernel[grid]`` as usual (compiling if needed, and checking every pointer), so results are
+the same binaries. At most ``MAX_KEYS`` keys are kept per kernel (calls of further keys take Triton's path). Only
+CUDA tensors reach a cached launch: a key records whether each tensor is on CUDA, and a key with a CPU tensor never
+compiles.
 
 Not used under ``TRITON_INTERPRET=1`` (read once per process: :func:`interpreting`), while a Triton launch hook is
 installed (profilers), or after any error of the direct path (it then turns itself off for the process with a
