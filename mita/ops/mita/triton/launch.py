@@ -5,7 +5,7 @@ the compiled binary up on each call: about 14 us of host time for a 3-argument k
 arguments (triton 3.6 on the H200 host). MiTA's general path makes 6-8 launches per forward and 7 per backward, so
 at N <= 64K, where the GPU work is tens to a few hundred microseconds, the host is the bottleneck
 (``scripts/bench/profiler.py host`` measures it). ``fast(kernel)[grid](...)`` keys each call by its arguments
-(``_key_ptrs``, two list comprehensions: a tensor's dtype and 16-byte alignment, an int's value, one marker for all
+(``_key_ptrs``, one loop: a tensor's dtype and 16-byte alignment, an int's value, one marker for all
 floats, which Triton does not specialise on; the keyword arguments, i.e. constexprs and launch options, as given),
 which is finer than what Triton specialises on, so a cached binary is always the one Triton would pick. On a hit it
 calls the cached ``CompiledKernel``'s launcher itself (``compiled.run``, the call ``compiled[grid](*args)`` makes,
@@ -30,6 +30,7 @@ import warnings
 
 import torch
 
+_Tensor = torch.Tensor
 ENABLED = os.environ.get("MITA_FAST_LAUNCH", "1") not in ("0", "")
 # Keys kept per kernel: calls with arguments of ever new values (say, a new sequence length each call) stop adding
 # entries here and take Triton's own path.
@@ -78,16 +79,22 @@ def _key_ptrs(args) -> tuple[tuple, list]:
     """The cache key of a launch's positional arguments and the arguments as the direct launch passes them. Key: per
     tensor its dtype, whether it is 16-byte aligned and whether it is on CUDA, per int its value (finer than Triton's
     classes of 1 / multiples of 16 / 32-bit range, never coarser), per float one marker. Arguments: each tensor
-    replaced by its address (``data_ptr()``), everything else as given."""
-    T = torch.Tensor
-    ptrs = [a.data_ptr() if isinstance(a, T) else a for a in args]
-    key = tuple(
-        [
-            (a.dtype, not p & 15, a.is_cuda) if isinstance(a, T) else (a if a.__class__ is int else _other_key(a))
-            for a, p in zip(args, ptrs)
-        ]
-    )
-    return key, ptrs
+    replaced by its address (``data_ptr()``), everything else as given. One loop over the arguments, ints first
+    (most of them): about half the time of two list comprehensions."""
+    key, ptrs = [], []
+    add_key, add_ptr = key.append, ptrs.append
+    for a in args:
+        if a.__class__ is int:
+            add_key(a)
+            add_ptr(a)
+        elif isinstance(a, _Tensor):
+            p = a.data_ptr()
+            add_key((a.dtype, not p & 15, a.is_cuda))
+            add_ptr(p)
+        else:
+            add_key(_other_key(a))
+            add_ptr(a)
+    return tuple(key), ptrs
 
 
 @functools.cache
