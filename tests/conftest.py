@@ -47,22 +47,33 @@ def _release_gpu_memory(request):
         torch.cuda.empty_cache()
 
 
+def _poisoned(t: torch.Tensor) -> torch.Tensor:
+    # Floats: NaN. Integers: a value no kernel writes (not 0, not the -1 of "no key", negative: an index read from
+    # memory nobody wrote points outside every tensor). Bools stay as allocated.
+    if t.is_floating_point():
+        return t.fill_(float("nan"))
+    if t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
+        return t.fill_(-77 if t.dtype == torch.int8 else -123456789 if t.dtype != torch.int16 else -12345)
+    if t.dtype == torch.uint8:
+        return t.fill_(0xA5)
+    return t
+
+
 @pytest.fixture
 def poison(monkeypatch):
-    """Fill fresh float allocations (torch.empty, torch.empty_like) with NaN, so memory a kernel forgets to write
-    fails loudly."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
+    """Fill every fresh allocation of uninitialised memory (``torch.empty``, ``torch.empty_like``,
+    ``torch.empty_strided``, ``Tensor.new_empty``, ``Tensor.new_empty_strided``) with NaN (floats) or an integer no
+    kernel writes, so memory a kernel forgets to write fails loudly."""
 
-    def empty(*a, **kw):
-        t = real_empty(*a, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
+    def wrap(real, method=False):
+        if method:
+            return lambda self, *a, **kw: _poisoned(real(self, *a, **kw))
+        return lambda *a, **kw: _poisoned(real(*a, **kw))
 
-    def empty_like(*a, **kw):
-        t = real_empty_like(*a, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch, "empty_like", empty_like)
+    for name in ("empty", "empty_like", "empty_strided"):
+        monkeypatch.setattr(torch, name, wrap(getattr(torch, name)))
+    for name in ("new_empty", "new_empty_strided"):
+        monkeypatch.setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name), method=True))
 
 
 class _Launches(list):

@@ -1,0 +1,30 @@
+"""The shared fixtures of tests/conftest.py do what the kernel tests rely on."""
+
+from __future__ import annotations
+
+import torch
+
+
+def test_poison_covers_every_uninitialised_allocation(poison) -> None:
+    x = torch.zeros(2, 3)
+    floats = [
+        torch.empty(4),
+        torch.empty_like(x),
+        torch.empty_strided((2, 3), (1, 2)),
+        x.new_empty(5),
+        x.new_empty_strided((2, 3), (1, 2)),
+        x.new_empty(3, dtype=torch.bfloat16),
+    ]
+    for t in floats:
+        assert t.isnan().all(), t
+    ints = [
+        torch.empty(4, dtype=torch.int32),
+        x.new_empty(4, dtype=torch.int64),
+        torch.empty_like(x, dtype=torch.int8),
+        x.new_empty_strided((2, 2), (1, 2), dtype=torch.int32),
+    ]
+    for t in ints:
+        # Neither 0 nor the -1 some kernels write for "no key".
+        assert ((t != 0) & (t != -1)).all(), t
+    # Initialised allocations are left alone.
+    assert (torch.zeros(3) == 0).all() and (x.new_zeros(3) == 0).all() and (torch.full((2,), 7.0) == 7).all()
