@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+_REAL_EMPTY, _REAL_NEW_EMPTY = torch.empty, torch.Tensor.new_empty
 
 
 def test_poison_covers_every_uninitialised_allocation(poison) -> None:
@@ -28,3 +31,8 @@ def test_poison_covers_every_uninitialised_allocation(poison) -> None:
         assert ((t != 0) & (t != -1)).all(), t
     # Initialised allocations are left alone.
     assert (torch.zeros(3) == 0).all() and (x.new_zeros(3) == 0).all() and (torch.full((2,), 7.0) == 7).all()
+
+
+@pytest.mark.no_poison
+def test_no_poison_marker_leaves_allocations_alone(poison) -> None:
+    assert torch.empty is _REAL_EMPTY and torch.Tensor.new_empty is _REAL_NEW_EMPTY

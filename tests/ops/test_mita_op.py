@@ -10,6 +10,9 @@ from mita import mita_attention, mita_attention_pooled, naive_mita, pool_landmar
 from mita.ops.landmarks import adaptive_pool_matrix
 from mita.ops.mita.dense_ref import dense_mita
 
+# Every test here runs with poisoned allocations (tests/conftest.py: NaN floats, integers no kernel writes).
+pytestmark = pytest.mark.usefixtures("poison")
+
 # (B, H, N, d, m, topk): awkward sizes, k above N, one token, m = 1.
 SHAPES = [
     (2, 3, 63, 16, 9, 7),

@@ -1,6 +1,6 @@
 """Per-row top-k selection as an attention bias (mita/ops/row_topk.py): the Triton kernel (interpreted on the CPU,
 compiled on CUDA) against the stable-sort form, both against the definition by ranks, on awkward shapes, ties,
-padding (-inf), NaN and signed zeros, with NaN-poisoned output allocations."""
+padding (-inf), NaN and signed zeros, with poisoned allocations."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import torch
 
 from mita.ops import row_topk
 from mita.ops.row_topk import kernel_supported, row_topk_bias
+
+# Every test here runs with poisoned allocations (tests/conftest.py: NaN floats, integers no kernel writes).
+pytestmark = pytest.mark.usefixtures("poison")
 
 _CUDA = torch.cuda.is_available()
 INF = float("-inf")
@@ -41,7 +44,7 @@ def scores_with_ties(shape, dtype, seed=0, device="cpu"):
     [((1, 1), 1), ((3, 17), 5), ((2, 3, 37), 40), ((5, 64), 64), ((2, 300), 96), ((4, 1000), 1), ((3, 2000), 96)],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_kernel_equals_sort_and_definition(shape, k, dtype, poison):
+def test_kernel_equals_sort_and_definition(shape, k, dtype):
     s = scores_with_ties(shape, dtype, seed=shape[-1] + k)
     flat = s.view(-1, shape[-1])
     flat[0, shape[-1] // 2 :] = INF  # a padded row
@@ -120,7 +123,7 @@ def test_extreme_and_subnormal_scores(dtype, scale):
 
 @pytest.mark.parametrize("shape", [(3, 2, 5, 40), (2, 7, 300), (4, 33)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_key_padding_mask_equals_minus_inf_scores(shape, dtype, poison):
+def test_key_padding_mask_equals_minus_inf_scores(shape, dtype):
     """The padding mask ([B, M], one row of it per leading index) selects as -inf scores in its columns would, in
     the kernel and in the sort form (a strided view of the scores included)."""
     s = scores_with_ties(shape, dtype, seed=len(shape))

@@ -38,6 +38,9 @@ from mita.ops.mita.triton import topk as ttk  # noqa: E402
 from mita.ops.mita.triton import topk_scan as tks  # noqa: E402
 from mita.ops.mita.triton import topk_select as tsel  # noqa: E402
 
+# Every test here runs with poisoned allocations (tests/conftest.py: NaN floats, integers no kernel writes).
+pytestmark = pytest.mark.usefixtures("poison")
+
 if not _CUDA and type(afwd._mita_fwd_kernel).__name__ != "InterpretedFunction":
     # Imported earlier without the interpreter: reload the kernel modules, each after the ones it imports from.
     for _mod in (tc, tks, tlv, tsel, ttk, trt, afwd, tplan, abwd, ts, tsb, tp, tmop):
@@ -127,7 +130,7 @@ def path(request, monkeypatch):
 
 
 @pytest.mark.parametrize("B,H,N,d,m,topk,dtype,S,shared,pad_from", CPU_CASES)
-def test_matches_naive(poison, path, B, H, N, d, m, topk, dtype, S, shared, pad_from):
+def test_matches_naive(path, B, H, N, d, m, topk, dtype, S, shared, pad_from):
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
 
 
@@ -150,7 +153,7 @@ _LAZY_CASES = [
     ],
 )
 def test_general_lazy_softmax_matches_naive(
-    poison, monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from, growth
+    monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from, growth
 ):
     """SCAN_CONFIG lv_lazy 1 (the block-top pass unmasked, its landmark values rescaled lazily) with the fused
     forward's softmax, forward and backward; key norms growing 12x along N make later blocks raise the maxima, so
@@ -175,9 +178,7 @@ def test_general_lazy_softmax_matches_naive(
         (1, 2, 130, 64, 40, 9, torch.bfloat16, 2, True, None),  # S = 2: the shared slot mask
     ],
 )
-def test_fma_softmax_matches_naive(
-    poison, monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from
-):
+def test_fma_softmax_matches_naive(monkeypatch, triton_launches, B, H, N, d, m, topk, dtype, S, shared, pad_from):
     """The fused forward's softmax (the scale in the exponent's FMA, every block rescaled), forward and backward,
     with key norms growing along N (later blocks raise the maxima)."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
@@ -201,7 +202,7 @@ def test_forward_launch_settings(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype,S,pad_from", [(torch.float32, 1, None), (torch.bfloat16, 2, (300, 120))])
-def test_inference_plan_tile(poison, monkeypatch, dtype, S, pad_from):
+def test_inference_plan_tile(monkeypatch, dtype, S, pad_from):
     """FWD_CONFIG bm_infer: a forward no backward follows (grad mode off, or no input needing a gradient) builds its
     plan with bm_infer-row tiles; a forward that may be differentiated keeps bm_max's, and both match the
     reference."""
@@ -240,7 +241,7 @@ def test_inference_plan_tile(poison, monkeypatch, dtype, S, pad_from):
         (1, 1, 17, 32, 20, 3, torch.float32, 3, False, None),
     ],
 )
-def test_short_path_matches_naive(poison, B, H, N, d, m, topk, dtype, S, shared, pad_from):
+def test_short_path_matches_naive(B, H, N, d, m, topk, dtype, S, shared, pad_from):
     """The short-sequence kernels at DeiT-S's shape, with S = 2 and padding, an all-padding row, and m > N."""
     assert ts.small_supported(N, m, d)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from)
@@ -263,7 +264,7 @@ def test_short_path_last_block_size():
     assert [ts._tail(n, 64, "bwd") for n in (197, 150, 128)] == [0, 0, 0]
 
 
-def test_short_path_launch_settings(poison, monkeypatch):
+def test_short_path_launch_settings(monkeypatch):
     """short.CONFIG to launch keywords: block sizes capped at the padded length, ``tail`` left to ``_tail``, a
     ``maxnreg`` cap passed only when set (the interpreter takes and ignores it)."""
     assert ts._cfg("attn", 32)["BM"] == 32 and "tail" not in ts._cfg("attn", 256)
@@ -279,7 +280,7 @@ def test_short_path_launch_settings(poison, monkeypatch):
 @pytest.mark.parametrize(
     "N,m,topk,S,pad_from", [(197, 25, 25, 1, None), (150, 30, 20, 2, (150, 131)), (100, 9, 12, 1, (100, 40))]
 )
-def test_short_route_one_program_per_head(poison, monkeypatch, N, m, topk, S, pad_from):
+def test_short_route_one_program_per_head(monkeypatch, N, m, topk, S, pad_from):
     """The route kernel with 32 landmark rows per program (one program per head where m <= 32; what the speed
     survey times against 16) against naive_mita, forward and backward, with padding and S = 2."""
     monkeypatch.setitem(ts.CONFIG["route"], "BS", 32)
@@ -290,7 +291,7 @@ def test_short_route_one_program_per_head(poison, monkeypatch, N, m, topk, S, pa
 
 
 @pytest.mark.parametrize("N,m,topk,S,pad_from", [(197, 25, 25, 1, None), (150, 30, 20, 2, (150, 131))])
-def test_short_attention_128_query_rows(poison, monkeypatch, N, m, topk, S, pad_from):
+def test_short_attention_128_query_rows(monkeypatch, N, m, topk, S, pad_from):
     """The short attention kernel with 128-query blocks at 8 warps (two programs per head at N = 197, one form the
     speed survey times), against naive_mita."""
     monkeypatch.setitem(ts.CONFIG["attn"], "BM", 128)
@@ -300,7 +301,7 @@ def test_short_attention_128_query_rows(poison, monkeypatch, N, m, topk, S, pad_
 
 @pytest.mark.parametrize("bm,bn", [(32, 64), (32, 32)])
 @pytest.mark.parametrize("N,m,topk,S,pad_from", [(197, 25, 25, 1, None), (150, 30, 20, 2, (150, 131))])
-def test_short_backward_tiles(poison, monkeypatch, bm, bn, N, m, topk, S, pad_from):
+def test_short_backward_tiles(monkeypatch, bm, bn, N, m, topk, S, pad_from):
     """The short backward with 32-row query blocks (and 32-key blocks) at 8 warps, the forms the speed survey times
     against 64 x 64 at 4 warps (two programs per SM under a 128-register cap), against naive_mita."""
     monkeypatch.setitem(ts.CONFIG["bwd"], "BM", bm)
@@ -318,7 +319,7 @@ def test_short_backward_tiles(poison, monkeypatch, bm, bn, N, m, topk, S, pad_fr
         (1, 81, 6, 12, torch.float16, 1, True, None),  # 64 + 17: a 32-row last block
     ],
 )
-def test_short_path_last_block(poison, monkeypatch, tail, B, N, m, topk, dtype, S, shared, pad_from):
+def test_short_path_last_block(monkeypatch, tail, B, N, m, topk, dtype, S, shared, pad_from):
     """Both last-block forms of the short kernels (``tail``) against naive_mita, forward and backward."""
     monkeypatch.setitem(ts.CONFIG["attn"], "tail", tail)
     monkeypatch.setitem(ts.CONFIG["bwd"], "tail", tail)
@@ -326,7 +327,7 @@ def test_short_path_last_block(poison, monkeypatch, tail, B, N, m, topk, dtype, 
     _check(B, 2, N, 64, m, topk, dtype, S, shared, pad_from)
 
 
-def test_imbalanced_routing(poison, path):
+def test_imbalanced_routing(path):
     (q, k, v, r), _ = _inputs(1, 1, 96, 32, 6, torch.float32, imbalanced=True)
     route = torch.argmax(q.detach() @ r.detach().transpose(-1, -2), dim=-1)
     assert (route == 0).float().mean() > 0.8, "the test input is meant to send most queries to one expert"
@@ -353,7 +354,7 @@ def test_ties_go_to_lower_index():
     assert sorted(ref.tolist()[0]) == [0, 1, 2, 3, 4, 5]
 
 
-def test_duplicate_keys_tie_break_matches_naive(poison, path):
+def test_duplicate_keys_tie_break_matches_naive(path):
     (q, k, v, r), _ = _inputs(1, 1, 64, 32, 4, torch.float32, seed=5)
     with torch.no_grad():
         # Every key appears twice: top-k must take the lower copy of each tied pair, as naive_mita does.
@@ -390,7 +391,7 @@ def test_supports_and_dispatch():
     [(600, 1, None, torch.float32), (600, 2, (600, 450), torch.bfloat16), (520, 1, (300, 520), torch.float16),
      (100, 1, (60, 100), torch.float32)],
 )  # fmt: skip
-def test_strided_qkv_match_naive(poison, monkeypatch, N, S, pad_from, dtype):
+def test_strided_qkv_match_naive(monkeypatch, N, S, pad_from, dtype):
     """q, k, v as views of one [B, N, 3, H, d] projection: the kernels read them in place (no copy reaches mita_fwd
     and mita_bwd, or small_fwd and small_bwd at N = 100, the short path) and write the output in [B, N, H, d] order;
     forward and backward match naive_mita."""
@@ -433,7 +434,7 @@ GPU_SHAPES = [(63, 4, 8), (197, 25, 25), (1025, 49, 49), (4097, 32, 32), (65536,
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("N,m,topk,S,pad", [(197, 25, 25, 1, True), (4097, 32, 32, 2, True), (65536, 64, 64, 1, False)])
-def test_gpu_strided_matches_naive(poison, N, m, topk, S, pad):
+def test_gpu_strided_matches_naive(N, m, topk, S, pad):
     """The head split of one fused projection (q, k, v read in place, output in [B, N, H, d] order) at GPU sizes:
     the short path (N = 197), the long path with S = 2 and padding, and 64K; forward and backward."""
     _check(2, 3, N, 64, m, topk, torch.bfloat16, S, True, (N, N - 100) if pad else None, strided=True)
@@ -445,7 +446,7 @@ def test_gpu_strided_matches_naive(poison, N, m, topk, S, pad):
 @pytest.mark.parametrize(
     "N,m,topk,short", [(*s, short) for s in GPU_SHAPES for short in (True, False)[: 1 + (s[0] <= 256)]]
 )
-def test_gpu_matches_naive(poison, monkeypatch, N, m, topk, short, d):
+def test_gpu_matches_naive(monkeypatch, N, m, topk, short, d):
     monkeypatch.setattr(tmop, "SHORT_PATH", short)
     H = 2 if N <= 4097 else 1
     _check(1, H, N, d, m, topk, torch.bfloat16)
@@ -504,7 +505,7 @@ def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
     "N,m,topk,pad_from", [(4097, 64, 64, None), (65536, 128, 128, None), (4097, 64, 64, (4097, 3000))]
 )
 @pytest.mark.parametrize("growth", [1.0, 12.0])
-def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_from, growth):
+def test_gpu_lazy_softmax_matches_naive(monkeypatch, N, m, topk, pad_from, growth):
     """SCAN_CONFIG lv_lazy 1 with the fused forward's softmax on the GPU (unmasked and masked forms)."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", 1)
@@ -525,14 +526,14 @@ def test_gpu_lazy_softmax_matches_naive(poison, monkeypatch, N, m, topk, pad_fro
         (4097, 64, 32, torch.float32, 2, False, None, False),
     ],
 )
-def test_gpu_variants(poison, N, m, topk, dtype, S, shared, pad_from, imbalanced):
+def test_gpu_variants(N, m, topk, dtype, S, shared, pad_from, imbalanced):
     _check(2, 2, N, 64, m, topk, dtype, S, shared, pad_from, imbalanced)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("S,pad", [(1, False), (2, True)])
-def test_gpu_short_backward_modes(poison, monkeypatch, S, pad):
+def test_gpu_short_backward_modes(monkeypatch, S, pad):
     """The short-path backward kernel at DeiT-S's shape (bf16) against naive_mita, and bitwise repeatable."""
     monkeypatch.setattr(tmop, "SHORT_PATH", True)
     _, grads = _check(2, 6, 197, 64, 25, 25, torch.bfloat16, S, True, (197, 150) if pad else None)
@@ -554,7 +555,7 @@ def test_gpu_short_backward_modes(poison, monkeypatch, S, pad):
     ids=["tail0-uncapped", "tail1-capped", "route128-bwd168", "bwd32x32-168"],
 )
 @pytest.mark.parametrize("S,pad", [(1, False), (2, True)])
-def test_gpu_short_path_settings(poison, monkeypatch, settings, S, pad):
+def test_gpu_short_path_settings(monkeypatch, settings, S, pad):
     """The short kernels' launch settings that a benchmark chooses between (``short.CONFIG``: the last-block forms,
     register caps, the backward's tiles) at DeiT-S's shape (bf16) against naive_mita, forward and backward."""
     monkeypatch.setattr(tmop, "SHORT_PATH", True)
@@ -688,6 +689,7 @@ def _compute_ops(fn, launches) -> list[str]:
     return mode.ops
 
 
+@pytest.mark.no_poison
 def test_launch_count_small_shape(monkeypatch, triton_launches):
     """General path at small N (no padding, S = 1): five Triton launches (top-k, landmark values, routing, plan,
     attention); the backward seven (dq, routed dk / dv, shared expert, its merge, per-key dk / dv, the landmark
@@ -718,6 +720,7 @@ def test_launch_count_small_shape(monkeypatch, triton_launches):
     assert launches[2:] == ["_small_bwd_kernel"], launches
 
 
+@pytest.mark.no_poison
 def test_padding_mask_costs_few_pytorch_kernels(monkeypatch, triton_launches):
     """With a padding mask the general path turns it into the kernels' int8 form once per call (not, bool to int8
     cast, head broadcast; valid-key counts: sum, clamp) and the backward converts nothing."""
@@ -820,7 +823,7 @@ def _padding_masks(B, N, g):
     "B,H,N,d,m",
     [(4, 2, 150, 32, 8), (3, 1, 70, 16, 40), (2, 2, 1500, 16, 33), (4, 1, 64, 64, 64)],
 )
-def test_triton_pooling_1d_masked_matches_float64(poison, dtype, B, H, N, d, m):
+def test_triton_pooling_1d_masked_matches_float64(dtype, B, H, N, d, m):
     """1D landmarks over the valid tokens (padding anywhere, an all-padding row, more landmarks than valid tokens,
     rows longer than one count block): the Triton kernels against the PyTorch form in float64, forward and
     backward, within one ulp of x's dtype (float32: 1e-6 of the largest value), from a strided view (the head split

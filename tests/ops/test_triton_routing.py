@@ -35,6 +35,9 @@ from mita.ops.mita.triton import topk as ttk  # noqa: E402
 from mita.ops.mita.triton import topk_scan as tks  # noqa: E402
 from mita.ops.mita.triton import topk_select as tsel  # noqa: E402
 
+# Every test here runs with poisoned allocations (tests/conftest.py: NaN floats, integers no kernel writes).
+pytestmark = pytest.mark.usefixtures("poison")
+
 if not _CUDA and type(trt._route_kernel).__name__ != "InterpretedFunction":
     # Imported earlier without the interpreter: reload the kernel modules, each after the ones it imports from.
     for _mod in (tc, tks, tlv, tsel, ttk, trt, afwd, tplan, abwd, ts, tsb, tp, tmop):
@@ -610,7 +613,7 @@ def _lse_ref(r, k, valid, scale):
         (90, 7, 32, 9, torch.float32, True, 512),  # the on-chip top-k, then the separate landmark values
     ],
 )
-def test_exact_topk_with_landmark_values(poison, monkeypatch, N, M, d, topk, dtype, pad, small):
+def test_exact_topk_with_landmark_values(monkeypatch, N, M, d, topk, dtype, pad, small):
     """exact_topk(lv=...): the same selection as without it, and the landmark values and their LSE, from the
     block-top pass's scores (merged in the select kernel) or, on the on-chip path, from the separate split-key
     pass. Fully padded rows give zeros, -inf."""
@@ -640,7 +643,7 @@ def test_exact_topk_with_landmark_values(poison, monkeypatch, N, M, d, topk, dty
 
 
 @pytest.mark.parametrize("dtype,lazy", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 2)])
-def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launches, dtype, lazy):
+def test_exact_topk_even_lazy_landmark_values(monkeypatch, triton_launches, dtype, lazy):
     """The block-top pass without masks (EVEN: no padding) and lv_lazy (its landmark-value softmax rescaled only when
     a maximum grows by more than 2^8): the same selection as the masked pass (an all-true key mask), landmark values
     and LSE against float64. Key norms grow 12x along N, so later blocks of a chunk raise the maxima."""
@@ -665,7 +668,7 @@ def test_exact_topk_even_lazy_landmark_values(poison, monkeypatch, triton_launch
 
 
 @pytest.mark.parametrize("even,pad,emit_top", [(1, False, 3), (0, True, 2)])
-def test_exact_topk_block_tops_with_ties(poison, monkeypatch, triton_launches, even, pad, emit_top):
+def test_exact_topk_block_tops_with_ties(monkeypatch, triton_launches, even, pad, emit_top):
     """Block tops as a maximum, then the first key equal to it (with EVEN and lv_lazy the landmark values reuse
     those maxima): the reference's selection. Keys on a coarse grid make many scores tie (also inside a block), and
     some blocks hold several of a row's top keys; padding takes the masked pass."""
@@ -886,7 +889,7 @@ def test_gpu_landmark_values(N, M):
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("lazy", [None, 1])
 @pytest.mark.parametrize("N,M", [(65536, 128), (1 << 20, 512)])
-def test_gpu_exact_topk_with_landmark_values(poison, monkeypatch, lazy, N, M):
+def test_gpu_exact_topk_with_landmark_values(monkeypatch, lazy, N, M):
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", lazy)
     # Integer landmarks and keys: float32 scores are exact, so the selection can be compared with float64's.
     r = _ints((2, M, 64), -2, 3, N, torch.bfloat16)
