@@ -97,7 +97,8 @@ def _check(
     ref_grads = torch.autograd.grad(ref, (q, k, v, r), do, allow_unused=True)
     tol = TOL[dtype]
     sel = valid[:, None, :, None].expand_as(out)
-    assert torch.isfinite(out[sel]).all()
+    # Padded query rows may hold any finite value (the operator's contract), but finite: written.
+    assert torch.isfinite(out).all()
     err = _rel(out[sel], ref[sel])
     assert err < tol, f"output rel err {err:.2e} >= {tol:.0e}"
     for name, a, b in zip("q k v landmarks".split(), grads, ref_grads):
