@@ -107,6 +107,9 @@ def _check(
             assert a is None or torch.all(a == 0), name
             continue
         assert torch.isfinite(a).all(), name
+        if name in ("k", "v") and mask is not None:
+            # Padded keys enter no logit and no value: their gradients are exactly zero.
+            assert (a.transpose(1, 2)[mask] == 0).all(), f"d{name} of padded keys"
         e = _rel(a, b)
         assert e < 2 * tol, f"d{name} rel err {e:.2e} >= {2 * tol:.0e}"
     return out, grads
