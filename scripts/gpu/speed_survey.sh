@@ -19,7 +19,9 @@
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
 #          before the kernel package's restructuring, 3b24a53, whose bench_op takes --graph --queued) and on this
 #          tree, each alone, twice in turn. About 6 min.
-# Each step's output goes to OUT as it finishes, so a call cut at its limit still returns what ran.
+# Each step's output goes to OUT as it finishes, so a call cut at its limit still returns what ran. OUT/environment.txt
+# holds the host's state at the start and the end (load, other GPU processes, a Python speed index): timings taken
+# beside other work are not comparable.
 #
 #   MITA_COMMIT=$(git rev-parse --short HEAD) PARTS=short BEFORE=.before-fab28ce bash scripts/gpu/speed_survey.sh OUT
 #
@@ -43,10 +45,18 @@ step() {  # step NAME LIMIT_S COMMAND...: run one part, its log in OUT/NAME.log,
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "   exit $?, $(($(date +%s) - t0)) s"
 }
+host_state() {  # whether the machine is shared and how fast its host runs Python, beside every part's timings
+  echo "== host state, $(date -u +%FT%TZ)"
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), cpus: $(nproc)"
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | sed 's/^/gpu process: /'
+  python3 -c "import timeit; n = 200000; t = min(timeit.repeat('d[k] = k + 1', 'd = {}; k = 7', number=n, repeat=5)); \
+print(f'python dict store: {t / n * 1e9:.1f} ns (this CPU-speed index compares hosts)')"
+}
 {
   echo "commit $commit, $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  host_state
 } >"$out/environment.txt" 2>&1
 want() { [[ $parts == *",$1,"* ]]; }
 before_after() {  # before_after PREFIX TREE LIMIT_S COMMAND: COMMAND (its output folder in $dir) in TREE, then here,
@@ -159,6 +169,7 @@ else
   done
 fi
 fi
+host_state >>"$out/environment.txt" 2>&1
 tail -n 25 "$out/short_tail.log" "$out/op_bench.log" 2>/dev/null
 tail -n 6 "$out/lra_time.log" "$out/lra_time_pathfinder.log" "$out"/lra_time_graph*.log "$out"/lra_time_sdpa_*.log \
   2>/dev/null
