@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import datetime
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -15,7 +16,9 @@ import torch
 
 
 def environment() -> dict[str, str]:
-    """GPU, driver, torch, triton, python versions and the date: stamped on every CSV row."""
+    """GPU, driver, torch, triton, python versions, the date and whether the machine was shared (``load_1m``: the
+    host's one-minute load average; ``gpu_other_procs``: compute processes on the GPUs besides this one, "unknown"
+    without nvidia-smi): stamped on every CSV row. Timings taken beside other work are not comparable."""
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "python": platform.python_version(),
@@ -35,7 +38,23 @@ def environment() -> dict[str, str]:
         env["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
     except (OSError, IndexError):
         env["driver"] = "unknown"
+    env["load_1m"] = f"{os.getloadavg()[0]:.2f}"
+    env["gpu_other_procs"] = _other_gpu_processes()
     return env
+
+
+def _other_gpu_processes() -> str:
+    """How many compute processes other than this one nvidia-smi lists, as text ("unknown" without it)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True
+        )
+    except OSError:
+        return "unknown"
+    if out.returncode != 0:
+        return "unknown"
+    pids = {line.strip() for line in out.stdout.splitlines() if line.strip()}
+    return str(len(pids - {str(os.getpid())}))
 
 
 def wall_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: float = 20.0) -> tuple[float, float]:
