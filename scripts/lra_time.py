@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every experiment")
     args = parser.parse_args(argv)
     from tasks.common.experiments import list_experiments
+    from tasks.common.records import machine_load
 
     experiments = list(args.experiments)
     for table in args.table or []:
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row = time_experiment(
             exp, args.steps, args.warmup, args.device, args.overrides, args.valid_fraction, mode=args.mode
         )
-        row.update({"hardware": hw, "torch": torch.__version__, "date": stamp, "kind": "estimate"})
+        row.update({"hardware": hw, "torch": torch.__version__, "date": stamp, "kind": "estimate", **machine_load()})
         rows.append(row)
         print(
             f"{exp:32s} batch {row['batch']:4d} N {row['length']:6d}  {row['step_s'] * 1000:9.2f} ms/step x "

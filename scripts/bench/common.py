@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import datetime
 import math
-import os
 import platform
 import statistics
 import subprocess
@@ -16,9 +15,8 @@ import torch
 
 
 def environment() -> dict[str, str]:
-    """GPU, driver, torch, triton, python versions, the date and whether the machine was shared (``load_1m``: the
-    host's one-minute load average; ``gpu_other_procs``: compute processes on the GPUs besides this one, "unknown"
-    without nvidia-smi): stamped on every CSV row. Timings taken beside other work are not comparable."""
+    """GPU, driver, torch, triton, python versions, the date and whether the machine was shared (``load_1m``,
+    ``gpu_other_procs``: ``tasks.common.records.machine_load``): stamped on every CSV row."""
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "python": platform.python_version(),
@@ -38,23 +36,10 @@ def environment() -> dict[str, str]:
         env["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
     except (OSError, IndexError):
         env["driver"] = "unknown"
-    env["load_1m"] = f"{os.getloadavg()[0]:.2f}"
-    env["gpu_other_procs"] = _other_gpu_processes()
+    from tasks.common.records import machine_load  # (imported here: the scripts put the repository on sys.path)
+
+    env.update(machine_load())
     return env
-
-
-def _other_gpu_processes() -> str:
-    """How many compute processes other than this one nvidia-smi lists, as text ("unknown" without it)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    if out.returncode != 0:
-        return "unknown"
-    pids = {line.strip() for line in out.stdout.splitlines() if line.strip()}
-    return str(len(pids - {str(os.getpid())}))
 
 
 def wall_time(fn: Callable[[], object], warmup: int = 2, reps: int = 10, max_s: float = 20.0) -> tuple[float, float]:

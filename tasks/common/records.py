@@ -64,6 +64,21 @@ def concurrency() -> dict[str, Any] | None:
     return {"processes": int(processes), "group": os.environ.get(GROUP_ENV, "")}
 
 
+def machine_load() -> dict[str, str]:
+    """Whether this machine was shared while something was timed: ``load_1m``, the host's one-minute load average,
+    and ``gpu_other_procs``, how many compute processes other than this one nvidia-smi lists ("unknown" without
+    it). Timings taken beside other work are not comparable."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        pids = {line.strip() for line in out.stdout.splitlines() if line.strip()} if out.returncode == 0 else None
+    except OSError:
+        pids = None
+    others = "unknown" if pids is None else str(len(pids - {str(os.getpid())}))
+    return {"load_1m": f"{os.getloadavg()[0]:.2f}", "gpu_other_procs": others}
+
+
 def hardware() -> dict[str, Any]:
     """CPU, core count and GPUs of this machine."""
     cpu = platform.processor() or platform.machine()

@@ -29,6 +29,7 @@ def test_estimates_full_and_mita_side_by_side(lra_time, tmp_path):
     assert [r["experiment"] for r in rows] == ["lra/listops-full", "lra/listops-mita", "arxiv/16k-mita"]
     for r in rows:
         assert (r["batch"], r["length"]) == (2, 256) and r["step_s"] > 0 and r["kind"] == "estimate"
+        assert float(r["load_1m"]) >= 0 and r["gpu_other_procs"]  # whether the machine was shared
         assert r["estimate_h"] == pytest.approx(r["step_s"] * r["max_steps"] / 3600, rel=1e-3, abs=1e-4)
     assert rows[0]["max_steps"] == 5000
     with open(out) as f:

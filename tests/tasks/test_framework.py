@@ -274,3 +274,16 @@ def test_missing_data_root_is_a_one_line_config_error(tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data.root" in err[0] and "does not exist" in err[0]
+
+
+def test_machine_load_counts_other_gpu_processes(monkeypatch, tmp_path):
+    from tasks.common.records import machine_load
+
+    assert float(machine_load()["load_1m"]) >= 0
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    assert machine_load()["gpu_other_procs"] == "unknown"
+    # A fake nvidia-smi listing this process and two others: two.
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\nprintf '{os.getpid()}\\n4242\\n4343\\n'\n")
+    fake.chmod(0o755)
+    assert machine_load()["gpu_other_procs"] == "2"
