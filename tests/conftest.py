@@ -47,16 +47,22 @@ def _release_gpu_memory(request):
         torch.cuda.empty_cache()
 
 
+# Integers: a value no kernel writes (not 0, not the -1 of "no key"; negative where signed: an index read from memory
+# nobody wrote points outside every tensor). Bools stay as allocated.
+_INT_POISON = {
+    torch.int8: -77,
+    torch.int16: -12345,
+    torch.int32: -123456789,
+    torch.int64: -123456789,
+    torch.uint8: 0xA5,
+}
+
+
 def _poisoned(t: torch.Tensor) -> torch.Tensor:
-    # Floats: NaN. Integers: a value no kernel writes (not 0, not the -1 of "no key", negative: an index read from
-    # memory nobody wrote points outside every tensor). Bools stay as allocated.
     if t.is_floating_point():
         return t.fill_(float("nan"))
-    if t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
-        return t.fill_(-77 if t.dtype == torch.int8 else -123456789 if t.dtype != torch.int16 else -12345)
-    if t.dtype == torch.uint8:
-        return t.fill_(0xA5)
-    return t
+    value = _INT_POISON.get(t.dtype)
+    return t if value is None else t.fill_(value)
 
 
 @pytest.fixture

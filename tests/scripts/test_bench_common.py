@@ -168,4 +168,4 @@ def test_speed_table_puts_newest_eager_beside_newest_graph(report, tmp_path):
 
 def test_environment_says_whether_the_machine_was_shared(common):
     env = common.environment()
-    assert float(env["load_1m"]) >= 0 and env["gpu_other_procs"] in ("unknown", *map(str, range(1000)))
+    assert float(env["load_1m"]) >= 0 and (env["gpu_other_procs"] == "unknown" or env["gpu_other_procs"].isdigit())

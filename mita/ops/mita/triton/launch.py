@@ -5,9 +5,9 @@ the compiled binary up on each call: about 14 us of host time for a 3-argument k
 arguments (triton 3.6 on the H200 host). MiTA's general path makes 6-8 launches per forward and 7 per backward, so
 at N <= 64K, where the GPU work is tens to a few hundred microseconds, the host is the bottleneck
 (``scripts/bench/profiler.py host`` measures it). ``fast(kernel)[grid](...)`` keys each call by its arguments
-(``_key_ptrs``, one loop: a tensor's dtype and 16-byte alignment, an int's value, one marker for all
-floats, which Triton does not specialise on; the keyword arguments, i.e. constexprs and launch options, as given),
-which is finer than what Triton specialises on, so a cached binary is always the one Triton would pick. On a hit it
+(``_key_ptrs``, one loop: a tensor's dtype and 16-byte alignment, an int's value, one marker for all floats, which
+Triton does not specialise on; the keyword arguments, i.e. constexprs and launch options, as given), which is
+finer than what Triton specialises on, so a cached binary is always the one Triton would pick. On a hit it
 calls the cached ``CompiledKernel``'s launcher itself (``compiled.run``, the call ``compiled[grid](*args)`` makes,
 without its per-call closure, device and hook lookups) with every tensor passed as its device address, an int:
 Triton's C launcher then neither calls ``data_ptr()`` nor asks the driver about the pointer
