@@ -34,6 +34,7 @@ from mita.ops.mita.triton import short_bwd as tsb  # noqa: E402
 from mita.ops.mita.triton import topk as ttk  # noqa: E402
 from mita.ops.mita.triton import topk_scan as tks  # noqa: E402
 from mita.ops.mita.triton import topk_select as tsel  # noqa: E402
+from mita.ops.mita.triton.launch import interpreting  # noqa: E402
 
 # Every test here runs with poisoned allocations (tests/conftest.py: NaN floats, integers no kernel writes).
 pytestmark = pytest.mark.usefixtures("poison")
@@ -277,6 +278,32 @@ def test_exact_topk_select_eb_out_of_range(monkeypatch):
     monkeypatch.setitem(ttk.SCAN_CONFIG, "select_eb", 24)
     with pytest.raises(ValueError, match="select_eb"):
         ttk.exact_topk(r, k, None, 8, small_max_n=0)
+
+
+def test_exact_topk_settings_follow_the_config(monkeypatch):
+    """The long-row settings are computed once per shape and configuration: the same call reuses them, and a changed
+    SCAN_CONFIG entry or module constant that _scan_plan reads gives new ones (an invalid one raises on every call)."""
+    r, k = _float_inputs(1, 4, 600, 32, 3)
+    ttk._settings.cache_clear()
+    ttk.exact_topk(r, k, None, 8, small_max_n=0)
+    ttk.exact_topk(r, k, None, 8, small_max_n=0)
+    info = ttk._settings.cache_info()
+    assert (info.hits, info.misses) == (1, 1)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "num_warps", 2)
+    monkeypatch.setattr(ttk, "_SCAN_PROGRAMS", 4)
+    got = ttk.exact_topk(r, k, None, 8, small_max_n=0)
+    assert ttk._settings.cache_info().misses == 2
+    assert torch.equal(got, ttk.exact_topk(r, k, None, 8))
+    # The entry that call made (a hit: same key), 4 programs for one landmark tile: 4 key chunks instead of 10.
+    config = (*ttk.SCAN_CONFIG.items(), ttk._START_ENTRIES, ttk._SCAN_PROGRAMS)
+    st = ttk._settings(1, 4, 600, 32, 8, None, False, False, r.dtype, r.device.index, interpreting(), config)
+    assert ttk._settings.cache_info().misses == 2
+    assert st.scan_kw["num_warps"] == st.select_kw["num_warps"] == st.fb_kw["num_warps"] == 2
+    assert (st.plan.G, st.plan.NB) == (4, 10)
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "start_steps", 40)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="start_steps"):
+            ttk.exact_topk(r, k, None, 8, small_max_n=0)
 
 
 @pytest.mark.parametrize(

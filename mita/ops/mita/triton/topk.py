@@ -21,6 +21,7 @@ The kernels are in ``topk_scan.py`` (passes that score keys) and ``topk_select.p
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -308,30 +309,30 @@ def exact_topk(
     N = k.shape[-2]
     lay = heads_layout(k) if lv is None else heads_layout(k, lv[0])
     kv = key_valid.to(torch.int8).contiguous() if key_valid is not None else r
-    prec, up = _prec(r.dtype), _upcast(r.dtype)
     # Without padding every row keeps topk keys: no count tensor (the kernels take topk).
     kk = _valid_counts(key_valid, topk) if key_valid is not None else r
     NP = max(16, _next_pow2(N))
     if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
-        idx = _topk_small(r, k, kv, kk, key_valid, topk, lay, NP, prec, up)
+        idx = _topk_small(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype))
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
-    p = _scan_plan(BH, M, N, D, topk, cap, key_valid is not None, lv is not None)
-    common = dict(HAS_KV=key_valid is not None, D=D, BS=p.bs, BN=p.bn, PREC=prec, UP=up, EXACT=interpreting(), P=_P)
+    st = _settings(
+        BH, M, N, D, topk, cap, key_valid is not None, lv is not None, r.dtype, r.device.index, interpreting(),
+        (*SCAN_CONFIG.items(), _START_ENTRIES, _SCAN_PROGRAMS),
+    )  # fmt: skip
+    p = st.plan
     b = _scan_buffers(p, r, topk, lv)
 
     def run(name, fn):
         return fn() if timer is None else timer(name, fn)
 
-    def block_tops():
-        fast(_topk_scan_kernel)[(p.n_s, p.G, BH)](
+    run(
+        "block maxima" if not p.lvf else "block maxima + landmark values",
+        lambda: fast(_topk_scan_kernel)[(p.n_s, p.G, BH)](
             r, k, kv, kk, b.lo, b.hi, b.done, b.cmax, b.arg, b.cnt, b.off, b.cand, b.vv, b.pm, b.pl, b.pacc, b.lv_scale,
             N, M, p.CH, p.G, p.NB, p.cap, topk, *lay, p.rows, 0,
-            MODE=0, SKIP=False, TOPT=p.planes, BG=p.bg, E3=p.e3, LVF=p.lvf, EVEN=p.even,
-            LAZY=int(p.lv_lazy) if p.lvf else 0, **common,
-            num_warps=SCAN_CONFIG["num_warps"],
-        )  # fmt: skip
-
-    run("block maxima" if not p.lvf else "block maxima + landmark values", block_tops)
+            **st.scan_kw,
+        ),
+    )  # fmt: skip
     if after_scan is not None:
         after_scan()
     if p.lvf:
@@ -339,50 +340,78 @@ def exact_topk(
         lse = torch.empty(BH, M, device=r.device, dtype=torch.float32)
     else:
         vt = lse = r
-    _select(p, b, r, k, kv, kk, vt, lse, topk, lay, common, run)
+    # Start threshold, count + emit and top-k of the candidate lists: one per-row kernel (the rows whose candidates
+    # overflow the list are left to the fallback).
+    run(
+        "start + count + emit + top-k (per row)" + (" + landmark values merge" if p.lvf else ""),
+        lambda: fast(_topk_select_kernel)[(p.rows,)](
+            r, k, kv, b.cmax, b.arg, kk, b.lo, b.hi, b.off, b.cnt, b.cand, b.idx, b.pm, b.pl, b.pacc, vt, lse, N,
+            M, p.NB * p.topt, p.NB, p.cap, topk, *lay, p.rows, p.G,
+            **st.select_kw,
+        ),
+    )  # fmt: skip
     if stats is not None:
         stats["cap"] = p.cap
         stats["counts"] = b.off[: p.rows].clone()
         stats["overflow_rows"] = (b.off[: p.rows] > p.cap).sum()
-    _fallback(p, b, r, k, kv, kk, topk, lay, common, run)
+    _fallback(p, st, b, r, k, kv, kk, topk, lay, run)
     if lv is None:
         return b.idx
     return b.idx, vt, lse
 
 
-def _select(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, vt, lse, topk: int, lay, common: dict, run) -> None:
-    """Start threshold, count + emit and top-k of the candidate lists: one per-row kernel (``_topk_select_kernel``;
-    the rows whose candidates overflow the list are left to ``_fallback``)."""
-    M, N = r.shape[1], k.shape[-2]
+class _Settings(NamedTuple):
+    """Everything the long-row path's launches take that depends on the shapes and SCAN_CONFIG alone
+    (``_settings``)."""
+
+    plan: _ScanPlan
+    scan_kw: dict  # the block-top pass's constexprs and launch options
+    select_kw: dict  # the select kernel's
+    fb_kw: dict  # the fallback kernel's
+    fb_key: tuple  # (device index, the fallback's constexprs): _FB_RESIDENT's key
+
+
+@functools.lru_cache(maxsize=256)
+def _settings(
+    BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_kv: bool, lvf: bool, dtype: torch.dtype,
+    dev_index: int | None, exact: bool, config: tuple,
+) -> _Settings:  # fmt: skip
+    """The long-row path's settings for one shape, computed once per shape and ``config`` (what :func:`_scan_plan`
+    reads besides the shapes: the items of SCAN_CONFIG, _START_ENTRIES and _SCAN_PROGRAMS, so that a changed setting
+    is a new entry). Raises on invalid settings (nothing cached)."""
+    del config  # (part of the cache key only)
+    p = _scan_plan(BH, M, N, D, topk, cap, has_kv, lvf)
+    warps = SCAN_CONFIG["num_warps"]
+    common = dict(HAS_KV=has_kv, D=D, BS=p.bs, BN=p.bn, PREC=_prec(dtype), UP=_upcast(dtype), EXACT=exact, P=_P)
+    scan_kw = dict(
+        MODE=0, SKIP=False, TOPT=p.planes, BG=p.bg, E3=p.e3, LVF=p.lvf, EVEN=p.even,
+        LAZY=int(p.lv_lazy) if p.lvf else 0, **common, num_warps=warps,
+    )  # fmt: skip
     # Groups of f block entries keep the start's maxima in registers (<= _START_ENTRIES per row).
     f = _next_pow2(_cdiv(p.NB * p.topt, _START_ENTRIES))
     gp = _next_pow2(_cdiv(p.NB * p.topt, f))
     eb = SCAN_CONFIG["select_eb"] or max(16, min(1024, _next_pow2(p.NB)))
     if eb & (eb - 1) or eb < 16:
         raise ValueError(f"SCAN_CONFIG['select_eb'] must be a power of 2 >= 16 or None, got {eb}")
-    run(
-        "start + count + emit + top-k (per row)" + (" + landmark values merge" if p.lvf else ""),
-        lambda: fast(_topk_select_kernel)[(p.rows,)](
-            r, k, kv, b.cmax, b.arg, kk, b.lo, b.hi, b.off, b.cnt, b.cand, b.idx, b.pm, b.pl, b.pacc, vt, lse, N,
-            M, p.NB * p.topt, p.NB, p.cap, topk, *lay, p.rows, p.G,
-            F=f, GP=gp, ONE_PLANE=p.topt == 1, STEPS=p.steps, NARROW=bool(SCAN_CONFIG["start_narrow"]), E3=p.e3,
-            EB=eb, FNARROW=_final_narrow(p.cap), MERGE=p.lvf, BC=min(64, _next_pow2(p.G)), CP=p.cap, **common,
-            num_warps=SCAN_CONFIG["num_warps"],
-        ),
+    select_kw = dict(
+        F=f, GP=gp, ONE_PLANE=p.topt == 1, STEPS=p.steps, NARROW=bool(SCAN_CONFIG["start_narrow"]), E3=p.e3,
+        EB=eb, FNARROW=_final_narrow(p.cap), MERGE=p.lvf, BC=min(64, _next_pow2(p.G)), CP=p.cap, **common,
+        num_warps=warps,
     )  # fmt: skip
+    fb_kw = dict(
+        **common, RB=min(4096, _next_pow2(p.rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FNARROW=_final_narrow(p.cap),
+        CP=p.cap, num_warps=warps,
+    )  # fmt: skip
+    return _Settings(p, scan_kw, select_kw, fb_kw, (dev_index, tuple(sorted(fb_kw.items()))))
 
 
-def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, topk: int, lay, common: dict, run) -> None:
+def _fallback(p: _ScanPlan, st: _Settings, b: _ScanBuffers, r, k, kv, kk, topk: int, lay, run) -> None:
     """The rows with more candidates than the list holds: refinement passes, recount, ordered emit and top-k in one
     launch of persistent programs (which returns at once when no row needs it)."""
     BH, M = r.shape[0], r.shape[1]
     N = k.shape[-2]
     dev = r.device
-    fb_kw = dict(
-        **common, RB=min(4096, _next_pow2(p.rows)), SPIN=int(SCAN_CONFIG["fb_spin"]), FNARROW=_final_narrow(p.cap),
-        CP=p.cap, num_warps=SCAN_CONFIG["num_warps"],
-    )  # fmt: skip
-    okey = (dev.index, tuple(sorted(fb_kw.items())))
+    okey = st.fb_key
     if interpreting():
         nprog = 1
     else:
@@ -396,10 +425,10 @@ def _fallback(p: _ScanPlan, b: _ScanBuffers, r, k, kv, kk, topk: int, lay, commo
         compiled = fast(_topk_fallback_kernel)[(nprog,)](
             r, k, kv, kk, b.lo, b.hi, b.done, b.cnt, b.off, b.cand, b.idx, N, M, p.CH, p.G, p.NB, p.cap, topk, *lay,
             p.rows, p.n_s, BH, nprog,
-            **fb_kw,
+            **st.fb_kw,
         )  # fmt: skip
         if not interpreting() and okey not in _FB_RESIDENT and compiled is not None:
-            _FB_RESIDENT[okey] = _resident_per_sm(compiled, fb_kw["num_warps"], dev)
+            _FB_RESIDENT[okey] = _resident_per_sm(compiled, st.fb_kw["num_warps"], dev)
 
     run("fallback rows (refinement, recount, ordered emit, top-k; persistent)", fallback)
 
