@@ -306,6 +306,30 @@ def test_exact_topk_settings_follow_the_config(monkeypatch):
             ttk.exact_topk(r, k, None, 8, small_max_n=0)
 
 
+def test_exact_topk_block_top_rows_of_few_blocks(monkeypatch):
+    """Rows of fewer key blocks than topk (N 1024, topk 64: 16 blocks of 64, as the LRA image and Pathfinder shapes):
+    with 2 tops per block the start threshold is the smallest of 32 entries, every key reaches it and every row
+    overflows its candidate list; the default takes 8 per block (2 topk entries) and no row overflows on tokens of a
+    few distinct values (a small vocabulary plus position noise, as LRA inputs). Same indices either way."""
+    assert (ttk._block_top(16, 64, 64), ttk._block_top(32, 64, 64), ttk._block_top(63, 128, 64)) == (8, 4, 8)
+    assert (ttk._block_top(256, 64, 64), ttk._block_top(16384, 512, 64), ttk._block_top(4, 512, 64)) == (2, 1, 64)
+    g = torch.Generator().manual_seed(7)
+    BH, M, N, d, topk = 1, 8, 1024, 32, 64
+    vocab = torch.randn(12, d, generator=g)
+    k = vocab[torch.randint(0, 12, (BH, N), generator=g)] + 0.05 * torch.randn(BH, N, d, generator=g)
+    r = k[:, torch.randint(0, N, (M,), generator=g)] + 0.3 * torch.randn(BH, M, d, generator=g)
+    r, k = r.to(DEV, torch.bfloat16), k.to(DEV, torch.bfloat16)
+    got, over = {}, {}
+    for bt in (2, None):
+        monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", bt)
+        st: dict = {}
+        got[bt] = ttk.exact_topk(r, k, None, topk, stats=st)
+        over[bt] = int(st["overflow_rows"])
+    assert over == {2: M, None: 0}
+    assert torch.equal(got[2], got[None])
+    assert _same_sets(got[None], _ref_topk(r, k, None, topk))
+
+
 @pytest.mark.parametrize(
     "key,bad",
     [

@@ -41,12 +41,13 @@ _SCAN_PROGRAMS = 2048
 # 128: where a block's maximum sits is kept as an int8); bs: landmarks per tile
 # (None: 64 for d <= 64, else 32); num_warps: warps of the passes that score keys (one setting for all: the passes
 # that score keys again must reproduce the block-top pass's scores to the bit). block_top t > 1: the block-top pass
-# keeps the t largest scores of each key block and the start threshold is the kk-th largest of all of them (None: 2
-# when the start takes every entry itself, N / bn * 2 <= _START_ENTRIES, else 1). emit_top 3: the block-top pass
-# also keeps each block's third largest score and where its second sits, so the select kernel's emission scores
-# again only blocks with three or more candidates; 2: with two or more (None: _emit_top). lv_div: with the landmark
-# values (exact_topk(lv=...), computed by the block-top pass from its scores and merged by the select kernel), key
-# chunks number at most N / (lv_div * m), so the float32 partials take at most 2 / lv_div of k's memory. The final
+# keeps the t largest scores of each key block and the start threshold is the kk-th largest of all of them (None:
+# _block_top, at least 2 and at least 2 topk entries in all where the start takes every entry itself, else 1).
+# emit_top 3: the block-top pass also keeps each block's third largest score and where its second sits, so the select
+# kernel's emission scores again only blocks with three or more candidates; 2: with two or more (None: _emit_top).
+# lv_div: with the landmark values (exact_topk(lv=...), computed by the block-top pass from its scores and merged by
+# the select kernel), key chunks number at most N / (lv_div * m), so the float32 partials take at most 2 / lv_div of
+# k's memory. The final
 # selection orders the chosen indices by one tl.sort. lv_lazy: the landmark values' softmax, 1 _softmax_lazy,
 # 2 _softmax_fma (None: 2 up to 256K keys, else 1). start_steps: bisection steps of the start threshold (32: the
 # exact kk-th largest block top; fewer: a looser lower bound). start_narrow / final_narrow: the start and final
@@ -112,6 +113,18 @@ def _emit_top(N: int, topk: int, bn: int) -> int:
     return 3 if topk * 8 * bn >= N else 2
 
 
+def _block_top(NB: int, topk: int, bn: int) -> int:
+    """Default block tops per key block (SCAN_CONFIG["block_top"] None): 1 where the start cannot hold two per block
+    (NB * 2 > _START_ENTRIES: it then takes maxima of groups); else enough for at least 2 topk entries in all, at
+    least 2, a power of 2 at most bn. With fewer entries than about 2 topk (rows of fewer key blocks than topk: N
+    1024 or 2000 with topk 64, as in the LRA experiments) the start threshold, the topk-th largest entry, sits
+    below most of the row's keys and nearly every row overflows its candidate list into the fallback (counted on
+    the LRA encoders' own keys: notes/kernels-notes.md)."""
+    if NB * 2 > _START_ENTRIES:
+        return 1
+    return min(bn, _next_pow2(max(2, _cdiv(2 * topk, NB))))
+
+
 def _valid_counts(key_valid: torch.Tensor, topk: int) -> torch.Tensor:
     # Keys per landmark row: min(valid keys, topk), int32 (a bool or int8 mask of 1 = valid).
     return key_valid.sum(-1, dtype=torch.int32).clamp_(max=topk)
@@ -145,7 +158,7 @@ def _scan_plan(BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_
     n_s = _cdiv(M, bs)
     NB = _cdiv(N, bn)
     topt = SCAN_CONFIG.get("block_top")
-    topt = int(topt) if topt is not None else (2 if NB * 2 <= _START_ENTRIES else 1)
+    topt = int(topt) if topt is not None else _block_top(NB, topk, bn)
     if topt < 1 or topt > bn:
         raise ValueError(f"SCAN_CONFIG['block_top'] must be in [1, bn = {bn}], got {topt}")
     e_top = SCAN_CONFIG.get("emit_top")
