@@ -294,7 +294,8 @@ SPEED_TIMINGS = (("eager", "eager"), ("cuda_graph_queued", "CUDA graph"))
 
 def speed_table(history: list[dict]) -> str:
     """MiTA (Triton) against the fastest dense SDPA backend of the same run and timing, per op benchmark point:
-    the newest eager row beside the newest CUDA-graph (queued) row of history.csv, each with its run and commit."""
+    the newest eager row beside the newest CUDA-graph (queued) row of history.csv measured on an H200 (README's
+    "Speed on one H200"; rows of other GPUs stay in the history), each with its run and commit."""
 
     def age(r: dict) -> tuple:
         return run_order(r["run"]), r.get("date", "")
@@ -302,6 +303,8 @@ def speed_table(history: list[dict]) -> str:
     newest: dict[tuple[str, str], dict] = {}
     for r in history:
         if r.get("benchmark") != "op" or r.get("method") != "mita_triton" or num(r.get("fwd_ms")) is None:
+            continue
+        if "H200" not in (r.get("gpu") or ""):
             continue
         key = (r["point"], r.get("timing") or "eager")
         if key not in newest or age(r) >= age(newest[key]):

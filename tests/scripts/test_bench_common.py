@@ -129,11 +129,11 @@ def test_report_add_run_updates_history_and_current_csvs(report, tmp_path):
 
 
 def test_speed_table_puts_newest_eager_beside_newest_graph(report, tmp_path):
-    """README's speed table: per point the newest eager and the newest CUDA-graph (queued) MiTA rows of the history,
-    each with its own run; --history-only adds a run without replacing the current CSVs."""
+    """README's speed table: per point the newest eager and the newest CUDA-graph (queued) MiTA rows of the history
+    measured on an H200, each with its own run; --history-only adds a run without replacing the current CSVs."""
     env = "B,H,N,d,m,k,date,gpu,driver,torch,triton"
     head = f"point,method,timing,fwd_ms,fwdbwd_ms,speedup_fwd,speedup_fwdbwd,{env}\n"
-    at = "1,2,4096,64,32,32,2026-12-0{}T00:00:00Z,g,d,t,tr\n"
+    at = "1,2,4096,64,32,32,2026-12-0{}T00:00:00Z,NVIDIA H200,d,t,tr\n"
     out = tmp_path / "bench"
     out.mkdir()
     runs = {
@@ -143,14 +143,17 @@ def test_speed_table_puts_newest_eager_beside_newest_graph(report, tmp_path):
         + "N4096,dense_cudnn,cuda_graph_queued,0.04,0.14,,,"
         + at.format(2),
         "h200_run11": "N4096,mita_triton,eager,1.0,2.0,0.2,0.4," + at.format(3),
+        # Newer, but another GPU: in the history, not in the table.
+        "h100_run12": "N4096,mita_triton,eager,0.5,1.0,0.4,0.8," + at.format(4).replace("H200", "H100 80GB HBM3"),
     }
     for i, (run, rows) in enumerate(runs.items()):
         csv_path = tmp_path / run / "op_bench.csv"
         csv_path.parent.mkdir()
         csv_path.write_text(head + rows)
-        only = ["--history-only"] if i == 2 else []
+        only = ["--history-only"] if i >= 2 else []
         report.main(["--out", str(out), "--add-run", run, "--commit", f"c{i}", *only, str(csv_path)])
-    assert [r["run"] for r in report.read_rows(str(out / "op_bench.csv"))] == ["h200_run10"] * 2  # run 11: history only
+    assert [r["run"] for r in report.read_rows(str(out / "op_bench.csv"))] == ["h200_run10"] * 2  # 11, 12: history only
+    assert "h100_run12" in {r["run"] for r in report.read_rows(str(out / "history.csv"))}
     readme = tmp_path / "README.md"
     readme.write_text(f"top\n{report.SPEED_BEGIN}\nold\n{report.SPEED_END}\nbottom\n")
     report.main(["--out", str(out), "--readme", str(readme)])
