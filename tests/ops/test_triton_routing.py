@@ -295,8 +295,7 @@ def test_exact_topk_settings_follow_the_config(monkeypatch):
     assert ttk._settings.cache_info().misses == 2
     assert torch.equal(got, ttk.exact_topk(r, k, None, 8))
     # The entry that call made (a hit: same key), 4 programs for one landmark tile: 4 key chunks instead of 10.
-    config = (*ttk.SCAN_CONFIG.items(), ttk._START_ENTRIES, ttk._SCAN_PROGRAMS)
-    st = ttk._settings(1, 4, 600, 32, 8, None, False, False, r.dtype, r.device.index, interpreting(), config)
+    st = ttk._settings(1, 4, 600, 32, 8, None, False, False, r.dtype, r.device.index, interpreting(), ttk._config_key())
     assert ttk._settings.cache_info().misses == 2
     assert st.scan_kw["num_warps"] == st.select_kw["num_warps"] == st.fb_kw["num_warps"] == 2
     assert (st.plan.G, st.plan.NB) == (4, 10)

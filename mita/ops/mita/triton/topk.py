@@ -45,18 +45,17 @@ _SCAN_PROGRAMS = 2048
 # _block_top, at least 2 and at least 2 topk entries in all where the start takes every entry itself, else 1).
 # emit_top 3: the block-top pass also keeps each block's third largest score and where its second sits, so the select
 # kernel's emission scores again only blocks with three or more candidates; 2: with two or more (None: _emit_top).
-# lv_div: with the landmark values (exact_topk(lv=...), computed by the block-top pass from its scores and merged by
-# the select kernel), key chunks number at most N / (lv_div * m), so the float32 partials take at most 2 / lv_div of
-# k's memory. The final
-# selection orders the chosen indices by one tl.sort. lv_lazy: the landmark values' softmax, 1 _softmax_lazy,
-# 2 _softmax_fma (None: 2 up to 256K keys, else 1). start_steps: bisection steps of the start threshold (32: the
-# exact kk-th largest block top; fewer: a looser lower bound). start_narrow / final_narrow: the start and final
-# bisections over [min, max + 1) of the row's keys (final_narrow 2: the threshold from one descending sort; None: 2
-# for lists of <= 256 entries, else 1). The fallback rows (more candidates than the list holds) take one launch of
-# persistent programs with grid barriers (_topk_fallback_kernel), which returns at once when no row overflows and
-# also selects those rows' top-k: fb_spin sets how its barrier polls, fb_programs caps its programs (None: as many as
-# the SMs hold at once; on a GPU share that reports more SMs than it runs, set it to what it holds). select_eb: key
-# blocks per step of the select kernel's emission (None: up to 1024).
+# lv_div: with the landmark values (exact_topk(lv=...), computed by the block-top pass from its scores and merged by the
+# select kernel), key chunks number at most N / (lv_div * m), so the float32 partials take at most 2 / lv_div of k's
+# memory. The final selection orders the chosen indices by one tl.sort. lv_lazy: the landmark values' softmax, 1
+# _softmax_lazy, 2 _softmax_fma (None: 2 up to 256K keys, else 1). start_steps: bisection steps of the start threshold
+# (32: the exact kk-th largest block top; fewer: a looser lower bound). start_narrow / final_narrow: the start and final
+# bisections over [min, max + 1) of the row's keys (final_narrow 2: the threshold from one descending sort; None: 2 for
+# lists of <= 256 entries, else 1). The fallback rows (more candidates than the list holds) take one launch of
+# persistent programs with grid barriers (_topk_fallback_kernel), which returns at once when no row overflows and also
+# selects those rows' top-k: fb_spin sets how its barrier polls, fb_programs caps its programs (None: as many as the SMs
+# hold at once; on a GPU share that reports more SMs than it runs, set it to what it holds). select_eb: key blocks per
+# step of the select kernel's emission (None: up to 1024).
 SCAN_CONFIG = dict(
     bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, lv_div=8, lv_lazy=None, start_steps=20,
     start_narrow=1, final_narrow=None, fb_spin=0, fb_programs=None, select_eb=None,
@@ -330,7 +329,7 @@ def exact_topk(
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
     st = _settings(
         BH, M, N, D, topk, cap, key_valid is not None, lv is not None, r.dtype, r.device.index, interpreting(),
-        (*SCAN_CONFIG.items(), _START_ENTRIES, _SCAN_PROGRAMS),
+        _config_key(),
     )  # fmt: skip
     p = st.plan
     b = _scan_buffers(p, r, topk, lv)
@@ -367,7 +366,7 @@ def exact_topk(
         stats["cap"] = p.cap
         stats["counts"] = b.off[: p.rows].clone()
         stats["overflow_rows"] = (b.off[: p.rows] > p.cap).sum()
-    _fallback(p, st, b, r, k, kv, kk, topk, lay, run)
+    _fallback(st, b, r, k, kv, kk, topk, lay, run)
     if lv is None:
         return b.idx
     return b.idx, vt, lse
@@ -384,14 +383,19 @@ class _Settings(NamedTuple):
     fb_key: tuple  # (device index, the fallback's constexprs): _FB_RESIDENT's key
 
 
+def _config_key() -> tuple:
+    """What :func:`_scan_plan` and :func:`_settings` read besides the shapes: the items of SCAN_CONFIG, _START_ENTRIES
+    and _SCAN_PROGRAMS (part of ``_settings``' cache key, so that a changed setting is a new entry)."""
+    return (*SCAN_CONFIG.items(), _START_ENTRIES, _SCAN_PROGRAMS)
+
+
 @functools.lru_cache(maxsize=256)
 def _settings(
     BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_kv: bool, lvf: bool, dtype: torch.dtype,
     dev_index: int | None, exact: bool, config: tuple,
 ) -> _Settings:  # fmt: skip
-    """The long-row path's settings for one shape, computed once per shape and ``config`` (what :func:`_scan_plan`
-    reads besides the shapes: the items of SCAN_CONFIG, _START_ENTRIES and _SCAN_PROGRAMS, so that a changed setting
-    is a new entry). Raises on invalid settings (nothing cached)."""
+    """The long-row path's settings for one shape, computed once per shape and ``config`` (:func:`_config_key`).
+    Raises on invalid settings (nothing cached)."""
     del config  # (part of the cache key only)
     p = _scan_plan(BH, M, N, D, topk, cap, has_kv, lvf)
     warps = SCAN_CONFIG["num_warps"]
@@ -418,9 +422,10 @@ def _settings(
     return _Settings(p, scan_kw, select_kw, fb_kw, (dev_index, tuple(sorted(fb_kw.items()))))
 
 
-def _fallback(p: _ScanPlan, st: _Settings, b: _ScanBuffers, r, k, kv, kk, topk: int, lay, run) -> None:
+def _fallback(st: _Settings, b: _ScanBuffers, r, k, kv, kk, topk: int, lay, run) -> None:
     """The rows with more candidates than the list holds: refinement passes, recount, ordered emit and top-k in one
     launch of persistent programs (which returns at once when no row needs it)."""
+    p = st.plan
     BH, M = r.shape[0], r.shape[1]
     N = k.shape[-2]
     dev = r.device
