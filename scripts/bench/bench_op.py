@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=None,
         help="long-row top-k start from the t largest scores of each key block (SCAN_CONFIG block_top; 1: the "
-        "maximum); default: the library's (2 up to 256K keys, else 1); writes op_bench..._top<t>.csv when above 1",
+        "maximum); default: the library's (topk.py _block_top); writes op_bench..._top<t>.csv when above 1",
     )
     ap.add_argument(
         "--set",

@@ -44,7 +44,9 @@ _SCAN_PROGRAMS = 2048
 # keeps the t largest scores of each key block and the start threshold is the kk-th largest of all of them (None:
 # _block_top, at least 2 and at least 2 topk entries in all where the start takes every entry itself, else 1).
 # emit_top 3: the block-top pass also keeps each block's third largest score and where its second sits, so the select
-# kernel's emission scores again only blocks with three or more candidates; 2: with two or more (None: _emit_top).
+# kernel's emission scores again only blocks with three or more candidates; 2: with two or more (None: _emit_top);
+# where block_top is a power of 2 above 3 the emission reads all of them instead (and the pass keeps where the keys of
+# all but the last sit), so only blocks with block_top candidates or more are scored again.
 # lv_div: with the landmark values (exact_topk(lv=...), computed by the block-top pass from its scores and merged by the
 # select kernel), key chunks number at most N / (lv_div * m), so the float32 partials take at most 2 / lv_div of k's
 # memory. The final selection orders the chosen indices by one tl.sort. lv_lazy: the landmark values' softmax, 1
@@ -114,14 +116,18 @@ def _emit_top(N: int, topk: int, bn: int) -> int:
 
 def _block_top(NB: int, topk: int, bn: int) -> int:
     """Default block tops per key block (SCAN_CONFIG["block_top"] None): 1 where the start cannot hold two per block
-    (NB * 2 > _START_ENTRIES: it then takes maxima of groups); else enough for at least 2 topk entries in all, at
-    least 2, a power of 2 at most bn. With fewer entries than about 2 topk (rows of fewer key blocks than topk: N
-    1024 or 2000 with topk 64, as in the LRA experiments) the start threshold, the topk-th largest entry, sits
-    below most of the row's keys and nearly every row overflows its candidate list into the fallback (counted on
-    the LRA encoders' own keys: notes/kernels-notes.md)."""
+    (NB * 2 > _START_ENTRIES: it then takes maxima of groups); else at least 2, a power of 2 at most bn, and where
+    blocks are fewer than topk enough for 4 topk entries in all. With fewer entries than about 2 topk (rows of fewer
+    key blocks than topk: N 1024 or 2000 with topk 64, as in the LRA experiments) the start threshold, the topk-th
+    largest entry, sits below most of the row's keys and nearly every row overflows its candidate list into the
+    fallback (counted on the LRA encoders' own keys: notes/kernels-notes.md). Above 3 the select kernel's emission
+    reads every top, and scores again only the blocks holding as many candidates as tops: with ~topk / NB candidates
+    per block on average, 4 topk / NB tops leave few of those."""
     if NB * 2 > _START_ENTRIES:
         return 1
-    return min(bn, _next_pow2(max(2, _cdiv(2 * topk, NB))))
+    if NB >= topk:
+        return 2
+    return min(bn, _next_pow2(max(2, _cdiv(4 * topk, NB))))
 
 
 def _valid_counts(key_valid: torch.Tensor, topk: int) -> torch.Tensor:
@@ -138,7 +144,7 @@ class _ScanPlan(NamedTuple):
     NB: int  # key blocks per row
     topt: int  # block tops the start threshold reads
     planes: int  # block tops the block-top pass keeps
-    e3: int  # emit_top 3
+    et: int  # block tops the select kernel's emission reads (2, 3, or topt where topt > 3)
     steps: int  # bisection steps of the start threshold
     lvf: bool  # landmark values from the block-top pass
     lv_lazy: int  # the landmark values' online softmax (SCAN_CONFIG lv_lazy)
@@ -164,7 +170,8 @@ def _scan_plan(BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_
     e_top = int(e_top) if e_top is not None else _emit_top(N, topk, bn)
     if e_top not in (2, 3):
         raise ValueError(f"SCAN_CONFIG['emit_top'] must be 2, 3 or None, got {e_top}")
-    e3 = int(e_top == 3)
+    # Where the start takes more than three tops per block (rows of few blocks) the emission reads all of them.
+    et = topt if topt > 3 and not topt & (topt - 1) else e_top
     steps = int(SCAN_CONFIG["start_steps"])
     if not 12 <= steps <= 32:
         raise ValueError(f"SCAN_CONFIG['start_steps'] must be in [12, 32], got {steps}")
@@ -189,11 +196,11 @@ def _scan_plan(BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_
     bg = min(8, _next_pow2(CH // bn))
     # The block-top pass without masks: no padding, whole landmark tiles, whole steps of bg blocks in every chunk.
     even = not has_kv and M % bs == 0 and N % CH == 0 and CH % (bn * bg) == 0
-    # Block tops: plane t = each key block's (t+1)-th largest score per row (at least two planes, three with emit_top
-    # 3: the select kernel's emission reads them).
-    planes = max(topt, 2 + e3)
+    # Block tops: plane t = each key block's (t+1)-th largest score per row (at least the et the select kernel's
+    # emission reads).
+    planes = max(topt, et)
     return _ScanPlan(
-        bn=bn, bs=bs, n_s=n_s, NB=NB, topt=topt, planes=planes, e3=e3, steps=steps, lvf=lvf, lv_lazy=lv_lazy, G=G,
+        bn=bn, bs=bs, n_s=n_s, NB=NB, topt=topt, planes=planes, et=et, steps=steps, lvf=lvf, lv_lazy=lv_lazy, G=G,
         CH=CH, cap=cap, rows=BH * M, bg=bg, even=even,
     )  # fmt: skip
 
@@ -221,10 +228,9 @@ def _scan_buffers(p: _ScanPlan, r: torch.Tensor, topk: int, lv: tuple | None) ->
     """Allocate the long-row path's buffers (each written by a kernel before it is read)."""
     BH, M, D = r.shape
     dev, rows, G = r.device, p.rows, p.G
-    # Block tops: planes [rows, NB] of scores, and where in the block the largest is (with emit_top 3 also the
-    # second).
+    # Block tops: planes [rows, NB] of scores, and where in the block the keys of the first et - 1 sit.
     cmax = torch.empty(p.planes, rows, p.NB, device=dev, dtype=torch.float32)
-    arg = torch.empty(1 + p.e3, rows, p.NB, device=dev, dtype=torch.int8)
+    arg = torch.empty(p.et - 1, rows, p.NB, device=dev, dtype=torch.int8)
     # State slot i = (lo, hi, done) of each row before refinement pass i; slot _PASSES: the final state.
     lo = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
     hi = torch.empty(_PASSES + 1, rows, device=dev, dtype=torch.int64)
@@ -401,7 +407,7 @@ def _settings(
     warps = SCAN_CONFIG["num_warps"]
     common = dict(HAS_KV=has_kv, D=D, BS=p.bs, BN=p.bn, PREC=_prec(dtype), UP=_upcast(dtype), EXACT=exact, P=_P)
     scan_kw = dict(
-        MODE=0, SKIP=False, TOPT=p.planes, BG=p.bg, E3=p.e3, LVF=p.lvf, EVEN=p.even,
+        MODE=0, SKIP=False, TOPT=p.planes, BG=p.bg, ET=p.et, LVF=p.lvf, EVEN=p.even,
         LAZY=int(p.lv_lazy) if p.lvf else 0, **common, num_warps=warps,
     )  # fmt: skip
     # Groups of f block entries keep the start's maxima in registers (<= _START_ENTRIES per row).
@@ -411,7 +417,7 @@ def _settings(
     if eb & (eb - 1) or eb < 16:
         raise ValueError(f"SCAN_CONFIG['select_eb'] must be a power of 2 >= 16 or None, got {eb}")
     select_kw = dict(
-        F=f, GP=gp, ONE_PLANE=p.topt == 1, STEPS=p.steps, NARROW=bool(SCAN_CONFIG["start_narrow"]), E3=p.e3,
+        F=f, GP=gp, ONE_PLANE=p.topt == 1, STEPS=p.steps, NARROW=bool(SCAN_CONFIG["start_narrow"]), ET=p.et,
         EB=eb, FNARROW=_final_narrow(p.cap), MERGE=p.lvf, BC=min(64, _next_pow2(p.G)), CP=p.cap, **common,
         num_warps=warps,
     )  # fmt: skip
@@ -462,28 +468,28 @@ def _compile_cases() -> list:
     sel = dict(lvf, IDX=i32)
     return [
         ("topk_scan mode 0 e3 + lv", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BG=8, E3=1, **{**sc, "LVF": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=3, BG=8, ET=3, **{**sc, "LVF": 1}), 4, lvf),
         ("topk_scan mode 0 + lv", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=2, BG=8, E3=0, **{**sc, "LVF": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=2, BG=8, ET=2, **{**sc, "LVF": 1}), 4, lvf),
         ("topk_scan mode 0 e3 + lv even lazy", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=3, BG=8, ET=3, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
         ("topk_scan mode 0 e3 + lv even fma", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=3, BG=8, E3=1, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 2}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=3, BG=8, ET=3, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 2}), 4, lvf),
         ("topk_scan mode 0 + lv even lazy", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=2, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=2, BG=8, ET=2, **{**sc, "LVF": 1, "EVEN": 1, "LAZY": 1}), 4, lvf),
         ("topk_scan mode 0 + lv even", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=2, BG=8, E3=0, **{**sc, "LVF": 1, "EVEN": 1}), 4, lvf),
+         dict(MODE=0, SKIP=False, TOPT=2, BG=8, ET=2, **{**sc, "LVF": 1, "EVEN": 1}), 4, lvf),
         ("topk_scan mode 0 + lv bs 128", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=2, BG=8, E3=0, **{**sc, "LVF": 1, "BS": 128}), 8, lvf),
+         dict(MODE=0, SKIP=False, TOPT=2, BG=8, ET=2, **{**sc, "LVF": 1, "BS": 128}), 8, lvf),
         ("topk_scan mode 0 top-4", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=4, BG=8, E3=0, **sc), 4, scan),
-        ("topk_scan mode 0 e3", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=3, BG=8, E3=1, **sc), 4, scan),
+         dict(MODE=0, SKIP=False, TOPT=4, BG=8, ET=2, **sc), 4, scan),
+        ("topk_scan mode 0 e3", _topk_scan_kernel, dict(MODE=0, SKIP=False, TOPT=3, BG=8, ET=3, **sc), 4, scan),
         ("topk_scan mode 0 e3 top-4", _topk_scan_kernel,
-         dict(MODE=0, SKIP=False, TOPT=4, BG=8, E3=1, **sc), 4, scan),
+         dict(MODE=0, SKIP=False, TOPT=4, BG=8, ET=3, **sc), 4, scan),
         ("topk_scan mode 1 skip", _topk_scan_kernel,
-         dict(MODE=1, SKIP=True, TOPT=1, BG=1, E3=0, **sc), 4, scan),
+         dict(MODE=1, SKIP=True, TOPT=1, BG=1, ET=2, **sc), 4, scan),
         ("topk_scan mode 3 skip", _topk_scan_kernel,
-         dict(MODE=3, SKIP=True, TOPT=1, BG=1, E3=0, **sc), 4, scan),
+         dict(MODE=3, SKIP=True, TOPT=1, BG=1, ET=2, **sc), 4, scan),
         ("topk_fallback (persistent)", _topk_fallback_kernel,
          dict(P=_P, HAS_KV=False, BS=64, BN=64, EXACT=False, RB=256, SPIN=0, CP=256, FNARROW=1, **common), 4,
          dict(scan, BH="i32", NPROG="i32", IDX=i32)),
@@ -494,19 +500,25 @@ def _compile_cases() -> list:
          dict(P=_P, HAS_KV=True, BS=32, BN=64, EXACT=False, RB=4096, SPIN=1, CP=256, FNARROW=0, **common), 4,
          dict(scan, BH="i32", NPROG="i32", IDX=i32)),
         ("topk_select 64K e3 merge", _topk_select_kernel,
-         dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=1,
+         dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, ET=3,
               EB=1024, CP=256, FNARROW=1, MERGE=1, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
         ("topk_select 64K e3 merge sort-select", _topk_select_kernel,
-         dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=1,
+         dict(HAS_KV=False, F=1, GP=2048, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, ET=3,
               EB=1024, CP=256, FNARROW=2, MERGE=1, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
         ("topk_select 1M", _topk_select_kernel,
-         dict(HAS_KV=False, F=2, GP=8192, P=_P, ONE_PLANE=True, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, E3=0,
+         dict(HAS_KV=False, F=2, GP=8192, P=_P, ONE_PLANE=True, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, ET=2,
               EB=1024, CP=1024, FNARROW=1, MERGE=1, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
+        ("topk_scan mode 0 top-8 wide emission + lv", _topk_scan_kernel,
+         dict(MODE=0, SKIP=False, TOPT=8, BG=8, ET=8, **{**sc, "LVF": 1}), 4, lvf),
+        ("topk_select N 1025 wide emission merge", _topk_select_kernel,
+         dict(HAS_KV=False, F=1, GP=256, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, ET=16,
+              EB=32, CP=128, FNARROW=2, MERGE=1, BC=64, **common), 4,
+         dict(sel, VT="*bf16")),
         ("topk_select kv", _topk_select_kernel,
-         dict(HAS_KV=True, F=1, GP=1024, P=_P, ONE_PLANE=False, STEPS=32, NARROW=0, BS=32, BN=64, EXACT=False, E3=0,
+         dict(HAS_KV=True, F=1, GP=1024, P=_P, ONE_PLANE=False, STEPS=32, NARROW=0, BS=32, BN=64, EXACT=False, ET=2,
               EB=512, CP=256, FNARROW=0, MERGE=0, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
     ]  # fmt: skip

@@ -292,12 +292,12 @@ def _chunk_offsets(CNT, row, need, i_g, G, nrows, MODE: tl.constexpr, P: tl.cons
 def _scan_block_tops(b_r, K_h, V, KV, CMAX, ARG, PM, PL, PACC, scale_log2, i_bh, i_g, o_j, m_j, row, o_d, n0, n1, N,
                      M, G, NBLK, PS, H, SB, SH, SN, HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                      BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, TOPT: tl.constexpr,
-                     BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
+                     BG: tl.constexpr, ET: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr,
                      LAZY: tl.constexpr):  # fmt: skip
     # MODE 0: the TOPT >= 2 largest scores of each key block per landmark (ties: distinct keys) -> CMAX [TOPT, rows,
     # NBLK] (plane t: the (t+1)-th largest), and where in its block the largest is -> ARG [rows, NBLK] (int8; the first
-    # such key). E3 (TOPT >= 3): also where the second largest is -> ARG plane 1. Each block top is a plain maximum
-    # and the first key equal to it (_first_max).
+    # such key). ET >= 3 (TOPT >= ET): also where the keys of planes 1 to ET - 2 are -> ARG planes 1 to ET - 2 (the
+    # select kernel's emission reads ET planes). Each block top is a plain maximum and the first key equal to it.
     # EVEN: no padding, M % BS == 0 and every chunk a whole number of BG-block steps within N: the key blocks load and
     # the block tops reduce without masks.
     # LVF: the same scores also give the landmark values' split-key partials of this chunk, softmax(s * scale) v as
@@ -317,7 +317,7 @@ def _scan_block_tops(b_r, K_h, V, KV, CMAX, ARG, PM, PL, PACC, scale_log2, i_bh,
         a_max = tl.full([BS, BG], float("-inf"), tl.float32)
         a_sec = tl.full([BS, BG], float("-inf"), tl.float32)
         a_arg = tl.zeros([BS, BG], tl.int32)
-        if E3:
+        if ET >= 3:
             a_thr = tl.full([BS, BG], float("-inf"), tl.float32)
             a_arg2 = tl.zeros([BS, BG], tl.int32)
         for j in range(BG):
@@ -358,7 +358,7 @@ def _scan_block_tops(b_r, K_h, V, KV, CMAX, ARG, PM, PL, PACC, scale_log2, i_bh,
             c_i = _first_max(b_x, b_max, o_k, BN)
             b_x = tl.where(o_k[None, :] == c_i[:, None], float("-inf"), b_x)
             sel = o_c[None, :] == j
-            if E3:
+            if ET >= 3:
                 # The second with its position; that key dropped too, the third.
                 b_sec = tl.max(b_x, 1)
                 c_2 = _first_max(b_x, b_sec, o_k, BN)
@@ -372,9 +372,14 @@ def _scan_block_tops(b_r, K_h, V, KV, CMAX, ARG, PM, PL, PACC, scale_log2, i_bh,
             a_max = tl.where(sel, b_max[:, None], a_max)
             a_sec = tl.where(sel, b_sec[:, None], a_sec)
             a_arg = tl.where(sel, c_i[:, None], a_arg)
-            for t in tl.static_range(2 + E3, TOPT):
-                # Further planes (block_top > 2): stored per block.
+            for t in tl.static_range(2 + (ET >= 3), TOPT):
+                # Further planes (block_top > 2): stored per block; with ET > 3 also where the keys of planes up to
+                # ET - 2 sit (c_n: plane t - 1's).
                 c_n = tl.min(tl.where(b_x == b_top[:, None], o_n[None, :], N), 1)
+                if t <= ET - 1:
+                    tl.store(
+                        ARG + (t - 1) * PS + row * NBLK + n_b // BN, (c_n - n_b).to(tl.int8), mask=m_j & (n_b < n1)
+                    )
                 b_x = tl.where(o_n[None, :] == c_n[:, None], float("-inf"), b_x)
                 b_top = tl.max(b_x, 1)
                 tl.store(CMAX + t * PS + row * NBLK + n_b // BN, b_top, mask=m_j & (n_b < n1))
@@ -384,7 +389,7 @@ def _scan_block_tops(b_r, K_h, V, KV, CMAX, ARG, PM, PL, PACC, scale_log2, i_bh,
         tl.store(CMAX + e_at, a_max, mask=m_e)
         tl.store(CMAX + PS + e_at, a_sec, mask=m_e)
         tl.store(ARG + e_at, a_arg.to(tl.int8), mask=m_e)
-        if E3:
+        if ET >= 3:
             tl.store(CMAX + 2 * PS + e_at, a_thr, mask=m_e)
             tl.store(ARG + PS + e_at, a_arg2.to(tl.int8), mask=m_e)
     if LVF:
@@ -457,7 +462,7 @@ def _topk_scan_body(
     i_s, i_g, i_bh, R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G,
     NBLK, CAP, topk, H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr,
     HAS_KV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
-    EXACT: tl.constexpr, TOPT: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr,
+    EXACT: tl.constexpr, TOPT: tl.constexpr, BG: tl.constexpr, ET: tl.constexpr, LVF: tl.constexpr,
     EVEN: tl.constexpr, LAZY: tl.constexpr, CM: tl.constexpr,
 ):  # fmt: skip
     # One program per (landmark tile, key chunk, batch-head); rows are landmarks (row = bh * M + landmark).
@@ -523,7 +528,7 @@ def _topk_scan_body(
             if MODE == 0:
                 _scan_block_tops(
                     b_r, K_h, V, KV, CMAX, ARG, PM, PL, PACC, scale_log2, i_bh, i_g, o_j, m_j, row, o_d, n0, n1, N, M,
-                    G, NBLK, PS, H, SB, SH, SN, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BG, E3, LVF, EVEN, LAZY,
+                    G, NBLK, PS, H, SB, SH, SN, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BG, ET, LVF, EVEN, LAZY,
                 )  # fmt: skip
             if MODE == 1:
                 b_cnt = _scan_counts(
@@ -552,11 +557,11 @@ def _topk_scan_kernel(
     R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT, OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, topk,
     H, SB, SH, SN, nrows, i_pass, MODE: tl.constexpr, P: tl.constexpr, SKIP: tl.constexpr, HAS_KV: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr,
-    TOPT: tl.constexpr, BG: tl.constexpr, E3: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr, LAZY: tl.constexpr,
+    TOPT: tl.constexpr, BG: tl.constexpr, ET: tl.constexpr, LVF: tl.constexpr, EVEN: tl.constexpr, LAZY: tl.constexpr,
 ):  # fmt: skip
     # One program per (landmark tile, key chunk, batch-head): _topk_scan_body.
     _topk_scan_body(
         tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64), R, K, KV, KK, LO, HI, DONE, CMAX, ARG, CNT,
         OFF, CAND, V, PM, PL, PACC, scale_log2, N, M, CH, G, NBLK, CAP, topk, H, SB, SH, SN, nrows, i_pass, MODE, P,
-        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BG, E3, LVF, EVEN, LAZY, "",
+        SKIP, HAS_KV, D, BS, BN, PREC, UP, EXACT, TOPT, BG, ET, LVF, EVEN, LAZY, "",
     )  # fmt: skip

@@ -259,15 +259,17 @@ def _final_row(
 @triton.jit
 def _emit_row(
     R, K, KV, CMAX, ARG, CAND, row, lo, N, M, NBLK, CAP, H, SB, SH, SN, nrows, HAS_KV: tl.constexpr, D: tl.constexpr,
-    BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr,
+    BS: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, ET: tl.constexpr,
     EB: tl.constexpr,
 ):  # fmt: skip
     # The count + emit step of one row: every key with order key >= lo goes to the row's candidate list in block
-    # order (positions from prefix sums; those past CAP are dropped) and the count is returned. A block whose second
-    # largest score is below the threshold holds at most one such key, its maximum, written from the block tops
-    # (CMAX, ARG); E3: one whose third largest is below it at most two. Only the other blocks are scored again, one
-    # after another, with the same dot of the same landmark tile as the block-top pass (so the same scores to the
-    # bit: this kernel runs with the passes' warps), the row's scores taken out of the tile's. EB blocks per step.
+    # order (positions from prefix sums; those past CAP are dropped) and the count is returned. The emission reads ET
+    # block tops per block (planes 0 to ET - 1 of CMAX, where the keys of planes 0 to ET - 2 sit in ARG): a block
+    # whose j-th largest score (j < ET) is below the threshold holds j - 1 such keys at most, written from the block
+    # tops. Only the blocks whose ET-th largest reaches it are scored again, one after another, with the same dot of
+    # the same landmark tile as the block-top pass (so the same scores to the bit: this kernel runs with the passes'
+    # warps), the row's scores taken out of the tile's. EB blocks per step; ET 2 or 3 one vector per plane, ET > 3
+    # (a power of 2) an [EB, ET] tile.
     i_bh = row // M
     i_j = row % M
     t_f = _key_threshold(lo)
@@ -281,25 +283,38 @@ def _emit_row(
         o_b = b0 + o_e
         m_b = o_b < NBLK
         e_at = row * NBLK + o_b
-        e_max = tl.load(CMAX + e_at, mask=m_b, other=float("-inf"))
-        e_sec = tl.load(CMAX + PS + e_at, mask=m_b, other=float("-inf"))
-        one = m_b & (e_max >= t_f) & (e_sec < t_f)
-        if E3:
-            e_thr = tl.load(CMAX + 2 * PS + e_at, mask=m_b, other=float("-inf"))
-            two = m_b & (e_sec >= t_f) & (e_thr < t_f)
-            more = m_b & (e_thr >= t_f)
-            w = tl.where(one, 1, tl.where(two, 2, 0))
+        if ET > 3:
+            o_t = tl.arange(0, ET)
+            t_at = o_t[None, :] * PS + e_at[:, None]
+            e_top = tl.load(CMAX + t_at, mask=m_b[:, None], other=float("-inf"))
+            # Planes descend, so the tops at or above the threshold are the first w of the block's.
+            more = m_b & (tl.max(tl.where(o_t[None, :] == ET - 1, e_top, float("-inf")), 1) >= t_f)
+            w = tl.where(more | ~m_b, 0, tl.sum((e_top >= t_f).to(tl.int32), 1))
+            pos = n + tl.cumsum(w, 0) - w
+            e_arg = tl.load(ARG + t_at, mask=m_b[:, None] & (o_t[None, :] < ET - 1), other=0).to(tl.int32)
+            p_t = pos[:, None] + o_t[None, :]
+            packed = _pack_key(e_top, o_b[:, None] * BN + e_arg)
+            tl.store(CAND + row * CAP + p_t, packed, mask=(o_t[None, :] < w[:, None]) & (p_t < CAP))
         else:
-            more = m_b & (e_sec >= t_f)
-            w = one.to(tl.int32)
-        pos = n + tl.cumsum(w, 0) - w
-        e_n = o_b * BN + tl.load(ARG + e_at, mask=m_b, other=0).to(tl.int32)
-        packed = _pack_key(e_max, e_n)
-        tl.store(CAND + row * CAP + pos, packed, mask=(w > 0) & (pos < CAP))
-        if E3:
-            e_n2 = o_b * BN + tl.load(ARG + PS + e_at, mask=m_b, other=0).to(tl.int32)
-            packed2 = _pack_key(e_sec, e_n2)
-            tl.store(CAND + row * CAP + pos + 1, packed2, mask=two & (pos + 1 < CAP))
+            e_max = tl.load(CMAX + e_at, mask=m_b, other=float("-inf"))
+            e_sec = tl.load(CMAX + PS + e_at, mask=m_b, other=float("-inf"))
+            one = m_b & (e_max >= t_f) & (e_sec < t_f)
+            if ET == 3:
+                e_thr = tl.load(CMAX + 2 * PS + e_at, mask=m_b, other=float("-inf"))
+                two = m_b & (e_sec >= t_f) & (e_thr < t_f)
+                more = m_b & (e_thr >= t_f)
+                w = tl.where(one, 1, tl.where(two, 2, 0))
+            else:
+                more = m_b & (e_sec >= t_f)
+                w = one.to(tl.int32)
+            pos = n + tl.cumsum(w, 0) - w
+            e_n = o_b * BN + tl.load(ARG + e_at, mask=m_b, other=0).to(tl.int32)
+            packed = _pack_key(e_max, e_n)
+            tl.store(CAND + row * CAP + pos, packed, mask=(w > 0) & (pos < CAP))
+            if ET == 3:
+                e_n2 = o_b * BN + tl.load(ARG + PS + e_at, mask=m_b, other=0).to(tl.int32)
+                packed2 = _pack_key(e_sec, e_n2)
+                tl.store(CAND + row * CAP + pos + 1, packed2, mask=two & (pos + 1 < CAP))
         n += tl.sum(w, 0)
         n_more = tl.sum(more.to(tl.int32), 0)
         while n_more > 0:
@@ -323,7 +338,7 @@ def _topk_select_kernel(
     R, K, KV, CMAX, ARG, KK, LO, HI, OFF, CNT, CAND, IDX, PM, PL, PACC, VT, LSE, N, M, NB, NBLK, CAP, topk, H, SB, SH,
     SN, nrows, NC, HAS_KV: tl.constexpr, F: tl.constexpr, GP: tl.constexpr, P: tl.constexpr,
     ONE_PLANE: tl.constexpr, STEPS: tl.constexpr, NARROW: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, E3: tl.constexpr, EB: tl.constexpr,
+    BN: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, EXACT: tl.constexpr, ET: tl.constexpr, EB: tl.constexpr,
     CP: tl.constexpr, FNARROW: tl.constexpr,
     MERGE: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
@@ -340,7 +355,7 @@ def _topk_select_kernel(
         tl.store(OFF + nrows, 0)
     n = _emit_row(
         R, K, KV, CMAX, ARG, CAND, row, lo, N, M, NBLK, CAP, H, SB, SH, SN, nrows, HAS_KV, D, BS, BN, PREC, UP, EXACT,
-        E3, EB,
+        ET, EB,
     )  # fmt: skip
     tl.store(OFF + row, n)
     if n <= CAP:
