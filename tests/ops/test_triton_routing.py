@@ -309,10 +309,11 @@ def test_exact_topk_settings_follow_the_config(monkeypatch):
 def test_exact_topk_block_top_rows_of_few_blocks(monkeypatch):
     """Rows of fewer key blocks than topk (N 1024, topk 64: 16 blocks of 64, as the LRA image and Pathfinder shapes):
     with 2 tops per block the start threshold is the smallest of 32 entries, every key reaches it and every row
-    overflows its candidate list; the default takes 16 per block (4 topk entries), which the emission reads, every one,
-    and no row overflows on tokens of a few distinct values (a small vocabulary plus position noise, as LRA inputs).
-    Same indices either way."""
-    assert (ttk._block_top(16, 64, 64), ttk._block_top(32, 64, 64), ttk._block_top(63, 128, 64)) == (16, 8, 16)
+    overflows its candidate list; the default takes 8 per block (2 topk entries, at least 8), which the emission reads,
+    every one, and no row overflows on tokens of a few distinct values (a small vocabulary plus position noise, as LRA
+    inputs). Same indices either way."""
+    assert (ttk._block_top(16, 64, 64), ttk._block_top(32, 64, 64), ttk._block_top(63, 128, 64)) == (8, 8, 8)
+    assert (ttk._block_top(8, 64, 64), ttk._block_top(10, 256, 64), ttk._block_top(64, 64, 64)) == (16, 64, 2)
     assert (ttk._block_top(256, 64, 64), ttk._block_top(16384, 512, 64), ttk._block_top(4, 512, 64)) == (2, 1, 64)
     g = torch.Generator().manual_seed(7)
     BH, M, N, d, topk = 1, 8, 1024, 32, 64
@@ -329,7 +330,7 @@ def test_exact_topk_block_top_rows_of_few_blocks(monkeypatch):
     assert over == {2: M, None: 0}
     assert st["cap"] == 128 and ttk._settings.cache_info().currsize >= 1
     p = ttk._scan_plan(BH, M, N, d, topk, None, False, False)
-    assert (p.topt, p.et, p.planes) == (16, 16, 16)
+    assert (p.topt, p.et, p.planes) == (8, 8, 8)
     assert torch.equal(got[2], got[None])
     assert _same_sets(got[None], _ref_topk(r, k, None, topk))
 

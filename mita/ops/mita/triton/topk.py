@@ -116,18 +116,18 @@ def _emit_top(N: int, topk: int, bn: int) -> int:
 
 def _block_top(NB: int, topk: int, bn: int) -> int:
     """Default block tops per key block (SCAN_CONFIG["block_top"] None): 1 where the start cannot hold two per block
-    (NB * 2 > _START_ENTRIES: it then takes maxima of groups); else at least 2, a power of 2 at most bn, and where
-    blocks are fewer than topk enough for 4 topk entries in all. With fewer entries than about 2 topk (rows of fewer
-    key blocks than topk: N 1024 or 2000 with topk 64, as in the LRA experiments) the start threshold, the topk-th
-    largest entry, sits below most of the row's keys and nearly every row overflows its candidate list into the
-    fallback (counted on the LRA encoders' own keys: notes/kernels-notes.md). Above 3 the select kernel's emission
-    reads every top, and scores again only the blocks holding as many candidates as tops: with ~topk / NB candidates
-    per block on average, 4 topk / NB tops leave few of those."""
+    (NB * 2 > _START_ENTRIES: it then takes maxima of groups); 2 where blocks number topk or more; else (rows of
+    fewer blocks than topk, which the select kernel's emission then reads every top of) at least 8 and enough for 2
+    topk entries in all, a power of 2 at most bn. With 2 tops per block at N 1024 or 2000 and topk 64 (the LRA
+    experiments) the start threshold, the topk-th largest entry, sat below most of the row's keys and nearly every row
+    overflowed its candidate list into the fallback (counted on the LRA encoders' own keys); with 4 or fewer most
+    blocks held as many candidates as tops and were scored again; 16 made the block-top pass spill at Segmenter 512
+    and was slower than 8 there (timings: notes/kernels-notes.md)."""
     if NB * 2 > _START_ENTRIES:
         return 1
     if NB >= topk:
         return 2
-    return min(bn, _next_pow2(max(2, _cdiv(4 * topk, NB))))
+    return min(bn, max(8, _next_pow2(_cdiv(2 * topk, NB))))
 
 
 def _valid_counts(key_valid: torch.Tensor, topk: int) -> torch.Tensor:
