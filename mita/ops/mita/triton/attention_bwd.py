@@ -415,7 +415,7 @@ def _dkdv_final_kernel(
 
 
 # Routed dk, dv rows are matched to their keys by comparing each key block with every expert's index list when
-# BH * N * m * next_pow2(topk) is at most this; above it a CSR list from a stable sort is cheaper.
+# BH * N * m * next_pow2(topk) is at most this; above it per-key CSR lists (plan.key_csr) are cheaper.
 _MATCH_MAX = 1 << 28
 
 
