@@ -166,6 +166,9 @@ class _PoolTables(NamedTuple):
     member: torch.Tensor  # [m, N] 0/1 in the matmul dtype: which tokens landmark i averages
     counts: torch.Tensor  # [m, 1] tokens per landmark, float32 (bfloat16 inputs) or the matmul dtype
     weights_t: torch.Tensor | None  # bfloat16 only: [N, m] float32 weights (member / counts) transposed
+    # bfloat16 only: each token's nonzero weights, ([N, kb] landmark indices int32, [N, kb] weights float32), kb the
+    # most landmarks one token belongs to (4 for 2D adaptive bins), padded with weight 0 (the Triton backward).
+    token_bins: tuple[torch.Tensor, torch.Tensor] | None
 
 
 @functools.lru_cache(maxsize=64)
@@ -185,9 +188,13 @@ def _pool_tables(
     low = dtype == torch.bfloat16
     counts = member.sum(dim=1, keepdim=True).to(torch.float32 if low else dtype)
     if not low:
-        return _PoolTables(member.to(dtype), counts, None)
+        return _PoolTables(member.to(dtype), counts, None, None)
     weights_t = (member.to(torch.float32) / counts).T.contiguous()
-    return _PoolTables(member.to(torch.bfloat16), counts, weights_t)
+    # Ascending landmark order per token (a stable sort puts the nonzero weights first, in index order).
+    kb = max(1, int(member.sum(dim=0).max()))
+    order = torch.sort((weights_t == 0).to(torch.uint8), dim=1, stable=True).indices[:, :kb]
+    token_bins = (order.to(torch.int32).contiguous(), weights_t.gather(1, order).contiguous())
+    return _PoolTables(member.to(torch.bfloat16), counts, weights_t, token_bins)
 
 
 # CUDA bfloat16 pooling in Triton (mita/ops/mita/triton/pool.py) when Triton imports; tests switch it off to
@@ -224,13 +231,14 @@ class _PoolBF16(torch.autograd.Function):
     reduced-precision setting."""
 
     @staticmethod
-    def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int):
+    def forward(ctx, x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, weights_t: torch.Tensor, heads: int,
+                token_bins: tuple[torch.Tensor, torch.Tensor]):  # fmt: skip
         G, N, D = x3.shape
         m = member.shape[0]
         tp = _kernels_for(x3)
         ctx.triton = tp is not None
         ctx.save_for_backward(weights_t)
-        ctx.heads = heads
+        ctx.heads, ctx.token_bins = heads, token_bins
         if tp is not None:
             return tp.pool_fwd(x3, member, counts, heads)
         if x3.is_cuda:
@@ -249,13 +257,13 @@ class _PoolBF16(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         (weights_t,) = ctx.saved_tensors
         if ctx.triton:
-            return _pool_kernels().pool_bwd(g, weights_t, ctx.heads, g.dtype), None, None, None, None
+            return _pool_kernels().pool_bwd(g, ctx.token_bins, ctx.heads, g.dtype), None, None, None, None, None
         N, m = weights_t.shape
         G = g.shape[0]
         # [G, m, D] (or [B, m, H, d] from [B, H, m, d], matching x3 = [B, N, H*d]).
         gt = (g.transpose(1, 2) if ctx.heads else g).reshape(G, m, -1)
         dx = torch.bmm(weights_t.expand(G, N, m), gt.float()).to(g.dtype)
-        return dx, None, None, None, None
+        return dx, None, None, None, None, None
 
 
 class _Pool1D(torch.autograd.Function):
@@ -316,7 +324,7 @@ def _pool_with_matrix(x: torch.Tensor, start: int, h: int, w: int, ph: int, pw: 
     tables = _pool_tables(N, start, h, w, ph, pw, x.device, ct)
     x3, heads = pool_rows(x)
     if low:
-        out = _PoolBF16.apply(x3, tables.member, tables.counts, tables.weights_t, heads)
+        out = _PoolBF16.apply(x3, tables.member, tables.counts, tables.weights_t, heads, tables.token_bins)
         return out if heads else out.view(B, H, m, d)
     sums = torch.bmm(tables.member.expand(x3.shape[0], m, N), x3.to(ct)) / tables.counts
     out = sums.view(B, m, H, d).transpose(1, 2) if heads else sums.view(B, H, m, d)

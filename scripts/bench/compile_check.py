@@ -331,7 +331,7 @@ def main() -> None:
                     EXACT=False,
                     TOPT=2,
                     BG=8,
-                    E3=0,
+                    ET=2,
                     LVF=0,
                     EVEN=0,
                     LAZY=0,
@@ -359,9 +359,9 @@ def main() -> None:
         cases.append((f"small_bwd S={S}", tsb._small_bwd_kernel, bwd, launch_opts("bwd"), small))
     ints = {name: "i32" for name in ("C", "DH", "SXG", "SXN", "SGG", "SGH", "SGM")}
     pool_fwd = {"MEMB": "*bf16", "X": "*bf16", "OUT": "*bf16", **ints}
-    pool_bwd = {"G": "*bf16", "DX": "*bf16", **ints}
+    pool_bwd = {"G": "*bf16", "BIDX": "*i32", "BW": "*fp32", "DX": "*bf16", **ints}
     cases.append(("pool_fwd", tp._pool_fwd_kernel, dict(MP=32, BN=64, BC=64, UP=False), 4, pool_fwd))
-    cases.append(("pool_bwd", tp._pool_bwd_kernel, dict(MP=32, BN=64, BC=64), 4, pool_bwd))
+    cases.append(("pool_bwd", tp._pool_bwd_kernel, dict(KB=4, BN=32, BC=64), 4, pool_bwd))
     pool1d = {"X": "*bf16", "OUT": "*bf16", "L": "i32"}
     for bl, warps, even in ((64, 4, False), (64, 4, True), (256, 8, True)):
         cases.append(

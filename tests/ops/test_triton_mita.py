@@ -813,11 +813,15 @@ def test_padding_mask_costs_few_pytorch_kernels(monkeypatch, triton_launches):
     assert _compute_ops(lambda: torch.autograd.grad(res["out"], (q, k, v, r), do), triton_launches) == []
 
 
-@pytest.mark.parametrize("heads,N,start,grid,bins", [(3, 197, 0, (14, 14), (5, 5)), (0, 50, 1, (7, 7), (2, 3))])
-def test_triton_pooling_matches_pytorch(heads, N, start, grid, bins):
-    """The Triton landmark pooling (triton/pool.py: bf16 forward with float32 sums, float32 backward) against the
-    PyTorch formulation's float32 arithmetic: forward within one bf16 ulp (both round a float32 sum once, summed in
-    different orders), backward to float32 rounding; written in the landmarks' layout."""
+@pytest.mark.parametrize(
+    "heads,N,start,grid,bins,kb",
+    [(3, 197, 0, (14, 14), (5, 5), 4), (0, 50, 1, (7, 7), (2, 3), 4), (2, 1025, 1, (32, 32), (7, 7), 4)],
+)
+def test_triton_pooling_matches_pytorch(heads, N, start, grid, bins, kb):
+    """The Triton landmark pooling (triton/pool.py: bf16 forward with float32 sums, float32 backward over each
+    token's own landmarks, at most kb of them where adaptive bins overlap) against the PyTorch formulation's float32
+    arithmetic: forward within one bf16 ulp (both round a float32 sum once, summed in different orders), backward to
+    float32 rounding; written in the landmarks' layout."""
     from mita.ops import landmarks as lm
 
     g = torch.Generator().manual_seed(N)
@@ -825,6 +829,12 @@ def test_triton_pooling_matches_pytorch(heads, N, start, grid, bins):
     C = (heads or 1) * d
     tables = lm._pool_tables(N, start, *grid, *bins, torch.device(DEV), torch.bfloat16)
     m = bins[0] * bins[1]
+    # The per-token table holds exactly the operator's nonzero weights, in ascending landmark order.
+    bidx, bw = tables.token_bins
+    assert bidx.shape == bw.shape == (N, kb) and bidx.dtype == torch.int32
+    dense = torch.zeros(N, m, device=DEV).scatter_add_(1, bidx.long(), bw)
+    assert torch.equal(dense, tables.weights_t)
+    assert ((bidx.diff(dim=1) > 0) | (bw[:, 1:] == 0)).all()
     # x3 as a [G, N, C] view with a row stride larger than C (the head split of a fused qkv projection).
     x3 = torch.randn(G, N, 3 * C, generator=g).to(DEV, torch.bfloat16)[:, :, :C]
     out = tp.pool_fwd(x3, tables.member, tables.counts, heads)
@@ -841,12 +851,12 @@ def test_triton_pooling_matches_pytorch(heads, N, start, grid, bins):
         cot = torch.randn(G, m, heads, d, generator=g).to(DEV, torch.bfloat16).transpose(1, 2)
     else:
         cot = torch.randn(G, C, m, generator=g).to(DEV, torch.bfloat16).transpose(1, 2)
-    dx = tp.pool_bwd(cot, tables.weights_t, heads, torch.float32)
+    dx = tp.pool_bwd(cot, tables.token_bins, heads, torch.float32)
     gt = (cot.transpose(1, 2) if heads else cot).reshape(G, m, C).float()
     dx_want = torch.bmm(tables.weights_t.expand(G, N, m), gt)
     assert dx.shape == (G, N, C) and _rel(dx, dx_want) < 1e-6
     assert torch.equal(dx[:, :start], torch.zeros_like(dx[:, :start]))
-    dx16 = tp.pool_bwd(cot, tables.weights_t, heads, torch.bfloat16)
+    dx16 = tp.pool_bwd(cot, tables.token_bins, heads, torch.bfloat16)
     ulp = torch.exp2(torch.floor(torch.log2(dx.abs().clamp_min(1e-30))) - 7)
     assert ((dx16.double() - dx.double()).abs() <= ulp).all()
     if _CUDA:

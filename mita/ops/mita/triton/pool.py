@@ -4,8 +4,9 @@ bfloat16 2D pooling with a cached 0/1 operator (``mita.ops.landmarks._PoolBF16``
 Forward: ``out[g, i] = sum_n member[i, n] x[g, n] / counts[i]``: bf16 tiles of the 0/1 membership times bf16 tiles
 of x on tensor cores with float32 accumulation, divided in float32 and rounded once, written straight into the
 landmarks' layout (``[G, H, m, d]`` for heads interleaved with channels, else ``[G, m, C]``). Backward:
-``dx[g, n] = sum_i w[n, i] g[g, i]`` with float32 weights (1/9 is not a bf16 number) and float32 products, rounded
-once into x's dtype. The PyTorch formulation it replaces took a float32-output GEMM (a slow generic kernel), and in
+``dx[g, n] = sum_i w[n, i] g[g, i]`` over the few landmarks i that average token n (at most 4 for adaptive bins:
+a cached per-token table, ``_PoolTables.token_bins``), float32 weights (1/9 is not a bf16 number) and products,
+rounded once into x's dtype; the dense product over all m landmarks computed 16 times the terms at m = 49. The PyTorch formulation it replaces took a float32-output GEMM (a slow generic kernel), and in
 the backward a float32 GEMM, a float32 [G, N, C] buffer and a cast: about 0.2 ms of a DeiT-S layer's 2 ms on the
 H200 (notes/kernels-notes.md).
 
@@ -26,7 +27,7 @@ from mita.ops.mita.triton.launch import fast, interpreting
 # Launch settings (tokens x channels per program).
 CONFIG = {
     "fwd": dict(BN=64, BC=64, num_warps=4, num_stages=2),
-    "bwd": dict(BN=64, BC=64, num_warps=4, num_stages=1),
+    "bwd": dict(BN=32, BC=64, num_warps=4, num_stages=1),
 }
 
 
@@ -71,37 +72,40 @@ def _pool_fwd_kernel(
 @triton.jit
 def _pool_bwd_kernel(
     G,
-    WT,
+    BIDX,
+    BW,
     DX,
     N,
-    M,
     C,
     DH,
     SGG,
     SGH,
     SGM,
-    MP: tl.constexpr,
+    KB: tl.constexpr,
     BN: tl.constexpr,
     BC: tl.constexpr,
 ):
-    """One (group, token block, channel block): dx = w^T g in float32, rounded once."""
+    """One (group, token block, channel block): dx[n] = sum over the KB landmarks that average token n (BIDX, BW:
+    [N, KB], weight 0 past a token's own) of weight x g[landmark], in float32 in that order, rounded once."""
     i_g = tl.program_id(0).to(tl.int64)
     i_n = tl.program_id(1)
     i_c = tl.program_id(2)
-    o_i = tl.arange(0, MP)
-    m_i = o_i < M
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
-    b_w = tl.load(WT + o_n[:, None] * M + o_i[None, :], mask=m_n[:, None] & m_i[None, :], other=0.0)
-    # g's channel c of landmark i: head c // DH, row i, column c % DH (its own strides; unit column stride).
-    p_g = i_g * SGG + (o_c[None, :] // DH) * SGH + o_i[:, None] * SGM + (o_c[None, :] % DH)
-    b_g = tl.load(G + p_g, mask=m_i[:, None] & m_c[None, :], other=0.0).to(tl.float32)
-    dx = tl.dot(b_w, b_g, input_precision="ieee")
-    tl.store(
-        DX + (i_g * N + o_n[:, None]) * C + o_c[None, :], dx.to(DX.dtype.element_ty), mask=m_n[:, None] & m_c[None, :]
-    )
+    # g's channel c of landmark i: head c // DH, row i, column c % DH (its own strides; unit column stride). Offsets
+    # within one group (int32: a group's g and dx hold fewer than 2^31 elements).
+    G_g = G + i_g * SGG
+    c_off = (o_c // DH) * SGH + o_c % DH
+    acc = tl.zeros([BN, BC], tl.float32)
+    for j in tl.static_range(KB):
+        b_i = tl.load(BIDX + o_n * KB + j, mask=m_n, other=0)
+        b_w = tl.load(BW + o_n * KB + j, mask=m_n, other=0.0)
+        b_g = tl.load(G_g + (b_i[:, None] * SGM + c_off[None, :]), mask=m_n[:, None] & m_c[None, :], other=0.0)
+        acc += b_w[:, None] * b_g.to(tl.float32)
+    DX_g = DX + i_g * N * C
+    tl.store(DX_g + (o_n[:, None] * C + o_c[None, :]), acc.to(DX.dtype.element_ty), mask=m_n[:, None] & m_c[None, :])
 
 
 def pool_fwd(x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, heads: int) -> torch.Tensor:
@@ -134,10 +138,12 @@ def pool_fwd(x3: torch.Tensor, member: torch.Tensor, counts: torch.Tensor, heads
     return out
 
 
-def pool_bwd(g: torch.Tensor, weights_t: torch.Tensor, heads: int, dtype: torch.dtype) -> torch.Tensor:
-    """g ``[G, heads, m, d]`` (heads > 0) or ``[G, m, C]``, any strides with a unit last one; weights_t ``[N, m]``
-    float32. Returns dx ``[G, N, C]`` contiguous in ``dtype``."""
-    N, M = weights_t.shape
+def pool_bwd(g: torch.Tensor, token_bins: tuple[torch.Tensor, torch.Tensor], heads: int, dtype: torch.dtype):
+    """g ``[G, heads, m, d]`` (heads > 0) or ``[G, m, C]``, any strides with a unit last one; token_bins: the
+    landmarks that average each token and their weights, ``([N, kb] int32, [N, kb] float32)`` (weight 0 past a
+    token's own: ``mita.ops.landmarks._PoolTables.token_bins``). Returns dx ``[G, N, C]`` contiguous in ``dtype``."""
+    bidx, bw = token_bins
+    N, kb = bidx.shape
     if g.stride(-1) != 1:
         g = g.contiguous()
     if heads:
@@ -152,7 +158,7 @@ def pool_bwd(g: torch.Tensor, weights_t: torch.Tensor, heads: int, dtype: torch.
     cfg = dict(CONFIG["bwd"])
     cfg["BC"] = min(cfg["BC"], max(16, _next_pow2(C)))
     fast(_pool_bwd_kernel)[(G, _cdiv(N, cfg["BN"]), _cdiv(C, cfg["BC"]))](
-        g, weights_t.contiguous(), dx, N, M, C, dh, sgg, sgh, sgm, MP=max(16, _next_pow2(M)), **cfg
+        g, bidx, bw, dx, N, C, dh, sgg, sgh, sgm, KB=kb, **cfg
     )
     return dx
 
