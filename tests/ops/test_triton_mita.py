@@ -815,7 +815,12 @@ def test_padding_mask_costs_few_pytorch_kernels(monkeypatch, triton_launches):
 
 @pytest.mark.parametrize(
     "heads,N,start,grid,bins,kb",
-    [(3, 197, 0, (14, 14), (5, 5), 4), (0, 50, 1, (7, 7), (2, 3), 4), (2, 1025, 1, (32, 32), (7, 7), 4)],
+    [
+        (3, 197, 0, (14, 14), (5, 5), 4),
+        (0, 50, 1, (7, 7), (2, 3), 4),
+        (2, 1025, 1, (32, 32), (7, 7), 4),
+        pytest.param(6, 1025, 1, (32, 32), (7, 7), 4, marks=pytest.mark.gpu, id="gpu-seg_1025"),
+    ],
 )
 def test_triton_pooling_matches_pytorch(heads, N, start, grid, bins, kb):
     """The Triton landmark pooling (triton/pool.py: bf16 forward with float32 sums, float32 backward over each
