@@ -6,9 +6,10 @@ of x on tensor cores with float32 accumulation, divided in float32 and rounded o
 landmarks' layout (``[G, H, m, d]`` for heads interleaved with channels, else ``[G, m, C]``). Backward:
 ``dx[g, n] = sum_i w[n, i] g[g, i]`` over the few landmarks i that average token n (at most 4 for adaptive bins:
 a cached per-token table, ``_PoolTables.token_bins``), float32 weights (1/9 is not a bf16 number) and products,
-rounded once into x's dtype; the dense product over all m landmarks computed 16 times the terms at m = 49. The PyTorch formulation it replaces took a float32-output GEMM (a slow generic kernel), and in
-the backward a float32 GEMM, a float32 [G, N, C] buffer and a cast: about 0.2 ms of a DeiT-S layer's 2 ms on the
-H200 (notes/kernels-notes.md).
+rounded once into x's dtype (a dense product over all m landmarks computes 16 times the terms at m = 49). The
+PyTorch formulation it replaces took a float32-output GEMM (a slow generic kernel), and in the backward a float32
+GEMM, a float32 [G, N, C] buffer and a cast: about 0.2 ms of a DeiT-S layer's 2 ms on the H200
+(notes/kernels-notes.md).
 
 1D segment means without padding (``pool1d_fwd``, N divisible by m) and over the valid tokens of padded sequences
 (``pool1d_masked_fwd`` / ``pool1d_masked_bwd``, ``mita.ops.landmarks._Pool1DMasked``): one launch each way where the

@@ -311,7 +311,7 @@ def exact_topk(
         stats: None, or a dict that receives (long-row path only) ``"cap"``, ``"counts"`` (``[BH * m]`` int32
             device tensor: keys at or above each row's start threshold), ``"overflow_rows"`` (device
             tensor: rows with more than cap such keys, which take the refinement passes). No host
-            synchronisation; scripts/bench/topk_overflow.py models the start threshold on the CPU.
+            synchronisation; ``scripts/bench/sweep.py --model`` models the start threshold on the CPU.
         lv: None, or ``(v, scale)``: also compute the landmark values ``softmax(R k^T scale) v`` over the valid keys
             (v in k's layout), as :func:`landmark_values_fwd` does; on the long-row path with
             the block-top pass computes them from the scores it already has.
