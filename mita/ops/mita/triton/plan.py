@@ -211,6 +211,7 @@ def key_csr(idx: torch.Tensor, N: int) -> tuple[torch.Tensor, torch.Tensor]:
     most ``_CSR_SLOTS``), else a PyTorch stable sort and search."""
     BH, m, topk = idx.shape
     mt = m * topk
+    idx = idx.contiguous()
     if mt <= _CSR_SLOTS:
         ptr = torch.empty(BH, N + 1, device=idx.device, dtype=torch.int32)
         perm = torch.empty(BH, mt, device=idx.device, dtype=torch.int32)
