@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path, help="CSV to write")
+    parser.add_argument(
+        "--out", type=Path, help="CSV to write (rewritten after each experiment: a run cut short keeps its rows)"
+    )
     parser.add_argument(
         "--valid-fraction",
         type=float,
@@ -231,6 +233,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         row.update({"hardware": hw, "torch": torch.__version__, "date": stamp, "kind": "estimate", **machine_load()})
         rows.append(row)
+        if args.out:
+            _write_csv(args.out, rows)
         print(
             f"{exp:32s} batch {row['batch']:4d} N {row['length']:6d}  {row['step_s'] * 1000:9.2f} ms/step x "
             f"{row['max_steps']} steps = {row['estimate_h']:.3f} h (estimate)"
@@ -242,13 +246,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
             totals[attention] = totals.get(attention, 0.0) + row["estimate_h"]
     for attention, hours in totals.items():
         print(f"total over the LRA tasks timed, {attention}: {hours:.2f} h (estimate)")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
     return rows
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    # The rows so far, written to a temporary file and moved into place (a reader never sees half a file).
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

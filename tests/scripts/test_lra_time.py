@@ -37,6 +37,29 @@ def test_estimates_full_and_mita_side_by_side(lra_time, tmp_path):
     assert [w["experiment"] for w in written] == [r["experiment"] for r in rows]
 
 
+def test_rows_written_as_each_experiment_finishes(lra_time, tmp_path, monkeypatch):
+    """The CSV holds every finished experiment's row at once, so a run cut short (a time limit, a crash) keeps them:
+    here the second experiment fails and the first row is on disk."""
+    real = lra_time.time_experiment
+
+    def flaky(experiment, *a, **kw):
+        if experiment == "lra/listops-mita":
+            raise RuntimeError("cut")
+        return real(experiment, *a, **kw)
+
+    monkeypatch.setattr(lra_time, "time_experiment", flaky)
+    out = tmp_path / "time.csv"
+    with pytest.raises(RuntimeError, match="cut"):
+        lra_time.main(
+            ["--experiments", "lra/listops-full", "lra/listops-mita", "--steps", "1", "--warmup", "0", "--device",
+             "cpu", "--out", str(out), "data.batch_size=2", "data.max_length=128"]
+        )  # fmt: skip
+    with open(out) as f:
+        written = list(csv.DictReader(f))
+    assert [w["experiment"] for w in written] == ["lra/listops-full"] and float(written[0]["step_s"]) > 0
+    assert not out.with_name("time.csv.tmp").exists()
+
+
 def test_table_options_list_every_row(lra_time, monkeypatch):
     seen = []
     monkeypatch.setattr(
