@@ -42,7 +42,7 @@ _SCAN_PROGRAMS = 2048
 # (None: 64 for d <= 64, else 32); num_warps: warps of the passes that score keys (one setting for all: the passes
 # that score keys again must reproduce the block-top pass's scores to the bit). block_top t > 1: the block-top pass
 # keeps the t largest scores of each key block and the start threshold is the kk-th largest of all of them (None:
-# _block_top, at least 2 and at least 2 topk entries in all where the start takes every entry itself, else 1).
+# _block_top: 1, 2, or at least 8 where rows have fewer key blocks than topk).
 # emit_top 3: the block-top pass also keeps each block's third largest score and where its second sits, so the select
 # kernel's emission scores again only blocks with three or more candidates; 2: with two or more (None: _emit_top);
 # where block_top is a power of 2 above 3 the emission reads all of them instead (and the pass keeps where the keys of
@@ -514,7 +514,7 @@ def _compile_cases() -> list:
         ("topk_scan mode 0 top-8 wide emission + lv", _topk_scan_kernel,
          dict(MODE=0, SKIP=False, TOPT=8, BG=8, ET=8, **{**sc, "LVF": 1}), 4, lvf),
         ("topk_select N 1025 wide emission merge", _topk_select_kernel,
-         dict(HAS_KV=False, F=1, GP=256, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, ET=16,
+         dict(HAS_KV=False, F=1, GP=256, P=_P, ONE_PLANE=False, STEPS=20, NARROW=1, BS=64, BN=64, EXACT=False, ET=8,
               EB=32, CP=128, FNARROW=2, MERGE=1, BC=64, **common), 4,
          dict(sel, VT="*bf16")),
         ("topk_select kv", _topk_select_kernel,

@@ -287,9 +287,11 @@ def _emit_row(
             o_t = tl.arange(0, ET)
             t_at = o_t[None, :] * PS + e_at[:, None]
             e_top = tl.load(CMAX + t_at, mask=m_b[:, None], other=float("-inf"))
-            # Planes descend, so the tops at or above the threshold are the first w of the block's.
-            more = m_b & (tl.max(tl.where(o_t[None, :] == ET - 1, e_top, float("-inf")), 1) >= t_f)
-            w = tl.where(more | ~m_b, 0, tl.sum((e_top >= t_f).to(tl.int32), 1))
+            # Planes descend, so the tops at or above the threshold are the first c of the block's, and the last
+            # reaches it when all ET do.
+            c = tl.sum((e_top >= t_f).to(tl.int32), 1)
+            more = m_b & (c == ET)
+            w = tl.where(more | ~m_b, 0, c)
             pos = n + tl.cumsum(w, 0) - w
             e_arg = tl.load(ARG + t_at, mask=m_b[:, None] & (o_t[None, :] < ET - 1), other=0).to(tl.int32)
             p_t = pos[:, None] + o_t[None, :]
