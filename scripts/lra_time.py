@@ -23,7 +23,6 @@ runs, and only for the CSV's ``mode`` column, never for the tables' time column)
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import statistics
 import sys
@@ -34,6 +33,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+from common import write_csv  # noqa: E402
 
 
 def compose(experiment: str, overrides: list[str]):
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row.update({"hardware": hw, "torch": torch.__version__, "date": stamp, "kind": "estimate", **machine_load()})
         rows.append(row)
         if args.out:
-            _write_csv(args.out, rows)
+            write_csv(args.out, rows)
         print(
             f"{exp:32s} batch {row['batch']:4d} N {row['length']:6d}  {row['step_s'] * 1000:9.2f} ms/step x "
             f"{row['max_steps']} steps = {row['estimate_h']:.3f} h (estimate)"
@@ -247,17 +248,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for attention, hours in totals.items():
         print(f"total over the LRA tasks timed, {attention}: {hours:.2f} h (estimate)")
     return rows
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    # The rows so far, written to a temporary file and moved into place (a reader never sees half a file).
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
 
 
 if __name__ == "__main__":

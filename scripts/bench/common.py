@@ -5,11 +5,13 @@ from __future__ import annotations
 import csv
 import datetime
 import math
+import os
 import platform
 import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -243,14 +245,19 @@ def correlated_tokens(
     return x.to(dtype).contiguous()  # the slice above is strided; dense SDPA backends refuse that layout
 
 
-def write_csv(path: str, rows: list[dict]) -> None:
-    """Write rows (dicts with the same keys) as CSV."""
+def write_csv(path: str | os.PathLike, rows: list[dict]) -> None:
+    """Write rows (dicts with the same keys) as CSV, through a temporary file moved into place (a reader, or a run
+    cut while writing, never sees half a file); the folder is created if missing."""
     if not rows:
         return
     keys = list(rows[0].keys())
     for r in rows[1:]:
         keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="") as f:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
+    tmp.replace(path)
