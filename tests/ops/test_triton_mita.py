@@ -722,42 +722,6 @@ def test_backward_match_and_csr_reductions_agree(monkeypatch, S, shared, pad):
         assert torch.equal(a, b)
 
 
-def _key_csr_ref(idx: torch.Tensor, N: int):
-    # The per-key lists as a PyTorch stable sort and search give them: (ptr [BH, N + 1], perm [BH, m topk]).
-    BH = idx.shape[0]
-    flat = idx.reshape(BH, -1).long()
-    sorted_idx, perm = torch.sort(torch.where(flat < 0, N, flat), dim=-1, stable=True)
-    keys = torch.arange(N + 1, device=idx.device).expand(BH, N + 1).contiguous()
-    return torch.searchsorted(sorted_idx.contiguous(), keys).int(), perm.int()
-
-
-@pytest.mark.parametrize(
-    "BH,N,m,topk,slots",
-    [(3, 90, 6, 20, None), (2, 1025, 49, 49, None), (1, 2100, 32, 64, None), (2, 300, 8, 40, 64)],
-    ids=["small", "seg_1025", "bins_in_chunks", "torch_form"],
-)
-@pytest.mark.parametrize("device", [DEV, pytest.param("cuda", marks=pytest.mark.gpu)], ids=["default", "gpu"])
-def test_key_csr_matches_stable_sort(monkeypatch, BH, N, m, topk, slots, device):
-    """The backward's per-key lists (one launch: a sort of packed (key, slot) pairs and histograms of 1024 bins at a
-    time; above _CSR_SLOTS slots the PyTorch form) equal a stable sort's, with empty (-1) slots, a key list with
-    every key and one with none, and N + 1 past one histogram chunk."""
-    if device == "cuda" and not _CUDA:
-        pytest.skip("needs a CUDA device")
-    if slots is not None:
-        monkeypatch.setattr(tplan, "_CSR_SLOTS", slots)
-    g = torch.Generator().manual_seed(N)
-    idx = torch.stack(
-        [torch.stack([torch.randperm(N, generator=g)[:topk].sort().values for _ in range(m)]) for _ in range(BH)]
-    ).int()
-    idx[0, 1, topk // 2 :] = -1
-    idx[-1, :, -3:] = -1
-    idx[0, 0] = -1
-    idx = idx.to(device)
-    ptr, perm = tplan.key_csr(idx, N)
-    want = _key_csr_ref(idx, N)
-    assert torch.equal(ptr, want[0]) and torch.equal(perm, want[1])
-
-
 def _compute_ops(fn, launches) -> list[str]:
     """The PyTorch ops ``fn()`` runs outside its Triton launches (``launches``: the triton_launches fixture) other
     than allocations, views and detaches (``mita.utils.kernel_ops``): each is a kernel launch on a GPU."""

@@ -30,7 +30,7 @@ from mita.ops.mita.triton.common import (
 )
 from mita.ops.mita.triton.landmark_values import _lv_bwd_dr_kernel, _lv_dkdv_block, _n_chunks
 from mita.ops.mita.triton.launch import fast
-from mita.ops.mita.triton.plan import RoutingPlan, key_csr
+from mita.ops.mita.triton.plan import RoutingPlan
 
 # The backward kernels launch with the compiler's register choice (caps timed no better at d 64:
 # notes/kernels-notes.md), except the dq kernel at 8 warps (``_dq_launch``).
@@ -415,7 +415,7 @@ def _dkdv_final_kernel(
 
 
 # Routed dk, dv rows are matched to their keys by comparing each key block with every expert's index list when
-# BH * N * m * next_pow2(topk) is at most this; above it per-key CSR lists (plan.key_csr) are cheaper.
+# BH * N * m * next_pow2(topk) is at most this; above it a CSR list from a stable sort is cheaper.
 _MATCH_MAX = 1 << 28
 
 
@@ -525,15 +525,22 @@ def _bwd_dkdv_routed(do, q, k, v, lse, delta, plan: RoutingPlan, lay, dlay, S, s
 
 def _key_lists(idx: torch.Tensor, N: int):
     """How the per-key reduction finds a key's (expert, slot) rows -> (csr, ptr, perm, kp): by matching each key block
-    against every expert's index list (csr False; ptr and perm are idx, unused), or through per-key lists
-    (:func:`key_csr`: ptr ``[BH, N + 1]``, perm ``[BH, m topk]`` int32) when that costs more than ``_MATCH_MAX``; kp:
-    the matching's padded list length."""
+    against every expert's index list (csr False; ptr and perm are idx, unused), or through a CSR list from a stable
+    sort (ptr ``[BH, N + 1]``, perm ``[BH, m topk]`` int32) when that costs more than ``_MATCH_MAX``; kp: the
+    matching's padded list length."""
     BH, m, topk = idx.shape
     kp = max(16, _next_pow2(topk))
-    if BH * N * m * kp > _MATCH_MAX:
-        ptr, perm = key_csr(idx, N)
-        return True, ptr, perm, kp
-    return False, idx, idx, kp
+    csr = BH * N * m * kp > _MATCH_MAX
+    if csr:
+        flat = idx.view(BH, m * topk).long()
+        flat = torch.where(flat < 0, N, flat)
+        sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
+        ar = torch.arange(N + 1, device=idx.device, dtype=sorted_idx.dtype)
+        ptr = torch.searchsorted(sorted_idx.contiguous(), ar.expand(BH, N + 1).contiguous()).to(torch.int32)
+        perm = perm.to(torch.int32).contiguous()
+    else:
+        ptr = perm = idx
+    return csr, ptr, perm, kp
 
 
 def _merge_bc(nc: int) -> int:

@@ -181,52 +181,6 @@ def _plan_scatter_kernel(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit
-def _key_csr_kernel(IDX, PTR, PERM, N, MT, EP: tl.constexpr, BB: tl.constexpr):
-    # One (batch, head)'s routed slots listed per key: PERM = the flat slots (expert * topk + slot, MT of them) stably
-    # sorted by the key they hold (a slot holding -1 as key N, after every key), PTR[x] = the slots holding a key
-    # below x, for x = 0..N. One sort of the packed (key, slot) pairs in registers; PTR from histograms of BB bins at
-    # a time (keys outside a chunk's bins counted into its bin 0, then taken out of it).
-    i_bh = tl.program_id(0).to(tl.int64)
-    o = tl.arange(0, EP)
-    m_o = o < MT
-    e = tl.load(IDX + i_bh * MT + o, mask=m_o, other=-1)
-    key = tl.where(m_o, tl.where(e < 0, N, e), N + 1)
-    srt = tl.sort((key.to(tl.int64) << 32) | o.to(tl.int64), 0)
-    tl.store(PERM + i_bh * MT + o, (srt & 0xFFFFFFFF).to(tl.int32), mask=m_o)
-    o_b = tl.arange(0, BB)
-    below = tl.zeros([], tl.int32)
-    for b0 in range(0, N + 1, BB):
-        inside = (key >= b0) & (key < b0 + BB)
-        hist = tl.histogram(tl.where(inside, key - b0, 0), BB)
-        hist -= tl.where(o_b == 0, tl.sum((~inside).to(tl.int32), 0), 0)
-        tl.store(PTR + i_bh * (N + 1) + b0 + o_b, below + tl.cumsum(hist, 0) - hist, mask=b0 + o_b <= N)
-        below += tl.sum(inside.to(tl.int32), 0)
-
-
-def key_csr(idx: torch.Tensor, N: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The backward's per-key lists of routed slots: ``(ptr [BH, N + 1], perm [BH, m topk])`` int32, perm the flat
-    slots of ``idx`` (``[BH, m, topk]``, -1 for an empty slot) stably sorted by key index (empty slots last), ptr[x]
-    the slots holding a key below x. One launch (``_key_csr_kernel``) where a head's slots fit its registers (at
-    most ``_CSR_SLOTS``), else a PyTorch stable sort and search."""
-    BH, m, topk = idx.shape
-    mt = m * topk
-    idx = idx.contiguous()
-    if mt <= _CSR_SLOTS:
-        ptr = torch.empty(BH, N + 1, device=idx.device, dtype=torch.int32)
-        perm = torch.empty(BH, mt, device=idx.device, dtype=torch.int32)
-        ep = max(16, _next_pow2(mt))
-        bb = min(1024, max(16, _next_pow2(N + 1)))
-        fast(_key_csr_kernel)[(BH,)](idx, ptr, perm, N, mt, EP=ep, BB=bb, num_warps=4 if ep <= 2048 else 8)
-        return ptr, perm
-    flat = idx.view(BH, mt).long()
-    flat = torch.where(flat < 0, N, flat)
-    sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
-    ar = torch.arange(N + 1, device=idx.device, dtype=sorted_idx.dtype)
-    ptr = torch.searchsorted(sorted_idx.contiguous(), ar.expand(BH, N + 1).contiguous()).to(torch.int32)
-    return ptr, perm.to(torch.int32).contiguous()
-
-
 def order_key(scores: torch.Tensor) -> torch.Tensor:
     """int64 images of float32 scores in the same order (-0.0 as +0.0): the kernels' int32 order keys."""
     bits = (scores.float() + 0.0).view(torch.int32)
@@ -271,8 +225,6 @@ class RoutingPlan:
 # The one-program plan kernel takes N * S * next_pow2(m) up to this (one program per (batch, head) loops over the
 # rows in steps of _PLAN_CHUNK one-hot entries); beyond it the chunked plan has more parallelism.
 _PLAN_FUSED_MAX = 1 << 18
-# key_csr's one-launch form: the slots per (batch, head) it sorts in registers.
-_CSR_SLOTS = 4096
 _PLAN_CHUNK = 8192
 # Chunked plan (timed on the H200, scripts/bench/plan_bench.py): chunks of at most _PLAN_ROWS rows, fewer where
 # that gives about _PLAN_PROGRAMS programs over all (batch, head) pairs (latency is hidden by many short programs);
