@@ -118,7 +118,7 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
         opt.zero_grad(set_to_none=True)
         body()
 
-    step.net = net  # (for tests and tools)
+    step.net, step.batch = net, batch  # (for tests and tools)
     if not graph:
         return step, cfg, B, N
     side = torch.cuda.Stream()
@@ -136,7 +136,7 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
     def replay() -> None:
         captured.replay()
 
-    replay.net = net
+    replay.net, replay.batch = net, batch
     return replay, cfg, B, N
 
 

@@ -124,3 +124,92 @@ def triton_launches(monkeypatch):
 
     monkeypatch.setattr(jit_type, "__getitem__", counting_getitem)
     return launches
+
+
+class OutOfBounds(AssertionError):
+    """A Triton kernel (under the CPU interpreter) read or wrote memory outside every tensor it was given."""
+
+
+@pytest.fixture
+def bounds_checked(monkeypatch):
+    """Under the Triton CPU interpreter, every load, store and atomic of a kernel must touch only the storage of the
+    tensors passed to that launch (masked-off lanes excepted); anything else raises :class:`OutOfBounds` naming the
+    kernel. On a GPU a stray store lands in a neighbouring allocation and shows up, if ever, far from its cause (a
+    corrupted input of a later step); here it fails at the store. The fixture yields the list of checked launches."""
+    import numpy as np
+    from triton.runtime import interpreter as ti
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("bounds checking needs the Triton interpreter")
+    state = {"ranges": None, "kernel": None}
+    checked: list[str] = []
+
+    def storage_ranges(values):
+        out = []
+        for a in values:
+            if isinstance(a, (tuple, list)):
+                out += storage_ranges(a)
+            elif isinstance(a, torch.Tensor):
+                s = a.untyped_storage()
+                out.append((s.data_ptr(), s.data_ptr() + s.nbytes()))
+        return out
+
+    real_call = ti.GridExecutor.__call__
+
+    def call(self, *args, **kwargs):
+        outer = dict(state)
+        state["ranges"] = np.array(storage_ranges([*args, *kwargs.values()]), dtype=np.uint64).reshape(-1, 2)
+        state["kernel"] = self.fn.__name__
+        checked.append(self.fn.__name__)
+        try:
+            return real_call(self, *args, **kwargs)
+        finally:
+            state.update(outer)
+
+    def check(what, ptrs, mask=None):
+        if state["ranges"] is None:
+            return
+        addr = np.asarray(ptrs.data, dtype=np.uint64)
+        if mask is not None:
+            addr = addr[np.broadcast_to(np.asarray(mask.data, dtype=bool), addr.shape)]
+        addr = addr.reshape(-1)
+        if addr.size == 0:
+            return
+        size = np.uint64(max(1, ptrs.get_element_ty().primitive_bitwidth // 8))
+        lo, hi = state["ranges"][:, 0], state["ranges"][:, 1]
+        inside = ((addr[:, None] >= lo[None]) & (addr[:, None] + size <= hi[None])).any(axis=1)
+        if not inside.all():
+            bad = addr[~inside]
+            raise OutOfBounds(
+                f"{state['kernel']}: {what} of {bad.size} element(s) outside every argument's storage "
+                f"(first address {int(bad[0]):#x}; arguments span "
+                + ", ".join(f"[{int(a):#x}, {int(b):#x})" for a, b in state["ranges"])
+                + ")"
+            )
+
+    B = ti.InterpreterBuilder
+    names = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")
+    real = {n: getattr(B, n) for n in names}
+
+    def masked_load(self, ptrs, mask, *a, **kw):
+        check("load", ptrs, mask)
+        return real["create_masked_load"](self, ptrs, mask, *a, **kw)
+
+    def masked_store(self, ptrs, value, mask, *a, **kw):
+        check("store", ptrs, mask)
+        return real["create_masked_store"](self, ptrs, value, mask, *a, **kw)
+
+    def atomic_rmw(self, op, ptr, val, mask, *a, **kw):
+        check("atomic", ptr, mask)
+        return real["create_atomic_rmw"](self, op, ptr, val, mask, *a, **kw)
+
+    def atomic_cas(self, ptr, *a, **kw):
+        check("atomic", ptr)
+        return real["create_atomic_cas"](self, ptr, *a, **kw)
+
+    monkeypatch.setattr(ti.GridExecutor, "__call__", call)
+    monkeypatch.setattr(B, "create_masked_load", masked_load)
+    monkeypatch.setattr(B, "create_masked_store", masked_store)
+    monkeypatch.setattr(B, "create_atomic_rmw", atomic_rmw)
+    monkeypatch.setattr(B, "create_atomic_cas", atomic_cas)
+    return checked
