@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every experiment")
     args = parser.parse_args(argv)
     from tasks.common.experiments import list_experiments
-    from tasks.common.records import machine_load
+    from tasks.common.records import git_state, machine_load
 
     experiments = list(args.experiments)
     for table in args.table or []:
@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error("give --experiments or --table")
     hw = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    git = git_state()
+    commit = (git["commit"] or "unknown")[:7] + ("+dirty" if git["dirty"] else "")
     print(
         f"ESTIMATE, not a measured training time: median step time over {args.steps} synthetic steps ({args.mode}, "
         f"valid fraction {args.valid_fraction:g}) x "
@@ -232,7 +234,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row = time_experiment(
             exp, args.steps, args.warmup, args.device, args.overrides, args.valid_fraction, mode=args.mode
         )
-        row.update({"hardware": hw, "torch": torch.__version__, "date": stamp, "kind": "estimate", **machine_load()})
+        row.update(
+            {
+                "hardware": hw,
+                "torch": torch.__version__,
+                "date": stamp,
+                "kind": "estimate",
+                "commit": commit,
+                "timed_steps": args.steps,
+                **machine_load(),
+            }
+        )
         rows.append(row)
         if args.out:
             write_csv(args.out, rows)

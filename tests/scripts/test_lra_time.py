@@ -48,6 +48,7 @@ def test_rows_written_as_each_experiment_finishes(lra_time, tmp_path, monkeypatc
         return real(experiment, *a, **kw)
 
     monkeypatch.setattr(lra_time, "time_experiment", flaky)
+    monkeypatch.setenv("MITA_COMMIT", "abc1234def")
     out = tmp_path / "time.csv"
     with pytest.raises(RuntimeError, match="cut"):
         lra_time.main(
@@ -57,6 +58,8 @@ def test_rows_written_as_each_experiment_finishes(lra_time, tmp_path, monkeypatc
     with open(out) as f:
         written = list(csv.DictReader(f))
     assert [w["experiment"] for w in written] == ["lra/listops-full"] and float(written[0]["step_s"]) > 0
+    # Provenance beside the number: the commit timed (stamped on a machine without .git) and the steps behind it.
+    assert written[0]["commit"] == "abc1234" and written[0]["timed_steps"] == "1"
     assert not out.with_name("time.csv.tmp").exists()
 
 
