@@ -18,7 +18,9 @@
 #          SDPA kernel pinned (efficient, cudnn); every Table D and E row with FULL_TABLE=1. About 5 min.
 #   long   (not in the default) the long-row points 16K-1M as CUDA-graph replays on BEFORE_LONG=DIR (a tree from
 #          before the kernel package's restructuring, 3b24a53, whose bench_op takes --graph --queued) and on this
-#          tree, each alone, twice in turn. About 6 min.
+#          tree, each alone, twice in turn. About 8 min.
+# Every before / after comparison first runs both trees at once, untimed (WARM_S, default 150 s), so that the timed
+# runs find their kernels compiled.
 # Each step's output goes to OUT as it finishes, so a call cut at its limit still returns what ran. OUT/environment.txt
 # holds the host's state at the start and the end (load, other GPU processes, a Python speed index): timings taken
 # beside other work are not comparable.
@@ -59,8 +61,18 @@ print(f'python dict store: {t / n * 1e9:.1f} ns (this CPU-speed index compares h
   host_state
 } >"$out/environment.txt" 2>&1
 want() { [[ $parts == *",$1,"* ]]; }
+warm() {  # warm NAME TREE LIMIT_S CMD [CMD_HERE]: CMD in TREE and CMD_HERE (default CMD) here, at once and untimed
+  local name=$1 tree=$2 limit=$3 cmd=$4 here=${5:-$4} t0  # (output folder $dir, dropped), so that the timed runs
+  t0=$(date +%s)  # after it find every kernel compiled: a cold tree spent most of a 120 s limit compiling
+  (cd "$tree" && dir=$(mktemp -d) timeout "$limit" bash -c "$cmd" >/dev/null 2>&1) &
+  local pid=$!
+  dir=$(mktemp -d) timeout "$limit" bash -c "$here" >/dev/null 2>&1
+  wait $pid
+  echo "== warm-up $name (both trees at once, limit $limit s): $(($(date +%s) - t0)) s"
+}
 before_after() {  # before_after PREFIX TREE LIMIT_S COMMAND: COMMAND (its output folder in $dir) in TREE, then here,
   local prefix=$1 tree=$2 limit=$3 cmd=$4 i side dir  # twice in turn; steps PREFIX_before_1, PREFIX_after_1, ...
+  warm "$prefix" "$tree" "${WARM_S:-150}" "$cmd"
   for i in 1 2; do
     for side in before after; do
       dir="$out/${prefix}_${side}_$i"
@@ -137,6 +149,9 @@ fi
 fi
 if want long && [ -n "${BEFORE_LONG:-}" ]; then
   long_points=N16384,N65536,N262144,N1048576
+  warm long "$BEFORE_LONG" "${WARM_S:-150}" "python3 scripts/bench/bench_op.py --out \"\$dir\" --backends triton \
+    --points $long_points --dense-long cudnn --graph --queued" "python3 scripts/bench/bench_op.py --out \"\$dir\" \
+    --backends triton --points $long_points --dense-long cudnn --timing cuda_graph_queued"
   for i in 1 2; do
     mkdir -p "$out/long_before_$i" "$out/long_after_$i"
     step "long_before_$i" "${LONG_S:-90}" bash -c "cd '$BEFORE_LONG' && python3 scripts/bench/bench_op.py \
