@@ -59,10 +59,13 @@ _INT_POISON = {
 
 
 def _poisoned(t: torch.Tensor) -> torch.Tensor:
-    if t.is_floating_point():
-        return t.fill_(float("nan"))
-    value = _INT_POISON.get(t.dtype)
-    return t if value is None else t.fill_(value)
+    # Under no_grad: an allocation may ask for requires_grad=True (torch.compile's pattern set-up does), and an
+    # in-place fill of such a leaf is an autograd error.
+    with torch.no_grad():
+        if t.is_floating_point():
+            return t.fill_(float("nan"))
+        value = _INT_POISON.get(t.dtype)
+        return t if value is None else t.fill_(value)
 
 
 @pytest.fixture

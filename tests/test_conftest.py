@@ -36,3 +36,12 @@ def test_poison_covers_every_uninitialised_allocation(poison) -> None:
 @pytest.mark.no_poison
 def test_no_poison_marker_leaves_allocations_alone(poison) -> None:
     assert torch.empty is _REAL_EMPTY and torch.Tensor.new_empty is _REAL_NEW_EMPTY
+
+
+def test_poison_fills_allocations_that_require_grad(poison):
+    """torch.compile's pattern set-up allocates leaves with requires_grad=True; the poison must still fill them (an
+    in-place fill of such a leaf outside no_grad is an autograd error), and they stay leaves that require grad."""
+    t = torch.empty(3, requires_grad=True)
+    assert t.requires_grad and t.is_leaf and torch.isnan(t).all()
+    i = torch.empty(2, dtype=torch.int32)
+    assert (i == -123456789).all()
