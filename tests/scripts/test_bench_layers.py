@@ -19,7 +19,9 @@ def bench(monkeypatch):
 def test_every_registered_attention_is_benchmarked_on_cpu(bench, tmp_path):
     from mita.registry import list_attentions
 
-    rows = bench.main(["--device", "cpu", "--points", "tiny", "--dtype", "float32", "--out", str(tmp_path)])
+    rows = bench.main(
+        ["--device", "cpu", "--points", "tiny", "--dtype", "float32", "--reps", "1", "--out", str(tmp_path)]
+    )
     with open(tmp_path / "layer_bench.csv") as f:
         written = list(csv.DictReader(f))
     assert len(written) == len(rows)
