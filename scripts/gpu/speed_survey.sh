@@ -149,15 +149,16 @@ fi
 fi
 if want long && [ -n "${BEFORE_LONG:-}" ]; then
   long_points=N16384,N65536,N262144,N1048576
-  warm long "$BEFORE_LONG" "${WARM_S:-150}" "python3 scripts/bench/bench_op.py --out \"\$dir\" --backends triton \
-    --points $long_points --dense-long cudnn --graph --queued" "python3 scripts/bench/bench_op.py --out \"\$dir\" \
-    --backends triton --points $long_points --dense-long cudnn --timing cuda_graph_queued"
+  # Each tree's bench_op, less its --out (the earlier tree's takes --graph --queued for the replays' timing).
+  long_before="python3 scripts/bench/bench_op.py --backends triton --points $long_points --dense-long cudnn \
+    --graph --queued"
+  long_after="python3 scripts/bench/bench_op.py --backends triton --points $long_points --dense-long cudnn \
+    --timing cuda_graph_queued"
+  warm long "$BEFORE_LONG" "${WARM_S:-150}" "$long_before --out \"\$dir\"" "$long_after --out \"\$dir\""
   for i in 1 2; do
     mkdir -p "$out/long_before_$i" "$out/long_after_$i"
-    step "long_before_$i" "${LONG_S:-90}" bash -c "cd '$BEFORE_LONG' && python3 scripts/bench/bench_op.py \
-      --out '$out/long_before_$i' --backends triton --points $long_points --dense-long cudnn --graph --queued"
-    step "long_after_$i" "${LONG_S:-90}" python3 scripts/bench/bench_op.py --out "$out/long_after_$i" --backends triton \
-      --points $long_points --dense-long cudnn --timing cuda_graph_queued
+    step "long_before_$i" "${LONG_S:-90}" bash -c "cd '$BEFORE_LONG' && $long_before --out '$out/long_before_$i'"
+    step "long_after_$i" "${LONG_S:-90}" bash -c "$long_after --out '$out/long_after_$i'"
   done
 fi
 if want lra; then
