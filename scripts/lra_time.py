@@ -136,7 +136,10 @@ def build_step(experiment: str, device: str, overrides: list[str], valid_fractio
     def replay() -> None:
         captured.replay()
 
-    replay.net, replay.batch = net, batch
+    # The graph reads and writes its tensors by address: the labels, the batch, the parameters and the optimiser's
+    # state must live as long as the replay (freed, their memory would go to the next allocation; garbage labels
+    # then failed the loss's class-range check at the first replay).
+    replay.net, replay.batch, replay.captured_step = net, batch, (body, opt, labels)
     return replay, cfg, B, N
 
 

@@ -146,14 +146,22 @@ def test_cuda_graph_step_captures_and_trains(lra_time, experiment):
     """A whole training step captures on CUDA (no host synchronisation in it, padding included: the batch's valid
     lengths come from the CPU) and each replay updates the parameters, which stay finite; the row records the
     mode."""
+    import gc
+
     import torch
 
     overrides = ["data.batch_size=4", "data.max_length=512"]
     step, cfg, B, N = lra_time.build_step(experiment, "cuda", overrides, 0.6, "cuda_graph")
     params = [p for p in step.net.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
+    # Whatever the graph reads must outlive build_step: memory freed since then is overwritten here (labels and
+    # optimiser state the replay no longer held became garbage at the first replay).
+    gc.collect()
+    junk = [torch.full((n,), -1, device="cuda", dtype=torch.int64) for n in (4, 64, 512, 4096, 65536)]
+    junk += [torch.full_like(p, float("nan")) for p in params for _ in range(2)]
     step()
     torch.cuda.synchronize()
+    del junk
     changed = [not torch.equal(a, p) for a, p in zip(before, params)]
     assert sum(changed) > len(params) // 2
     assert all(torch.isfinite(p).all() for p in params)
