@@ -84,25 +84,6 @@ def test_long_row_topk_stays_in_bounds(bounds_checked, monkeypatch, pad, block_t
     assert {"_topk_scan_kernel", "_topk_select_kernel"} <= set(bounds_checked)
 
 
-@pytest.mark.parametrize("pad", [False, True])
-def test_medium_row_topk_stays_in_bounds(bounds_checked, pad):
-    """The medium rows' top-k with its landmark values (a tile of several key blocks, the last one partial), with
-    ties from a small vocabulary of keys and, with padding, a row with fewer valid keys than k."""
-    g = torch.Generator().manual_seed(4)
-    BH, M, N, d, topk = 2, 17, 600, 32, 40
-    vocab = torch.randn(6, d, generator=g)
-    k = (vocab[torch.randint(0, 6, (BH, N), generator=g)] + 0.02 * torch.randn(BH, N, d, generator=g)).bfloat16()
-    v = torch.randn(BH, N, d, generator=g).bfloat16()
-    r = torch.randn(BH, M, d, generator=g).bfloat16()
-    valid = None
-    if pad:
-        valid = torch.rand(BH, N, generator=g) > 0.3
-        valid[1, topk // 2 :] = False
-    idx, vt, lse = ttk.exact_topk(r, k, valid, topk, lv=(v, d**-0.5))
-    assert idx.shape == (BH, M, topk) and vt.shape == (BH, M, d)
-    assert set(bounds_checked) == {"_topk_medium_kernel"}
-
-
 @pytest.mark.parametrize("layout", ["1d_masked", "2d"])
 def test_pooling_kernels_stay_in_bounds(bounds_checked, layout):
     g = torch.Generator().manual_seed(5)

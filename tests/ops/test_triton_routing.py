@@ -8,7 +8,6 @@ exactly, ties included. Without a GPU the kernels run under TRITON_INTERPRET=1 a
 from __future__ import annotations
 
 import importlib
-import math
 import os
 
 import pytest
@@ -83,13 +82,11 @@ def _same_sets(a, b):
     return torch.equal(a.cpu(), b.cpu())
 
 
-@pytest.mark.parametrize("path", ["small", "medium", "long"])
+@pytest.mark.parametrize("path", ["small", "long"])
 @pytest.mark.parametrize(
     "N,M,d,topk,span,pad", [(70, 5, 32, 9, 2, False), (150, 20, 32, 40, 3, True), (130, 4, 64, 130, 1, True)]
 )
-def test_exact_topk_matches_stable_sort(monkeypatch, path, N, M, d, topk, span, pad):
-    if path == "medium":  # the medium rows' kernel on short rows (its tile of several key blocks, ties across them)
-        monkeypatch.setattr(ttk, "SMALL_N", 0)
+def test_exact_topk_matches_stable_sort(path, N, M, d, topk, span, pad):
     BH = 2
     r = _ints((BH, M, d), -span, span + 1, 1, torch.bfloat16)
     k = _ints((BH, N, d), -span, span + 1, 2, torch.bfloat16)
@@ -105,36 +102,6 @@ def test_exact_topk_matches_stable_sort(monkeypatch, path, N, M, d, topk, span, 
     # Ascending valid indices first, then -1.
     key = torch.where(got < 0, 1 << 30, got.long())
     assert torch.equal(key, key.sort(-1).values)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("N,M,d,topk,pad", [(1025, 20, 64, 49, True), (600, 3, 128, 600, False)])
-def test_medium_topk_and_landmark_values_match_reference(N, M, d, topk, pad, dtype):
-    """Rows of 513 to SCAN_CONFIG["medium_n"] keys (and short rows whose key tile exceeds 64 KiB): the medium kernel's
-    selection is the stable sort's, ties to the lower index, and its landmark values and LSE are those of
-    landmark_values_fwd (the split-key kernel) and of the float64 softmax."""
-    assert N <= ttk.SCAN_CONFIG["medium_n"]
-    BH, scale = 2, d**-0.5
-    r = _ints((BH, M, d), -2, 3, 11, dtype)
-    k = _ints((BH, N, d), -2, 3, 12, dtype)
-    v = torch.randn(BH, N, d, generator=torch.Generator().manual_seed(13)).to(device=DEV, dtype=dtype)
-    valid = None
-    if pad:
-        valid = torch.rand(BH, N, generator=torch.Generator().manual_seed(14)).to(DEV) > 0.4
-        valid[1, topk // 2 :] = False  # fewer valid keys than topk
-    got, vt, lse = ttk.exact_topk(r, k, valid, topk, lv=(v, scale))
-    assert got.shape == (BH, M, topk) and got.dtype == torch.int32
-    assert _same_sets(got, _ref_topk(r, k, valid, topk))
-    key = torch.where(got < 0, 1 << 30, got.long())
-    assert torch.equal(key, key.sort(-1).values)
-    vt_ref, lse_ref = tlv.landmark_values_fwd(r, k, v, valid, scale)
-    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
-    torch.testing.assert_close(vt.float(), vt_ref.float(), atol=tol, rtol=tol)
-    torch.testing.assert_close(lse, lse_ref, atol=1e-4, rtol=1e-5)
-    s = (r.double() @ k.double().transpose(1, 2)) * scale
-    if valid is not None:
-        s = s.masked_fill(~valid[:, None, :], float("-inf"))
-    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1) / math.log(2), atol=1e-4, rtol=1e-5)
 
 
 def test_exact_topk_long_rows_massive_ties_and_refinement(block_top):
@@ -155,7 +122,7 @@ def test_exact_topk_long_rows_start_from_block_maxima(block_top):
     k = _ints((1, 1300, 32), -2, 3, 10, torch.bfloat16)
     valid = torch.ones(1, 1300, dtype=torch.bool, device=DEV)
     valid[0, 1000:1100] = False
-    got = ttk.exact_topk(r, k, valid, 8, small_max_n=0)
+    got = ttk.exact_topk(r, k, valid, 8)
     assert _same_sets(got, _ref_topk(r, k, valid, 8))
 
 
@@ -327,7 +294,7 @@ def test_exact_topk_settings_follow_the_config(monkeypatch):
     monkeypatch.setattr(ttk, "_SCAN_PROGRAMS", 4)
     got = ttk.exact_topk(r, k, None, 8, small_max_n=0)
     assert ttk._settings.cache_info().misses == 2
-    assert torch.equal(got, ttk.exact_topk(r, k, None, 8, small_max_n=0))
+    assert torch.equal(got, ttk.exact_topk(r, k, None, 8))
     # The entry that call made (a hit: same key), 4 programs for one landmark tile: 4 key chunks instead of 10.
     st = ttk._settings(1, 4, 600, 32, 8, None, False, False, r.dtype, r.device.index, interpreting(), ttk._config_key())
     assert ttk._settings.cache_info().misses == 2
@@ -358,7 +325,7 @@ def test_exact_topk_block_top_rows_of_few_blocks(monkeypatch):
     for bt in (2, None):
         monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", bt)
         st: dict = {}
-        got[bt] = ttk.exact_topk(r, k, None, topk, small_max_n=0, stats=st)
+        got[bt] = ttk.exact_topk(r, k, None, topk, stats=st)
         over[bt] = int(st["overflow_rows"])
     assert over == {2: M, None: 0}
     assert st["cap"] == 128 and ttk._settings.cache_info().currsize >= 1
@@ -540,10 +507,10 @@ def test_exact_topk_block_top_start(monkeypatch, bt, pad):
     kx = x.to(DEV)
     rx = x[:, :: 2048 // 16][:, :16].contiguous().to(DEV)
     st, st1 = {}, {}
-    got = ttk.exact_topk(rx, kx, None, 16, small_max_n=0, stats=st)
+    got = ttk.exact_topk(rx, kx, None, 16, stats=st)
     assert _same_sets(got, _ref_topk(rx, kx, None, 16))
     monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", 1)
-    ttk.exact_topk(rx, kx, None, 16, small_max_n=0, stats=st1)
+    ttk.exact_topk(rx, kx, None, 16, stats=st1)
     assert int(st1["overflow_rows"]) > 8
     assert int(st["overflow_rows"]) < int(st1["overflow_rows"])
 
@@ -559,14 +526,14 @@ def test_exact_topk_block_top_default(monkeypatch):
     for bt in (1, 2, None):
         monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", bt)
         st: dict = {}
-        ttk.exact_topk(rx, kx, None, 16, small_max_n=0, stats=st)
+        ttk.exact_topk(rx, kx, None, 16, stats=st)
         counts[bt] = st["counts"].cpu()
     assert not torch.equal(counts[1], counts[2])
     assert torch.equal(counts[None], counts[2])
     # 2048 keys = 32 blocks of 64: with room for fewer than 64 entries the default falls back to block maxima.
     monkeypatch.setattr(ttk, "_START_ENTRIES", 63)
     st = {}
-    ttk.exact_topk(rx, kx, None, 16, small_max_n=0, stats=st)
+    ttk.exact_topk(rx, kx, None, 16, stats=st)
     assert torch.equal(st["counts"].cpu(), counts[1])
 
 

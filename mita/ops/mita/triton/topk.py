@@ -29,7 +29,7 @@ import torch
 from mita.ops.mita.triton.common import LOG2E, _cdiv, _next_pow2, _prec, _sm_count, _upcast, heads_layout
 from mita.ops.mita.triton.landmark_values import landmark_values_fwd
 from mita.ops.mita.triton.launch import fast, interpreting
-from mita.ops.mita.triton.topk_scan import _P, _PASSES, _topk_medium_kernel, _topk_scan_kernel, _topk_small_kernel
+from mita.ops.mita.triton.topk_scan import _P, _PASSES, _topk_scan_kernel, _topk_small_kernel
 from mita.ops.mita.triton.topk_select import _topk_fallback_kernel, _topk_select_kernel
 
 # Rows up to this length take the on-chip top-k (if the [N, d] key tile stays within _SMALL_BYTES).
@@ -59,7 +59,7 @@ _SCAN_PROGRAMS = 2048
 # hold at once; on a GPU share that reports more SMs than it runs, set it to what it holds). select_eb: key blocks per
 # step of the select kernel's emission (None: up to 1024).
 SCAN_CONFIG = dict(
-    medium_n=2048, bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, lv_div=8, lv_lazy=None, start_steps=20,
+    bn=64, bs=None, num_warps=4, block_top=None, emit_top=None, lv_div=8, lv_lazy=None, start_steps=20,
     start_narrow=1, final_narrow=None, fb_spin=0, fb_programs=None, select_eb=None,
 )  # fmt: skip
 # Entries (block maxima, or block tops) the start holds per row; beyond it it takes maxima of groups.
@@ -283,35 +283,13 @@ def _topk_small(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> t
     return idx
 
 
-def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, lv):
-    """Medium rows (up to ``SCAN_CONFIG["medium_n"]`` keys): the on-chip top-k of a tile built key block by key
-    block (``_topk_medium_kernel``), one program per (16 landmarks, head), with the landmark values from the same
-    scores when ``lv`` is given."""
-    BH, M, D = r.shape
-    N = k.shape[-2]
-    idx = torch.empty(BH, M, topk, device=r.device, dtype=torch.int32)
-    if lv is None:
-        v, scale, vt, lse = k, 1.0, r, r
-    else:
-        v, scale = lv[0], lv[1] * LOG2E
-        vt = torch.empty(BH, M, D, device=r.device, dtype=r.dtype)
-        lse = torch.empty(BH, M, device=r.device, dtype=torch.float32)
-    bn = 64
-    fast(_topk_medium_kernel)[(_cdiv(M, 16), BH)](
-        r, k, v, kv, kk, idx, vt, lse, N, M, topk, *lay, scale,
-        HAS_KV=key_valid is not None, LV=lv is not None, D=D, BS=16, BN=bn, C=max(1, NP // bn),
-        KP=max(16, _next_pow2(topk)), PREC=_prec(r.dtype), UP=_upcast(r.dtype), EXACT=interpreting(), num_warps=8,
-    )  # fmt: skip
-    return idx if lv is None else (idx, vt, lse)
-
-
 def exact_topk(
     r: torch.Tensor,
     k: torch.Tensor,
     key_valid: torch.Tensor | None,
     topk: int,
     *,
-    small_max_n: int | None = None,
+    small_max_n: int = SMALL_N,
     cap: int | None = None,
     timer=None,
     stats: dict | None = None,
@@ -325,9 +303,7 @@ def exact_topk(
         k: ``[BH, N, d]`` or ``[B, H, N, d]`` keys (same dtype as r; any layout :func:`heads_layout` takes).
         key_valid: ``[BH, N]`` bool or int8 (1 = valid), or None when every key is valid.
         topk: keys per landmark, ``1 <= topk <= N``.
-        small_max_n: None, or an int that caps the rows the on-chip kernels take (0: every row takes the long-row
-            path). Those are rows up to ``SMALL_N`` keys whose key tile fits in 64 KiB (``_topk_small_kernel``),
-            then rows up to ``SCAN_CONFIG["medium_n"]`` (``_topk_medium_kernel``).
+        small_max_n: rows up to this length take the on-chip kernel (when the key tile fits in 64 KiB).
         cap: candidate-list length of the long-row path (default ``2 topk``; at least ``max(topk, 64)``, rounded up
             to a power of 2). Rows with more keys above the start threshold than cap take the refinement passes.
         timer: None, or ``timer(name, fn)`` that runs ``fn()`` (profiling: each pass of the long-row path is one
@@ -340,8 +316,8 @@ def exact_topk(
             (v in k's layout), as :func:`landmark_values_fwd` does; on the long-row path with
             the block-top pass computes them from the scores it already has.
         after_scan: None, or a callable called (no arguments) right after the long-row path's block-top pass is
-            queued (the MiTA forward forks its routing onto a second stream there, FWD_CONFIG route_stream), or
-            before the medium rows' kernel is; not called on the short rows' path.
+            queued (the MiTA forward forks its routing onto a second stream there, FWD_CONFIG route_stream); not
+            called on the on-chip path.
 
     Returns:
         ``[BH, m, topk]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for. With lv:
@@ -354,14 +330,9 @@ def exact_topk(
     # Without padding every row keeps topk keys: no count tensor (the kernels take topk).
     kk = _valid_counts(key_valid, topk) if key_valid is not None else r
     NP = max(16, _next_pow2(N))
-    on_chip = small_max_n is None or N <= small_max_n
-    if on_chip and N <= SMALL_N and NP * D * k.element_size() <= _SMALL_BYTES:
+    if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
         idx = _topk_small(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype))
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
-    if on_chip and N <= SCAN_CONFIG["medium_n"]:
-        if after_scan is not None:
-            after_scan()  # (whatever the caller forks runs beside the one top-k launch)
-        return _topk_medium(r, k, kv, kk, key_valid, topk, lay, NP, lv)
     st = _settings(
         BH, M, N, D, topk, cap, key_valid is not None, lv is not None, r.dtype, r.device.index, interpreting(),
         _config_key(),

@@ -3,8 +3,6 @@ long rows.
 
 - ``_topk_small_kernel`` (rows up to ``topk.SMALL_N`` keys): one program per (16 landmarks, head) keeps the
   [landmarks, N] order keys on chip and finds the k-th largest by a four-way search (``_topk_select``).
-- ``_topk_medium_kernel`` (rows up to ``topk.SCAN_CONFIG["medium_n"]`` keys): the same search on a tile built key
-  block by key block, with the landmark values computed from the same scores.
 - ``_topk_scan_body`` / ``_topk_scan_kernel``: the passes over a long row's key blocks, one helper each: block tops
   (``_scan_block_tops``), with the landmark values' split-key partials computed from the same scores (``LVF``);
   the fallback's refinement passes (``_scan_counts``), recount and ordered emission (``_scan_band``).
@@ -178,88 +176,6 @@ def _topk_small_kernel(
         tl.full([BS, KP], -1, tl.int32),
         mask=m_j[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < TOPK),
     )
-
-
-@triton.jit
-def _topk_medium_kernel(
-    R,
-    K,
-    V,
-    KV,
-    KK,
-    IDX,
-    VT,
-    LSE,
-    N,
-    M,
-    TOPK,
-    H,
-    SB,
-    SH,
-    SN,
-    scale_log2,
-    HAS_KV: tl.constexpr,
-    LV: tl.constexpr,
-    D: tl.constexpr,
-    BS: tl.constexpr,
-    BN: tl.constexpr,
-    C: tl.constexpr,
-    KP: tl.constexpr,
-    PREC: tl.constexpr,
-    UP: tl.constexpr,
-    EXACT: tl.constexpr,
-):
-    # Rows of up to C * BN keys, one program per (BS landmarks, head): the scores are computed key block by key
-    # block (K and V read once), each block's order keys put into its slot of a [BS, C, BN] tile held on chip, and
-    # (LV) the landmark values' online softmax fed from the same scores; then the top-k of the whole tile as in
-    # _topk_small_kernel, and the landmark values and their LSE written as landmark_values_fwd writes them.
-    i_s = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    o_d = tl.arange(0, D)
-    o_j = i_s * BS + tl.arange(0, BS)
-    m_j = o_j < M
-    o_c = tl.arange(0, C)
-    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    K_h = _head_ptr(K, i_bh, H, SB, SH)
-    V_h = _head_ptr(V, i_bh, H, SB, SH)
-    tile = tl.full([BS, C, BN], -2147483648, tl.int32)
-    b_m = tl.full([BS], float("-inf"), tl.float32)
-    b_l = tl.zeros([BS], tl.float32)
-    b_acc = tl.zeros([BS, D], tl.float32)
-    for c in range(C):
-        o_n = c * BN + tl.arange(0, BN)
-        m_n = o_n < N
-        if HAS_KV:
-            m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-        o_kv = o_n.to(tl.int64)[:, None] * SN + o_d[None, :]
-        b_s = _score(b_r, tl.load(K_h + o_kv, mask=m_n[:, None], other=0.0), PREC, UP, EXACT)
-        b_key = tl.where(m_n[None, :], _order_key(b_s), -2147483648)
-        tile = tl.where((o_c == c)[None, :, None], b_key[:, None, :], tile)
-        if LV:
-            b_v = tl.load(V_h + o_kv, mask=m_n[:, None], other=0.0)
-            b_s = tl.where(m_n[None, :], b_s * scale_log2, float("-inf"))
-            b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
-    o_n = tl.arange(0, C * BN)
-    m_n = o_n < N
-    if HAS_KV:
-        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-    m_v = m_n[None, :] & m_j[:, None]
-    kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
-    sel = _topk_select(tl.reshape(tile, [BS, C * BN]), m_v, m_j, kk)
-    pos = tl.cumsum(sel.to(tl.int32), 1) - 1
-    base = IDX + (i_bh * M + o_j) * TOPK
-    tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [BS, C * BN]), mask=sel)
-    o_p = tl.arange(0, KP)
-    tl.store(
-        base[:, None] + o_p[None, :],
-        tl.full([BS, KP], -1, tl.int32),
-        mask=m_j[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < TOPK),
-    )
-    if LV:
-        m_nz = b_l > 0
-        b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
-        tl.store(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_o.to(VT.dtype.element_ty), mask=m_j[:, None])
-        tl.store(LSE + i_bh * M + o_j, tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf")), mask=m_j)
 
 
 # ----------------------------------------------------------------------------------------------------------------
