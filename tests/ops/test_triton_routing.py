@@ -704,7 +704,8 @@ def test_exact_topk_even_lazy_landmark_values(monkeypatch, triton_launches, dtyp
     a maximum grows by more than 2^8): the same selection as the masked pass (an all-true key mask), landmark values
     and LSE against float64. Key norms grow 12x along N, so later blocks of a chunk raise the maxima."""
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 4)  # 4 chunks of 4 key blocks
-    BH, N, M, d = 1, 1024, 64, 32
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "bs", 16)  # one tile of 16 landmarks (even needs whole tiles)
+    BH, N, M, d = 1, 1024, 16, 32
     g = torch.Generator().manual_seed(5)
     r, v = torch.randn(BH, M, d, generator=g), torch.randn(BH, N, d, generator=g)
     k = torch.randn(BH, N, d, generator=g) * torch.linspace(1.0, 12.0, N)[:, None]
