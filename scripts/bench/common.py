@@ -105,7 +105,9 @@ def capture_graph(fn: Callable[[], object], warmup: int = 3) -> tuple[torch.cuda
     lazily built caches, autograd's accumulators: nothing that allocates or synchronises only once may happen
     during capture), then captured once with ``torch.cuda.graph``. To replay on new data, copy it into the
     tensors ``fn`` reads (``static.copy_(new)``) and call ``graph.replay()``; the outputs (the returned value,
-    and ``.grad`` of the leaves when ``fn`` runs a backward) are overwritten in place.
+    and ``.grad`` of the leaves when ``fn`` runs a backward) are overwritten in place. The graph reads and writes
+    by address: keep every tensor ``fn`` uses (inputs, parameters, optimiser state) alive while replaying; freed,
+    their memory goes to the next allocation and a replay reads whatever that wrote.
 
     Args:
         fn: a callable without arguments that launches CUDA work only (no host synchronisation).
