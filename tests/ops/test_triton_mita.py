@@ -697,9 +697,8 @@ def test_plan_rows_and_starts_are_a_stable_sort_of_the_routes(BH, nrows, m, dist
         route = torch.randint(0, m, (BH, nrows), generator=g)
     else:
         route = torch.full((BH, nrows), m // 2)
-    route = route.to(DEV, torch.int32)
-    plan = tplan.build_plan(torch.zeros(BH, m, 1, dtype=torch.int32, device=DEV), route, m)
-    route = route.cpu()
+    route = route.to(dtype=torch.int32)
+    plan = tplan.build_plan(torch.zeros(BH, m, 1, dtype=torch.int32, device=DEV), route.to(DEV), m)
     rows = torch.sort(route.long(), dim=-1, stable=True).indices.int()
     cnt = torch.zeros(BH, m, dtype=torch.long)
     cnt.scatter_add_(1, route.long(), torch.ones_like(route, dtype=torch.long))
