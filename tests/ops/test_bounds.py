@@ -79,9 +79,27 @@ def test_long_row_topk_stays_in_bounds(bounds_checked, monkeypatch, pad, block_t
     if pad:
         valid = torch.rand(BH, N, generator=g) > 0.3
         valid[1, topk // 2 :] = False
-    idx = ttk.exact_topk(r, k, valid, topk, small_max_n=0, cap=max(64, tc._next_pow2(topk)))
+    idx = ttk.exact_topk(r, k, valid, topk, small_max_n=0, medium_max_n=0, cap=max(64, tc._next_pow2(topk)))
     assert idx.shape == (BH, M, topk)
     assert {"_topk_scan_kernel", "_topk_select_kernel"} <= set(bounds_checked)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_medium_row_topk_stays_in_bounds(bounds_checked, pad):
+    """The medium-row top-k (order keys through the scratch buffer, then a few rows per search tile): a row length
+    that is no multiple of the key block or of 16, landmarks that fill no tile, ties from a small vocabulary."""
+    g = torch.Generator().manual_seed(4)
+    BH, M, N, d, topk = 2, 19, 593, 32, 40
+    vocab = torch.randn(6, d, generator=g)
+    k = (vocab[torch.randint(0, 6, (BH, N), generator=g)] + 0.02 * torch.randn(BH, N, d, generator=g)).bfloat16()
+    r = torch.randn(BH, M, d, generator=g).bfloat16()
+    valid = None
+    if pad:
+        valid = torch.rand(BH, N, generator=g) > 0.3
+        valid[1, topk // 2 :] = False
+    idx = ttk.exact_topk(r, k, valid, topk, small_max_n=0)
+    assert idx.shape == (BH, M, topk)
+    assert {"_topk_keys_kernel", "_topk_rows_kernel"} <= set(bounds_checked)
 
 
 @pytest.mark.parametrize("layout", ["1d_masked", "2d"])

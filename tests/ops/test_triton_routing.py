@@ -63,6 +63,14 @@ def _ref_topk(r, k, valid, topk):
     return idx
 
 
+@pytest.fixture(autouse=True)
+def long_rows(request, monkeypatch):
+    """Rows beyond the short rows' length take the long-row path here (the tests of this module are about it), except
+    in the tests named for the medium-row path, which take the module's default."""
+    if "medium" not in request.node.name:
+        monkeypatch.setattr(ttk, "MEDIUM_N", 0)
+
+
 @pytest.fixture(params=[1, 3, 8], ids=["block_top1", "block_top3", "block_top8"])
 def block_top(request, monkeypatch):
     """The long-row top-k's start from each key block's maximum (1), from its 3 largest scores, and from its 8 (which
@@ -82,7 +90,7 @@ def _same_sets(a, b):
     return torch.equal(a.cpu(), b.cpu())
 
 
-@pytest.mark.parametrize("path", ["small", "long"])
+@pytest.mark.parametrize("path", ["small", "medium", "long"])
 @pytest.mark.parametrize(
     "N,M,d,topk,span,pad", [(70, 5, 32, 9, 2, False), (150, 20, 32, 40, 3, True), (130, 4, 64, 130, 1, True)]
 )
@@ -95,13 +103,53 @@ def test_exact_topk_matches_stable_sort(path, N, M, d, topk, span, pad):
         valid = torch.ones(BH, N, dtype=torch.bool, device=DEV)
         valid[0, N // 3 :] = False
         valid[1, :5] = False
-    kw = dict(small_max_n=0, cap=max(64, tc._next_pow2(topk))) if path == "long" else {}
+    kw = {
+        "small": {},
+        "medium": dict(small_max_n=0, medium_max_n=4096),
+        "long": dict(small_max_n=0, cap=max(64, tc._next_pow2(topk))),
+    }[path]
     got = ttk.exact_topk(r, k, valid, topk, **kw)
     assert got.shape == (BH, M, topk) and got.dtype == torch.int32
     assert _same_sets(got, _ref_topk(r, k, valid, topk))
     # Ascending valid indices first, then -1.
     key = torch.where(got < 0, 1 << 30, got.long())
     assert torch.equal(key, key.sort(-1).values)
+
+
+def _ascending(idx):
+    # Indices ascending, then -1 (the order exact_topk returns).
+    a = torch.where(idx < 0, 1 << 30, idx.long()).sort(-1).values
+    return torch.where(a == 1 << 30, -1, a).cpu()
+
+
+@pytest.mark.parametrize(
+    "N,M,d,topk,dtype,pad",
+    [
+        (1025, 49, 64, 49, torch.bfloat16, False),
+        (2000, 7, 32, 64, torch.float16, True),
+        (593, 19, 128, 40, torch.float32, True),
+    ],
+)
+def test_exact_topk_medium_rows(N, M, d, topk, dtype, pad):
+    """Medium rows (order keys through the scratch buffer, then a few rows per search tile): the stable sort's
+    indices, ties included (integer scores from a span of 2), ascending, then -1 where a row has fewer valid keys than
+    topk; with lv the same indices and the landmark values."""
+    BH = 2
+    r = _ints((BH, M, d), -2, 3, N, dtype)
+    k = _ints((BH, N, d), -2, 3, N + 1, dtype)
+    valid = None
+    if pad:
+        valid = torch.rand(BH, N, generator=torch.Generator().manual_seed(N)).to(DEV) > 0.3
+        valid[1] = False
+        valid[1, 7 : 7 + topk // 2] = True
+    got = ttk.exact_topk(r, k, valid, topk, small_max_n=0)
+    assert got.shape == (BH, M, topk) and got.dtype == torch.int32
+    assert torch.equal(got.long().cpu(), _ascending(_ref_topk(r, k, valid, topk)))
+    v = _ints((BH, N, d), -2, 3, N + 2, dtype)
+    idx, vt, _ = ttk.exact_topk(r, k, valid, topk, small_max_n=0, lv=(v, d**-0.5))
+    assert torch.equal(idx, got)
+    ref = _lv_ref(r, k, v, valid, d**-0.5)
+    assert ((vt.double() - ref).norm() / ref.norm()).item() < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
 def test_exact_topk_long_rows_massive_ties_and_refinement(block_top):
@@ -780,6 +828,21 @@ def test_gpu_exact_topk_and_route(N, M, topk):
     got = trt.route_topk(k, r, 2)
     ref = stable_topk_indices(k.double() @ r.double().transpose(1, 2), 2)
     assert torch.equal(got.view(2, N, 2).long(), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,M,topk", [(513, 16, 64), (1025, 49, 49), (2000, 32, 64), (4096, 32, 32), (4096, 32, 128)])
+def test_gpu_exact_topk_medium_rows(N, M, topk):
+    r = _ints((6, M, 64), -3, 4, N, torch.bfloat16)
+    k = _ints((6, N, 64), -3, 4, N + 1, torch.bfloat16)
+    valid = torch.rand(6, N, generator=torch.Generator().manual_seed(N)).to(DEV) > 0.3
+    valid[1, N // 2 :] = False
+    valid[2] = False
+    valid[2, 3 : 3 + topk // 2] = True
+    for kv in (valid, None):
+        got = ttk.exact_topk(r, k, kv, topk)
+        assert torch.equal(got.long().cpu(), _ascending(_ref_topk(r, k, kv, topk)))
 
 
 @pytest.mark.gpu

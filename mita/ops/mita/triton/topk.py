@@ -29,12 +29,23 @@ import torch
 from mita.ops.mita.triton.common import LOG2E, _cdiv, _next_pow2, _prec, _sm_count, _upcast, heads_layout
 from mita.ops.mita.triton.landmark_values import landmark_values_fwd
 from mita.ops.mita.triton.launch import fast, interpreting
-from mita.ops.mita.triton.topk_scan import _P, _PASSES, _topk_scan_kernel, _topk_small_kernel
+from mita.ops.mita.triton.topk_scan import (
+    _P,
+    _PASSES,
+    _topk_keys_kernel,
+    _topk_rows_kernel,
+    _topk_scan_kernel,
+    _topk_small_kernel,
+)
 from mita.ops.mita.triton.topk_select import _topk_fallback_kernel, _topk_select_kernel
 
 # Rows up to this length take the on-chip top-k (if the [N, d] key tile stays within _SMALL_BYTES).
 SMALL_N = 512
 _SMALL_BYTES = 1 << 16
+# Rows up to this length (and above the short rows') take the medium-row path: order keys through a scratch buffer.
+MEDIUM_N = 4096
+# Entries of the medium-row search's tile ([rows, next power of 2 >= N]).
+_MEDIUM_TILE = 4096
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
 # Long-row top-k settings (measurements behind each default: notes/kernels-notes.md). bn: keys per step (at most
@@ -283,6 +294,32 @@ def _topk_small(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> t
     return idx
 
 
+def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> torch.Tensor:
+    """Medium rows: the order keys into a scratch ``[BH, m, N]`` int32 buffer (``_topk_keys_kernel``, one program
+    per (landmark tile, key chunk, head)), then the short rows' search on a few rows at a time
+    (``_topk_rows_kernel``)."""
+    BH, M, D = r.shape
+    N = k.shape[-2]
+    dev = r.device
+    idx = torch.empty(BH, M, topk, device=dev, dtype=torch.int32)
+    ns = _cdiv(N, 16) * 16
+    scr = torch.empty(BH, M, ns, device=dev, dtype=torch.int32)
+    bs, bn = (64 if D <= 64 else 32), 64
+    n_s = _cdiv(M, bs)
+    g = max(1, min(_cdiv(N, bn), _cdiv(_SCAN_PROGRAMS, n_s * BH)))
+    ch = _cdiv(_cdiv(N, g), bn) * bn
+    has_kv = key_valid is not None
+    fast(_topk_keys_kernel)[(n_s, _cdiv(N, ch), BH)](
+        r, k, kv, scr, N, M, ch, ns, *lay, HAS_KV=has_kv, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
+        num_warps=4,
+    )  # fmt: skip
+    rs = max(1, _MEDIUM_TILE // NP)
+    fast(_topk_rows_kernel)[(_cdiv(M, rs), BH)](
+        kv, kk, idx, scr, N, M, topk, ns, HAS_KV=has_kv, NP=NP, RS=rs, KP=max(16, _next_pow2(topk)), num_warps=4
+    )
+    return idx
+
+
 def exact_topk(
     r: torch.Tensor,
     k: torch.Tensor,
@@ -290,6 +327,7 @@ def exact_topk(
     topk: int,
     *,
     small_max_n: int = SMALL_N,
+    medium_max_n: int | None = None,
     cap: int | None = None,
     timer=None,
     stats: dict | None = None,
@@ -304,6 +342,8 @@ def exact_topk(
         key_valid: ``[BH, N]`` bool or int8 (1 = valid), or None when every key is valid.
         topk: keys per landmark, ``1 <= topk <= N``.
         small_max_n: rows up to this length take the on-chip kernel (when the key tile fits in 64 KiB).
+        medium_max_n: longer rows up to this length take the medium-row kernel (None: ``MEDIUM_N``); 0 sends every
+            row beyond small_max_n to the long-row path.
         cap: candidate-list length of the long-row path (default ``2 topk``; at least ``max(topk, 64)``, rounded up
             to a power of 2). Rows with more keys above the start threshold than cap take the refinement passes.
         timer: None, or ``timer(name, fn)`` that runs ``fn()`` (profiling: each pass of the long-row path is one
@@ -332,6 +372,11 @@ def exact_topk(
     NP = max(16, _next_pow2(N))
     if N <= small_max_n and NP * D * k.element_size() <= _SMALL_BYTES:
         idx = _topk_small(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype))
+        return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
+    if N <= (MEDIUM_N if medium_max_n is None else medium_max_n):
+        idx = _topk_medium(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype))
+        if after_scan is not None:
+            after_scan()
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
     st = _settings(
         BH, M, N, D, topk, cap, key_valid is not None, lv is not None, r.dtype, r.device.index, interpreting(),

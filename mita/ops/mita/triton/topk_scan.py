@@ -178,6 +178,86 @@ def _topk_small_kernel(
     )
 
 
+@triton.jit
+def _topk_keys_kernel(
+    R,
+    K,
+    KV,
+    SCR,
+    N,
+    M,
+    CH,
+    NS,
+    H,
+    SB,
+    SH,
+    SN,
+    HAS_KV: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BN: tl.constexpr,
+    PREC: tl.constexpr,
+    UP: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    # Medium rows, first launch: the order keys of a (BS landmarks, CH keys) tile into the scratch SCR [BH, M, NS]
+    # (int32; keys from N on are not written).
+    i_s = tl.program_id(0)
+    i_g = tl.program_id(1)
+    i_bh = tl.program_id(2).to(tl.int64)
+    o_d = tl.arange(0, D)
+    o_j = i_s * BS + tl.arange(0, BS)
+    m_j = o_j < M
+    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    K_h = _head_ptr(K, i_bh, H, SB, SH)
+    scr = SCR + i_bh * M * NS
+    n1 = tl.minimum(N, (i_g + 1) * CH)
+    for n0 in range(i_g * CH, n1, BN):
+        o_b = n0 + tl.arange(0, BN)
+        m_b, b_s = _key_block_scores(b_r, K_h, KV, i_bh, N, o_b, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
+        tl.store(scr + o_j[:, None] * NS + o_b[None, :], _order_key(b_s), mask=m_j[:, None] & (o_b < n1)[None, :])
+
+
+@triton.jit
+def _topk_rows_kernel(
+    KV,
+    KK,
+    IDX,
+    SCR,
+    N,
+    M,
+    TOPK,
+    NS,
+    HAS_KV: tl.constexpr,
+    NP: tl.constexpr,
+    RS: tl.constexpr,
+    KP: tl.constexpr,
+):
+    # Medium rows, second launch: RS rows of the scratch's order keys as one [RS, NP] tile, the four-way search of
+    # the short rows (_topk_select), and the row's indices, ascending, then -1.
+    i_r = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
+    o_n = tl.arange(0, NP)
+    m_n = o_n < N
+    if HAS_KV:
+        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    o_r = i_r * RS + tl.arange(0, RS)
+    m_r = o_r < M
+    m_v = m_n[None, :] & m_r[:, None]
+    b_key = tl.load(SCR + (i_bh * M + o_r)[:, None] * NS + o_n[None, :], mask=m_v, other=-2147483648)
+    sel = _topk_select(b_key, m_v, m_r, kk)
+    pos = tl.cumsum(sel.to(tl.int32), 1) - 1
+    base = IDX + (i_bh * M + o_r) * TOPK
+    tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [RS, NP]), mask=sel)
+    o_p = tl.arange(0, KP)
+    tl.store(
+        base[:, None] + o_p[None, :],
+        tl.full([RS, KP], -1, tl.int32),
+        mask=m_r[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < TOPK),
+    )
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # exact top-k: long rows, threshold passes
 # ----------------------------------------------------------------------------------------------------------------
