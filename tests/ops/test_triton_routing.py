@@ -133,8 +133,8 @@ def _ascending(idx):
 def test_exact_topk_medium_rows(N, M, d, topk, dtype, pad):
     """Medium rows (order keys through the scratch buffer, then a few rows per search tile): the stable sort's
     indices, ties included (integer scores from a span of 2), ascending, then -1 where a row has fewer valid keys than
-    topk; with lv the same indices and the landmark values."""
-    BH = 2
+    topk (or none); with lv the same indices and the landmark values."""
+    BH = 3
     r = _ints((BH, M, d), -2, 3, N, dtype)
     k = _ints((BH, N, d), -2, 3, N + 1, dtype)
     valid = None
@@ -142,6 +142,7 @@ def test_exact_topk_medium_rows(N, M, d, topk, dtype, pad):
         valid = torch.rand(BH, N, generator=torch.Generator().manual_seed(N)).to(DEV) > 0.3
         valid[1] = False
         valid[1, 7 : 7 + topk // 2] = True
+        valid[2] = False
     got = ttk.exact_topk(r, k, valid, topk, small_max_n=0)
     assert got.shape == (BH, M, topk) and got.dtype == torch.int32
     assert torch.equal(got.long().cpu(), _ascending(_ref_topk(r, k, valid, topk)))
