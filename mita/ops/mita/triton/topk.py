@@ -44,6 +44,8 @@ SMALL_N = 512
 _SMALL_BYTES = 1 << 16
 # Rows up to this length (and above the short rows') take the medium-row path: order keys through a scratch buffer.
 MEDIUM_N = 4096
+# Entries of the medium-row search's tile ([rows, next power of 2 >= N]).
+_MEDIUM_TILE = 4096
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
 # Long-row top-k settings (measurements behind each default: notes/kernels-notes.md). bn: keys per step (at most
@@ -294,7 +296,8 @@ def _topk_small(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> t
 
 def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> torch.Tensor:
     """Medium rows: the order keys into a scratch ``[BH, m, N]`` int32 buffer (``_topk_keys_kernel``, one program
-    per (landmark tile, key chunk, head)), then a radix select per row (``_topk_rows_kernel``)."""
+    per (landmark tile, key chunk, head)), then the short rows' search on a few rows at a time
+    (``_topk_rows_kernel``)."""
     BH, M, D = r.shape
     N = k.shape[-2]
     dev = r.device
@@ -310,10 +313,10 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> 
         r, k, kv, scr, N, M, ch, ns, *lay, HAS_KV=has_kv, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
         num_warps=4,
     )  # fmt: skip
-    fast(_topk_rows_kernel)[(M, BH)](
-        kv, kk, idx, scr, N, M, topk, ns, HAS_KV=has_kv, NP=NP, KP=max(16, _next_pow2(topk)),
-        num_warps=4 if NP <= 2048 else 8,
-    )  # fmt: skip
+    rs = max(1, _MEDIUM_TILE // NP)
+    fast(_topk_rows_kernel)[(_cdiv(M, rs), BH)](
+        kv, kk, idx, scr, N, M, topk, ns, HAS_KV=has_kv, NP=NP, RS=rs, KP=max(16, _next_pow2(topk)), num_warps=4
+    )
     return idx
 
 

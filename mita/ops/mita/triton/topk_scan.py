@@ -219,21 +219,6 @@ def _topk_keys_kernel(
 
 
 @triton.jit
-def _radix_digit(b_u, m_p, need, prefix, SHIFT: tl.constexpr):
-    # One radix pass of the kk-th largest: over the entries m_p still in play (their bits above SHIFT + 8 equal
-    # prefix's), a 256-bin histogram of the byte at SHIFT of b_u (order keys with the sign bit flipped, so unsigned
-    # order is the keys' order); the largest byte d with at least `need` entries at or above it. Returns the entries in
-    # play at d, what they must still supply (need less the entries above d) and prefix with d in its byte.
-    hist = tl.histogram((b_u >> SHIFT) & 255, 256, mask=m_p)
-    o_h = tl.arange(0, 256)
-    # Entries in play at or above each byte value.
-    suf = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
-    d = tl.max(tl.where(suf >= need, o_h, 0), 0)
-    gt = tl.sum(tl.where(o_h > d, hist, 0), 0)
-    return m_p & (((b_u >> SHIFT) & 255) == d), need - gt, prefix | (d << SHIFT)
-
-
-@triton.jit
 def _topk_rows_kernel(
     KV,
     KK,
@@ -245,33 +230,32 @@ def _topk_rows_kernel(
     NS,
     HAS_KV: tl.constexpr,
     NP: tl.constexpr,
+    RS: tl.constexpr,
     KP: tl.constexpr,
 ):
-    # Medium rows, second launch: one row of the scratch's order keys, its kk-th largest key by a radix select (four
-    # byte-wide passes, each a histogram of the entries still in play), the keys above it and the lowest-index ties at
-    # it; the row's indices, ascending, then -1.
-    i_j = tl.program_id(0)
+    # Medium rows, second launch: RS rows of the scratch's order keys as one [RS, NP] tile, the four-way search of
+    # the short rows (_topk_select), and the row's indices, ascending, then -1.
+    i_r = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
     o_n = tl.arange(0, NP)
-    m_v = o_n < N
+    m_n = o_n < N
     if HAS_KV:
-        m_v = m_v & (tl.load(KV + i_bh * N + o_n, mask=m_v, other=0) != 0)
-    row = i_bh * M + i_j
-    b_key = tl.load(SCR + row * NS + o_n, mask=m_v, other=0)
-    b_u = b_key ^ -2147483648
-    m_p, need, prefix = _radix_digit(b_u, m_v, kk, 0, 24)
-    m_p, need, prefix = _radix_digit(b_u, m_p, need, prefix, 16)
-    m_p, need, prefix = _radix_digit(b_u, m_p, need, prefix, 8)
-    m_p, need, prefix = _radix_digit(b_u, m_p, need, prefix, 0)
-    # prefix: the kk-th largest key (flipped); m_p: its entries. Every key above it, then the first `need` ties.
-    tie_rank = tl.cumsum(m_p.to(tl.int32), 0) - 1
-    sel = (m_v & (b_key > (prefix ^ -2147483648))) | (m_p & (tie_rank < need))
-    pos = tl.cumsum(sel.to(tl.int32), 0) - 1
-    base = IDX + row * TOPK
-    tl.store(base + pos, o_n, mask=sel)
+        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    o_r = i_r * RS + tl.arange(0, RS)
+    m_r = o_r < M
+    m_v = m_n[None, :] & m_r[:, None]
+    b_key = tl.load(SCR + (i_bh * M + o_r)[:, None] * NS + o_n[None, :], mask=m_v, other=-2147483648)
+    sel = _topk_select(b_key, m_v, m_r, kk)
+    pos = tl.cumsum(sel.to(tl.int32), 1) - 1
+    base = IDX + (i_bh * M + o_r) * TOPK
+    tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [RS, NP]), mask=sel)
     o_p = tl.arange(0, KP)
-    tl.store(base + o_p, tl.full([KP], -1, tl.int32), mask=(o_p >= kk) & (o_p < TOPK))
+    tl.store(
+        base[:, None] + o_p[None, :],
+        tl.full([RS, KP], -1, tl.int32),
+        mask=m_r[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < TOPK),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
