@@ -128,6 +128,7 @@ def _ascending(idx):
         (1025, 49, 64, 49, torch.bfloat16, False),
         (2000, 7, 32, 64, torch.float16, True),
         (593, 19, 128, 40, torch.float32, True),
+        (530, 9, 32, 64, torch.bfloat16, True),  # a 512-key tile and a 32-key tail
     ],
 )
 def test_exact_topk_medium_rows(N, M, d, topk, dtype, pad):

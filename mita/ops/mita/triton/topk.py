@@ -43,7 +43,7 @@ from mita.ops.mita.triton.topk_select import _topk_fallback_kernel, _topk_select
 SMALL_N = 512
 _SMALL_BYTES = 1 << 16
 # Rows up to this length (and above the short rows') take the medium-row path: order keys through a scratch buffer.
-MEDIUM_N = 4096
+MEDIUM_N = 2048
 # Entries of the medium-row search's tile ([rows, next power of 2 >= N]).
 _MEDIUM_TILE = 4096
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
@@ -313,10 +313,17 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> 
         r, k, kv, scr, N, M, ch, ns, *lay, HAS_KV=has_kv, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
         num_warps=4,
     )  # fmt: skip
+    # Rows a little longer than a power of 2 (Segmenter's 1025 tokens): that power of 2 as the main tile and the rest
+    # as a tail of at most an eighth of it, instead of a tile twice as long.
+    np1 = _next_pow2(N) // 2
+    nt = max(16, _next_pow2(N - np1)) if N > np1 >= 256 and _next_pow2(N - np1) * 8 <= np1 else 0
+    if nt:
+        NP = np1
     rs = max(1, _MEDIUM_TILE // NP)
     fast(_topk_rows_kernel)[(_cdiv(M, rs), BH)](
-        kv, kk, idx, scr, N, M, topk, ns, HAS_KV=has_kv, NP=NP, RS=rs, KP=max(16, _next_pow2(topk)), num_warps=4
-    )
+        kv, kk, idx, scr, N, M, topk, ns, HAS_KV=has_kv, NP=NP, NT=nt, RS=rs, KP=max(16, _next_pow2(topk)),
+        num_warps=4,
+    )  # fmt: skip
     return idx
 
 

@@ -85,19 +85,35 @@ def _count3(b_key, t1, t2, t3, WIDE: tl.constexpr):
 @triton.jit
 def _topk_select(b_key, m_v, m_j, kk):
     """Top-kk of each row of the int32 order keys b_key [R, L] among the entries m_v (rows m_j), ties to the lower
-    column: a 0/1 [R, L] selection (every valid entry of a row with at most kk of them). The kk-th largest key is
-    the largest t with count(key >= t) >= kk, found by a four-way search from [row min, row max + 1): each step
-    counts the keys at or above the three thresholds that split [lo, hi) in four, as one sum of packed fields (10
-    bits in an int32 for rows under 1024 entries, else 21 bits in an int64), and keeps the quarter holding the
-    kk-th largest key. A row stops as soon as count(key >= lo) == kk ({key >= lo} is then its top-kk), otherwise
-    when hi = lo + 1, and the ties at lo are taken in column order. (About half the steps of a bisection: each
-    step's block-wide reduction, not its arithmetic, is what the short kernels wait on.)"""
+    column: a 0/1 [R, L] selection (every valid entry of a row with at most kk of them); :func:`_topk_select_split`
+    without a tail."""
+    return _topk_select_split(b_key, m_v, m_j, kk, b_key, m_v, False)[0]
+
+
+@triton.jit
+def _topk_select_split(b_key, m_v, m_j, kk, t_key, m_t, TAIL: tl.constexpr):
+    """Top-kk of each row of the int32 order keys b_key [R, L] (entries m_v, rows m_j) and, with TAIL, the row's
+    further columns t_key [R, T] (entries m_t), ties to the lower column: the 0/1 selections ([R, L], [R, T]). The
+    kk-th largest key is the largest t with count(key >= t) >= kk, found by a four-way search from [row min, row max
+    + 1): each step counts the keys at or above the three thresholds that split [lo, hi) in four, as one sum of packed
+    fields per tile (10 bits in an int32 where a tile's count stays below 1024, else 21 bits in an int64), and keeps
+    the quarter holding the kk-th largest key. A row stops as soon as count(key >= lo) == kk ({key >= lo} is then its
+    top-kk), otherwise when hi = lo + 1, and the ties at lo are taken in column order. (About half the steps of a
+    bisection: each step's block-wide reduction, not its arithmetic, is what the short kernels wait on.) Every
+    threshold lies above the row's smallest key, so without a tail L = 1024 columns count at most 1023."""
     tl.static_assert(b_key.shape[1] < 2097152)
+    WIDE: tl.constexpr = b_key.shape[1] > 1024 or (TAIL and b_key.shape[1] >= 1024)
     lo = tl.min(tl.where(m_v, b_key, 2147483647), 1).to(tl.int64)
     hi = tl.max(tl.where(m_v, b_key, -2147483648), 1).to(tl.int64) + 1
     c_lo = tl.sum(m_v.to(tl.int32), 1)
     # Entries outside m_v never reach a threshold: every threshold is above lo, so above the smallest int32.
     b_key = tl.where(m_v, b_key, -2147483648)
+    if TAIL:
+        tl.static_assert(t_key.shape[1] < 1024)
+        lo = tl.minimum(lo, tl.min(tl.where(m_t, t_key, 2147483647), 1).to(tl.int64))
+        hi = tl.maximum(hi, tl.max(tl.where(m_t, t_key, -2147483648), 1).to(tl.int64) + 1)
+        c_lo += tl.sum(m_t.to(tl.int32), 1)
+        t_key = tl.where(m_t, t_key, -2147483648)
     busy = m_j & (c_lo != kk) & (hi - lo > 1)
     while tl.max(busy.to(tl.int32), 0) > 0:
         w = hi - lo
@@ -105,7 +121,12 @@ def _topk_select(b_key, m_v, m_j, kk):
         t1 = lo + tl.maximum(w // 4, 1)
         t2 = lo + w // 2
         t3 = lo + (3 * w) // 4
-        c1, c2, c3 = _count3(b_key, t1.to(tl.int32), t2.to(tl.int32), t3.to(tl.int32), b_key.shape[1] >= 1024)
+        c1, c2, c3 = _count3(b_key, t1.to(tl.int32), t2.to(tl.int32), t3.to(tl.int32), WIDE)
+        if TAIL:
+            e1, e2, e3 = _count3(t_key, t1.to(tl.int32), t2.to(tl.int32), t3.to(tl.int32), False)
+            c1 += e1
+            c2 += e2
+            c3 += e3
         # The largest threshold that kk keys reach (lo always does) and the next one above it.
         ok1 = busy & (c1 >= kk)
         ok2 = busy & (c2 >= kk)
@@ -117,8 +138,16 @@ def _topk_select(b_key, m_v, m_j, kk):
     m_gt = m_v & (b_key > lo[:, None])
     m_eq = m_v & (b_key == lo[:, None])
     n_gt = tl.sum(m_gt.to(tl.int32), 1)
+    if TAIL:
+        t_gt = m_t & (t_key > lo[:, None])
+        t_eq = m_t & (t_key == lo[:, None])
+        n_gt += tl.sum(t_gt.to(tl.int32), 1)
+        t_rank = tl.cumsum(t_eq.to(tl.int32), 1) - 1 + tl.sum(m_eq.to(tl.int32), 1)[:, None]
+        sel_t = t_gt | (t_eq & (t_rank < (kk - n_gt)[:, None]))
+    else:
+        sel_t = m_t
     tie_rank = tl.cumsum(m_eq.to(tl.int32), 1) - 1
-    return m_gt | (m_eq & (tie_rank < (kk - n_gt)[:, None]))
+    return m_gt | (m_eq & (tie_rank < (kk - n_gt)[:, None])), sel_t
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -230,26 +259,41 @@ def _topk_rows_kernel(
     NS,
     HAS_KV: tl.constexpr,
     NP: tl.constexpr,
+    NT: tl.constexpr,
     RS: tl.constexpr,
     KP: tl.constexpr,
 ):
-    # Medium rows, second launch: RS rows of the scratch's order keys as one [RS, NP] tile, the four-way search of
-    # the short rows (_topk_select), and the row's indices, ascending, then -1.
+    # Medium rows, second launch: RS rows of the scratch's order keys as one [RS, NP] tile (and, NT > 0, the keys from
+    # NP on as a [RS, NT] tail: rows a little longer than a power of 2), the four-way search of the short rows
+    # (_topk_select_split), and the rows' indices, ascending, then -1.
     i_r = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
+    o_r = i_r * RS + tl.arange(0, RS)
+    m_r = o_r < M
+    row = SCR + (i_bh * M + o_r)[:, None] * NS
     o_n = tl.arange(0, NP)
     m_n = o_n < N
     if HAS_KV:
         m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
-    o_r = i_r * RS + tl.arange(0, RS)
-    m_r = o_r < M
     m_v = m_n[None, :] & m_r[:, None]
-    b_key = tl.load(SCR + (i_bh * M + o_r)[:, None] * NS + o_n[None, :], mask=m_v, other=-2147483648)
-    sel = _topk_select(b_key, m_v, m_r, kk)
+    b_key = tl.load(row + o_n[None, :], mask=m_v, other=-2147483648)
+    if NT > 0:
+        o_t = NP + tl.arange(0, NT)
+        m_t = o_t < N
+        if HAS_KV:
+            m_t = m_t & (tl.load(KV + i_bh * N + o_t, mask=m_t, other=0) != 0)
+        m_tv = m_t[None, :] & m_r[:, None]
+        t_key = tl.load(row + o_t[None, :], mask=m_tv, other=-2147483648)
+        sel, sel_t = _topk_select_split(b_key, m_v, m_r, kk, t_key, m_tv, True)
+    else:
+        sel = _topk_select(b_key, m_v, m_r, kk)
     pos = tl.cumsum(sel.to(tl.int32), 1) - 1
     base = IDX + (i_bh * M + o_r) * TOPK
     tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [RS, NP]), mask=sel)
+    if NT > 0:
+        pos_t = tl.cumsum(sel_t.to(tl.int32), 1) - 1 + tl.sum(sel.to(tl.int32), 1)[:, None]
+        tl.store(base[:, None] + pos_t, tl.broadcast_to(o_t[None, :], [RS, NT]), mask=sel_t)
     o_p = tl.arange(0, KP)
     tl.store(
         base[:, None] + o_p[None, :],
