@@ -46,6 +46,7 @@ _SMALL_BYTES = 1 << 16
 MEDIUM_N = 2048
 # Entries of the medium-row search's tile ([rows, next power of 2 >= N]).
 _MEDIUM_TILE = 4096
+_MEDIUM_WARPS = 4
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
 # Long-row top-k settings (measurements behind each default: notes/kernels-notes.md). bn: keys per step (at most
@@ -322,7 +323,7 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> 
     rs = max(1, _MEDIUM_TILE // NP)
     fast(_topk_rows_kernel)[(_cdiv(M, rs), BH)](
         kv, kk, idx, scr, N, M, topk, ns, HAS_KV=has_kv, NP=NP, NT=nt, RS=rs, KP=max(16, _next_pow2(topk)),
-        num_warps=4,
+        num_warps=_MEDIUM_WARPS,
     )  # fmt: skip
     return idx
 
