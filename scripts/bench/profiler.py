@@ -249,7 +249,8 @@ def profile_point(name: str, B: int, H: int, N: int, m: int, k: int, d: int = 64
 
 
 def profile_topk_passes(name: str, r, kk, k: int, reps: int = 5, cap: int | None = None) -> None:
-    """Print the median time of each pass of the long-row exact top-k, each timed in its place in a full call
+    """Print the median time of each pass of the long-row exact top-k (taken even where the default call takes the
+    medium-row path), each timed in its place in a full call
     (``cap``: the candidate-list length, None for the default)."""
     acc: dict[str, list] = {}
 
@@ -263,7 +264,8 @@ def profile_topk_passes(name: str, r, kk, k: int, reps: int = 5, cap: int | None
 
     ref = ttk.exact_topk(r, kk, None, k)
     for _ in range(reps):
-        got = ttk.exact_topk(r, kk, None, k, cap=cap, timer=timer)
+        # The long-row path even where the default takes the medium-row one.
+        got = ttk.exact_topk(r, kk, None, k, cap=cap, timer=timer, medium_max_n=0)
     # Same answer whatever the path (each row's k keys, ascending).
     assert torch.equal(got, ref), f"{name}: top-k with cap={cap} differs from the default call"
     torch.cuda.synchronize()

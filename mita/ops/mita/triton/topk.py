@@ -1,9 +1,11 @@
 """Exact top-k per landmark (host side): ``exact_topk`` and its settings ``SCAN_CONFIG``.
 
 ``exact_topk``: per landmark, the k keys with the largest raw score ``R_i . k_j`` (ties to the lower key index),
-computed tile by tile without writing the [m, N] scores. Each score is mapped to an order-preserving int32 key. Short
-rows (N <= ``SMALL_N``) keep a [landmarks, N] tile on chip and find the k-th largest key by a four-way search over the
-row's key range (three thresholds counted per step, in registers). Long rows: block tops (each key block's two largest
+computed tile by tile. Each score is mapped to an order-preserving int32 key. Short rows (N <= ``SMALL_N``) keep a
+[landmarks, N] tile on chip and find the k-th largest key by a four-way search over the row's key range (three
+thresholds counted per step, in registers). Medium rows (N <= ``MEDIUM_N``): every order key goes to a scratch
+[BH, m, N] buffer, and a few rows at a time come back as one tile for the same search. Long rows (the [m, N] scores
+are never written): block tops (each key block's two largest
 scores and where its maximum sits); then one program per row (the select kernel): a start threshold that at least k keys
 reach (bisection over group maxima), every key at or above it into the row's [cap] candidate list in block order (each
 entry the packed int64 (order key, reversed index)), reading the block tops: a block whose second score is below the
@@ -44,7 +46,7 @@ SMALL_N = 512
 _SMALL_BYTES = 1 << 16
 # Rows up to this length (and above the short rows') take the medium-row path: order keys through a scratch buffer.
 MEDIUM_N = 2048
-# Entries of the medium-row search's tile ([rows, next power of 2 >= N]).
+# The medium-row search: entries of its tile ([rows, next power of 2 >= N]) and its warps.
 _MEDIUM_TILE = 4096
 _MEDIUM_WARPS = 4
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
@@ -364,8 +366,8 @@ def exact_topk(
             (v in k's layout), as :func:`landmark_values_fwd` does; on the long-row path with
             the block-top pass computes them from the scores it already has.
         after_scan: None, or a callable called (no arguments) right after the long-row path's block-top pass is
-            queued (the MiTA forward forks its routing onto a second stream there, FWD_CONFIG route_stream); not
-            called on the on-chip path.
+            queued, or the medium-row path's selection (the MiTA forward forks its routing onto a second stream
+            there, FWD_CONFIG route_stream); not called on the on-chip path.
 
     Returns:
         ``[BH, m, topk]`` int32 key indices, ascending, then -1 for the slots a row has no valid key for. With lv:

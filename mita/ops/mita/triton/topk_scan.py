@@ -1,8 +1,10 @@
-"""Exact top-k kernels that score keys: the on-chip top-k of short rows and the block-top / refinement passes of
-long rows.
+"""Exact top-k kernels that score keys: the on-chip top-k of short rows, the two launches of medium rows and the
+block-top / refinement passes of long rows.
 
 - ``_topk_small_kernel`` (rows up to ``topk.SMALL_N`` keys): one program per (16 landmarks, head) keeps the
   [landmarks, N] order keys on chip and finds the k-th largest by a four-way search (``_topk_select``).
+- ``_topk_keys_kernel`` / ``_topk_rows_kernel`` (rows up to ``topk.MEDIUM_N`` keys): the order keys through a
+  scratch buffer, then the same search a few rows at a time (``_topk_select_split``: a tile and a tail).
 - ``_topk_scan_body`` / ``_topk_scan_kernel``: the passes over a long row's key blocks, one helper each: block tops
   (``_scan_block_tops``), with the landmark values' split-key partials computed from the same scores (``LVF``);
   the fallback's refinement passes (``_scan_counts``), recount and ordered emission (``_scan_band``).
@@ -151,7 +153,7 @@ def _topk_select_split(b_key, m_v, m_j, kk, t_key, m_t, TAIL: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# exact top-k: short rows, on chip
+# exact top-k: short rows, on chip; medium rows through a scratch buffer
 # ----------------------------------------------------------------------------------------------------------------
 
 
