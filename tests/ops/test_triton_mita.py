@@ -161,8 +161,10 @@ def test_general_lazy_softmax_matches_naive(
 ):
     """SCAN_CONFIG lv_lazy 1 (the block-top pass unmasked, its landmark values rescaled lazily) with the fused
     forward's softmax, forward and backward; key norms growing 12x along N make later blocks raise the maxima, so
-    the rescaling branch runs."""
+    the rescaling branch runs. Rows of 1024 keys take the long-row path here (MEDIUM_N 0), whose block-top pass this
+    is about."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setattr(ttk, "MEDIUM_N", 0)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_lazy", 1)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 4)
     _check(B, H, N, d, m, topk, dtype, S, shared, pad_from, key_growth=growth)

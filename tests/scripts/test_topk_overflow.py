@@ -31,6 +31,8 @@ def ovf(monkeypatch):
     [(0.0, 1, None), (0.95, 1, None), (0.0, 2, None), (0.95, 3, None), (0.95, 1, (32, 0)), (0.0, 2, (20, 0))],
 )
 def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
+    # The long-row path's start (rows of 2048 keys would otherwise take the medium-row path, which has none).
+    monkeypatch.setattr(ttk, "MEDIUM_N", 0)
     monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", block_top)
     if start is not None:
         monkeypatch.setitem(ttk.SCAN_CONFIG, "start_steps", start[0])
