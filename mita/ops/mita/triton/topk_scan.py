@@ -314,9 +314,6 @@ def _topk_rows_kernel(
     # split-key partials of the keys kernel.
     i_r = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    if MERGE:
-        for i_j in range(i_r * RS, tl.minimum(i_r * RS + RS, M)):
-            _lv_merge_row(PM, PL, PACC, VT, LSE, i_j, i_bh, M, NC, D, BC)
     kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
     o_r = i_r * RS + tl.arange(0, RS)
     m_r = o_r < M
@@ -349,6 +346,9 @@ def _topk_rows_kernel(
         tl.full([RS, KP], -1, tl.int32),
         mask=m_r[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < TOPK),
     )
+    if MERGE:
+        for i_j in range(i_r * RS, tl.minimum(i_r * RS + RS, M)):
+            _lv_merge_row(PM, PL, PACC, VT, LSE, i_j, i_bh, M, NC, D, BC)
 
 
 # ----------------------------------------------------------------------------------------------------------------
