@@ -4,7 +4,8 @@
 computed tile by tile. Each score is mapped to an order-preserving int32 key. Short rows (N <= ``SMALL_N``) keep a
 [landmarks, N] tile on chip and find the k-th largest key by a four-way search over the row's key range (three
 thresholds counted per step, in registers). Medium rows (N <= ``MEDIUM_N``): every order key goes to a scratch
-[BH, m, N] buffer, and a few rows at a time come back as one tile for the same search. Long rows (the [m, N] scores
+[BH, m, N] buffer, and a few rows at a time come back as one tile for the same search; the landmark values take the
+separate split-key pass. Long rows (the [m, N] scores
 are never written): block tops (each key block's two largest
 scores and where its maximum sits); then one program per row (the select kernel): a start threshold that at least k keys
 reach (bisection over group maxima), every key at or above it into the row's [cap] candidate list in block order (each
@@ -46,9 +47,8 @@ SMALL_N = 512
 _SMALL_BYTES = 1 << 16
 # Rows up to this length (and above the short rows') take the medium-row path: order keys through a scratch buffer.
 MEDIUM_N = 2048
-# The medium-row search: entries of its tile ([rows, next power of 2 >= N]) and its warps.
+# Entries of the medium-row search's tile ([rows, next power of 2 >= N]).
 _MEDIUM_TILE = 4096
-_MEDIUM_WARPS = 4
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
 # Long-row top-k settings (measurements behind each default: notes/kernels-notes.md). bn: keys per step (at most
@@ -297,11 +297,10 @@ def _topk_small(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> t
     return idx
 
 
-def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up, lv: tuple | None):
+def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> torch.Tensor:
     """Medium rows: the order keys into a scratch ``[BH, m, N]`` int32 buffer (``_topk_keys_kernel``, one program
-    per (landmark tile, key chunk, head), with ``lv`` also the landmark values' split-key partials from the same
-    scores), then the short rows' four-way search a few rows at a time (``_topk_rows_kernel``, which merges the
-    partials). Returns the indices, or with ``lv`` ``(indices, vt, lse)``."""
+    per (landmark tile, key chunk, head)), then the short rows' search on a few rows at a time
+    (``_topk_rows_kernel``)."""
     BH, M, D = r.shape
     N = k.shape[-2]
     dev = r.device
@@ -311,28 +310,11 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up, lv:
     bs, bn = (64 if D <= 64 else 32), 64
     n_s = _cdiv(M, bs)
     g = max(1, min(_cdiv(N, bn), _cdiv(_SCAN_PROGRAMS, n_s * BH)))
-    if lv is not None:
-        # At most N / (lv_div m) key chunks: the float32 partials stay within 2 / lv_div of k's memory.
-        g = max(1, min(g, N // (int(SCAN_CONFIG["lv_div"]) * M)))
     ch = _cdiv(_cdiv(N, g), bn) * bn
-    g = _cdiv(N, ch)
     has_kv = key_valid is not None
-    direct = lv is None or g == 1
-    if lv is None:
-        vv, scale, vt, lse = r, 1.0, r, r
-    else:
-        vv, scale = lv[0], lv[1] * LOG2E
-        vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
-        lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
-    if direct:
-        pm = pl = pacc = r
-    else:
-        pm = torch.empty(BH, g, M, device=dev, dtype=torch.float32)
-        pl = torch.empty(BH, g, M, device=dev, dtype=torch.float32)
-        pacc = torch.empty(BH, g, M, D, device=dev, dtype=torch.float32)
-    fast(_topk_keys_kernel)[(n_s, g, BH)](
-        r, k, vv, kv, scr, pm, pl, pacc, vt, lse, scale, N, M, ch, ns, *lay, HAS_KV=has_kv, LV=lv is not None,
-        DIRECT=direct, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(), num_warps=4,
+    fast(_topk_keys_kernel)[(n_s, _cdiv(N, ch), BH)](
+        r, k, kv, scr, N, M, ch, ns, *lay, HAS_KV=has_kv, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
+        num_warps=4,
     )  # fmt: skip
     # Rows a little longer than a power of 2 (Segmenter's 1025 tokens): that power of 2 as the main tile and the rest
     # as a tail of at most an eighth of it, instead of a tile twice as long.
@@ -342,10 +324,10 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up, lv:
         NP = np1
     rs = max(1, _MEDIUM_TILE // NP)
     fast(_topk_rows_kernel)[(_cdiv(M, rs), BH)](
-        kv, kk, idx, scr, pm, pl, pacc, vt, lse, N, M, topk, ns, g, HAS_KV=has_kv, NP=NP, NT=nt, RS=rs,
-        KP=max(16, _next_pow2(topk)), MERGE=not direct, D=D, BC=min(64, _next_pow2(g)), num_warps=_MEDIUM_WARPS,
+        kv, kk, idx, scr, N, M, topk, ns, HAS_KV=has_kv, NP=NP, NT=nt, RS=rs, KP=max(16, _next_pow2(topk)),
+        num_warps=4,
     )  # fmt: skip
-    return idx if lv is None else (idx, vt, lse)
+    return idx
 
 
 def exact_topk(
@@ -402,10 +384,10 @@ def exact_topk(
         idx = _topk_small(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype))
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
     if N <= (MEDIUM_N if medium_max_n is None else medium_max_n):
-        res = _topk_medium(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype), lv)
+        idx = _topk_medium(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype))
         if after_scan is not None:
             after_scan()
-        return res
+        return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
     st = _settings(
         BH, M, N, D, topk, cap, key_valid is not None, lv is not None, r.dtype, r.device.index, interpreting(),
         _config_key(),
