@@ -64,14 +64,10 @@ def test_mita_kernels_stay_in_bounds(bounds_checked, monkeypatch, short, csr, B,
     assert path <= set(bounds_checked)
 
 
-@pytest.mark.parametrize("pad", [False, True])
-@pytest.mark.parametrize("block_top", [None, 2])
-def test_long_row_topk_stays_in_bounds(bounds_checked, monkeypatch, pad, block_top):
-    """The long-row top-k (block-top pass, select kernel, fallback rows) on rows of few key blocks (the default's
-    wide emission) and of many (2 tops, the 1-D emission), with ties from a small vocabulary of keys."""
-    monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", block_top)
-    g = torch.Generator().manual_seed(3)
-    BH, M, N, d, topk = 2, 5, 700, 32, 40
+def _vocab_rows(BH, M, N, d, topk, pad, seed):
+    # Landmarks, keys near a vocabulary of 6 (ties in the top-k), and with pad a key mask that leaves the second head
+    # fewer valid keys than topk.
+    g = torch.Generator().manual_seed(seed)
     vocab = torch.randn(6, d, generator=g)
     k = (vocab[torch.randint(0, 6, (BH, N), generator=g)] + 0.02 * torch.randn(BH, N, d, generator=g)).bfloat16()
     r = torch.randn(BH, M, d, generator=g).bfloat16()
@@ -79,6 +75,17 @@ def test_long_row_topk_stays_in_bounds(bounds_checked, monkeypatch, pad, block_t
     if pad:
         valid = torch.rand(BH, N, generator=g) > 0.3
         valid[1, topk // 2 :] = False
+    return r, k, valid
+
+
+@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("block_top", [None, 2])
+def test_long_row_topk_stays_in_bounds(bounds_checked, monkeypatch, pad, block_top):
+    """The long-row top-k (block-top pass, select kernel, fallback rows) on rows of few key blocks (the default's
+    wide emission) and of many (2 tops, the 1-D emission), with ties from a small vocabulary of keys."""
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "block_top", block_top)
+    BH, M, N, d, topk = 2, 5, 700, 32, 40
+    r, k, valid = _vocab_rows(BH, M, N, d, topk, pad, seed=3)
     idx = ttk.exact_topk(r, k, valid, topk, small_max_n=0, medium_max_n=0, cap=max(64, tc._next_pow2(topk)))
     assert idx.shape == (BH, M, topk)
     assert {"_topk_scan_kernel", "_topk_select_kernel"} <= set(bounds_checked)
@@ -88,15 +95,8 @@ def test_long_row_topk_stays_in_bounds(bounds_checked, monkeypatch, pad, block_t
 def test_medium_row_topk_stays_in_bounds(bounds_checked, pad):
     """The medium-row top-k (order keys through the scratch buffer, then a few rows per search tile): a row length
     that is no multiple of the key block or of 16, landmarks that fill no tile, ties from a small vocabulary."""
-    g = torch.Generator().manual_seed(4)
     BH, M, N, d, topk = 2, 19, 593, 32, 40
-    vocab = torch.randn(6, d, generator=g)
-    k = (vocab[torch.randint(0, 6, (BH, N), generator=g)] + 0.02 * torch.randn(BH, N, d, generator=g)).bfloat16()
-    r = torch.randn(BH, M, d, generator=g).bfloat16()
-    valid = None
-    if pad:
-        valid = torch.rand(BH, N, generator=g) > 0.3
-        valid[1, topk // 2 :] = False
+    r, k, valid = _vocab_rows(BH, M, N, d, topk, pad, seed=4)
     idx = ttk.exact_topk(r, k, valid, topk, small_max_n=0)
     assert idx.shape == (BH, M, topk)
     assert {"_topk_keys_kernel", "_topk_rows_kernel"} <= set(bounds_checked)

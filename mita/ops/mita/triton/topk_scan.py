@@ -198,14 +198,28 @@ def _topk_small_kernel(
     m_v = m_n[None, :] & m_j[:, None]
     kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
     sel = _topk_select(b_key, m_v, m_j, kk)
-    pos = tl.cumsum(sel.to(tl.int32), 1) - 1
     base = IDX + (i_bh * M + o_j) * TOPK
-    tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [BS, NP]), mask=sel)
+    _emit_selected(base, sel, o_n, 0)
+    _emit_missing(base, m_j, kk, TOPK, KP)
+
+
+@triton.jit
+def _emit_selected(base, sel, o_n, first):
+    # The columns o_n [L] that sel [R, L] selects, in column order, to base[r] + first + 0, 1, ... (first: 0, or an
+    # [R, 1] offset); returns how many each row took.
+    pos = tl.cumsum(sel.to(tl.int32), 1) - 1 + first
+    tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], sel.shape), mask=sel)
+    return tl.sum(sel.to(tl.int32), 1)
+
+
+@triton.jit
+def _emit_missing(base, m_r, kk, TOPK, KP: tl.constexpr):
+    # -1 in the slots kk .. TOPK - 1 of the rows m_r (slots a row has no valid key for).
     o_p = tl.arange(0, KP)
     tl.store(
         base[:, None] + o_p[None, :],
-        tl.full([BS, KP], -1, tl.int32),
-        mask=m_j[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < TOPK),
+        tl.full([m_r.shape[0], KP], -1, tl.int32),
+        mask=m_r[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < TOPK),
     )
 
 
@@ -290,18 +304,11 @@ def _topk_rows_kernel(
         sel, sel_t = _topk_select_split(b_key, m_v, m_r, kk, t_key, m_tv, True)
     else:
         sel = _topk_select(b_key, m_v, m_r, kk)
-    pos = tl.cumsum(sel.to(tl.int32), 1) - 1
     base = IDX + (i_bh * M + o_r) * TOPK
-    tl.store(base[:, None] + pos, tl.broadcast_to(o_n[None, :], [RS, NP]), mask=sel)
+    n_sel = _emit_selected(base, sel, o_n, 0)
     if NT > 0:
-        pos_t = tl.cumsum(sel_t.to(tl.int32), 1) - 1 + tl.sum(sel.to(tl.int32), 1)[:, None]
-        tl.store(base[:, None] + pos_t, tl.broadcast_to(o_t[None, :], [RS, NT]), mask=sel_t)
-    o_p = tl.arange(0, KP)
-    tl.store(
-        base[:, None] + o_p[None, :],
-        tl.full([RS, KP], -1, tl.int32),
-        mask=m_r[:, None] & (o_p[None, :] >= kk) & (o_p[None, :] < TOPK),
-    )
+        _emit_selected(base, sel_t, o_t, n_sel[:, None])
+    _emit_missing(base, m_r, kk, TOPK, KP)
 
 
 # ----------------------------------------------------------------------------------------------------------------
