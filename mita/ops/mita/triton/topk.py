@@ -5,8 +5,7 @@ computed tile by tile. Each score is mapped to an order-preserving int32 key. Sh
 [landmarks, N] tile on chip and find the k-th largest key by a four-way search over the row's key range (three
 thresholds counted per step, in registers). Medium rows (N <= ``MEDIUM_N``): every order key goes to a scratch
 [BH, m, N] buffer, and a few rows at a time come back as one tile for the same search; the landmark values take the
-separate split-key pass. Long rows (the [m, N] scores
-are never written): block tops (each key block's two largest
+separate split-key pass. Long rows (the [m, N] scores are never written): block tops (each key block's two largest
 scores and where its maximum sits); then one program per row (the select kernel): a start threshold that at least k keys
 reach (bisection over group maxima), every key at or above it into the row's [cap] candidate list in block order (each
 entry the packed int64 (order key, reversed index)), reading the block tops: a block whose second score is below the
@@ -352,7 +351,7 @@ def exact_topk(
         key_valid: ``[BH, N]`` bool or int8 (1 = valid), or None when every key is valid.
         topk: keys per landmark, ``1 <= topk <= N``.
         small_max_n: rows up to this length take the on-chip kernel (when the key tile fits in 64 KiB).
-        medium_max_n: longer rows up to this length take the medium-row kernel (None: ``MEDIUM_N``); 0 sends every
+        medium_max_n: longer rows up to this length take the medium-row path (None: ``MEDIUM_N``); 0 sends every
             row beyond small_max_n to the long-row path.
         cap: candidate-list length of the long-row path (default ``2 topk``; at least ``max(topk, 64)``, rounded up
             to a power of 2). Rows with more keys above the start threshold than cap take the refinement passes.
