@@ -24,6 +24,7 @@ from mita.ops.mita.triton.common import (
     _out_ptr,
     _prec,
     _upcast,
+    _valid_keys,
     grad_layouts,
     heads_layout,
     regs_cap,
@@ -398,9 +399,7 @@ def _dkdv_final_kernel(
             b_dk += tl.load(DKE + o_w, mask=(found & m_in)[:, None], other=0.0)
             b_dv += tl.load(DVE + o_w, mask=(found & m_in)[:, None], other=0.0)
     if LV:
-        m_n = m_in
-        if HAS_KV:
-            m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_in, other=0) != 0)
+        m_n = _valid_keys(KV, i_bh, N, o_n, N, HAS_KV)
         o_kv = o_n64[:, None] * SN + o_d[None, :]
         b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)
         b_v = tl.load(_head_ptr(V, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)

@@ -61,6 +61,15 @@ def _head_ptr(X, i_bh, H, SB, SH):
 
 
 @triton.jit
+def _valid_keys(KV, i_bh, N, o_n, n1, HAS_KV: tl.constexpr):
+    # Keys o_n of head i_bh below n1 and, with padding (HAS_KV), not padded (KV [BH, N], 1 = valid).
+    m_n = o_n < n1
+    if HAS_KV:
+        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    return m_n
+
+
+@triton.jit
 def _out_ptr(X, i_bh, H, N, D: tl.constexpr):
     # First row of head i_bh (int64) in an output stored in [B, N, H, D] order (rows H * D apart; flattened heads,
     # H = 1: [BH, N, D]).

@@ -21,6 +21,7 @@ from mita.ops.mita.triton.common import (
     _prec,
     _softmax_step,
     _upcast,
+    _valid_keys,
     heads_layout,
 )
 from mita.ops.mita.triton.launch import fast
@@ -78,9 +79,7 @@ def _lv_fwd_kernel(
     V_h = _head_ptr(V, i_bh, H, SB, SH)
     for n_b in range(n0, n1, BN):
         o_n = n_b + tl.arange(0, BN)
-        m_n = o_n < n1
-        if HAS_KV:
-            m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+        m_n = _valid_keys(KV, i_bh, N, o_n, n1, HAS_KV)
         o_kv = o_n.to(tl.int64)[:, None] * SN + o_d[None, :]
         b_k = tl.load(K_h + o_kv, mask=m_n[:, None], other=0.0)
         b_v = tl.load(V_h + o_kv, mask=m_n[:, None], other=0.0)
@@ -199,10 +198,8 @@ def _lv_bwd_dkdv_kernel(
     i_bh = tl.program_id(1).to(tl.int64)
     o_d = tl.arange(0, D)
     o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
-    m_in = m_n
-    if HAS_KV:
-        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    m_in = o_n < N
+    m_n = _valid_keys(KV, i_bh, N, o_n, N, HAS_KV)
     o_n64 = o_n.to(tl.int64)
     b_k = tl.load(K + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
     b_v = tl.load(V + i_bh * N * D + o_n64[:, None] * D + o_d[None, :], mask=m_n[:, None], other=0.0)
@@ -256,9 +253,7 @@ def _lv_bwd_dr_kernel(
     n1 = tl.minimum(n0 + CH, N)
     for n_b in range(n0, n1, BN):
         o_n = n_b + tl.arange(0, BN)
-        m_n = o_n < n1
-        if HAS_KV:
-            m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+        m_n = _valid_keys(KV, i_bh, N, o_n, n1, HAS_KV)
         o_n64 = o_n.to(tl.int64)
         o_kv = o_n64[:, None] * SN + o_d[None, :]
         b_k = tl.load(_head_ptr(K, i_bh, H, SB, SH) + o_kv, mask=m_n[:, None], other=0.0)

@@ -34,6 +34,7 @@ from mita.ops.mita.triton.common import (
     _score,
     _softmax_step,
     _upcast,
+    _valid_keys,
     heads_layout,
     out_layout,
     regs_cap,
@@ -197,9 +198,7 @@ def _small_route_kernel(
     o_j = i_s * BS + tl.arange(0, BS)
     m_j = o_j < M
     o_n = tl.arange(0, NP)
-    m_n = o_n < N
-    if HAS_KV:
-        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    m_n = _valid_keys(KV, i_bh, N, o_n, N, HAS_KV)
     kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
     o_kv = o_n[:, None] * SN + o_d[None, :]

@@ -18,6 +18,7 @@ from mita.ops.mita.triton.common import (
     _out_ptr,
     _prec,
     _upcast,
+    _valid_keys,
     grad_layouts,
     heads_layout,
 )
@@ -214,9 +215,7 @@ def _small_bwd_kernel(
     # Pass 2, key blocks: routed dk, dv over every query block, whose dq rows get this key block's share.
     for n0 in range(0, N, BN):
         o_kn = n0 + tl.arange(0, BN)
-        m_kn = o_kn < N
-        if HAS_KV:
-            m_kn = m_kn & (tl.load(KV + i_bh * N + o_kn, mask=m_kn, other=0) != 0)
+        m_kn = _valid_keys(KV, i_bh, N, o_kn, N, HAS_KV)
         o_key = o_kn[:, None] * SN + o_d[None, :]
         b_kb = tl.load(K_h + o_key, mask=m_kn[:, None], other=0.0)
         b_vb = tl.load(V_h + o_key, mask=m_kn[:, None], other=0.0)

@@ -169,6 +169,17 @@ class _ScanPlan(NamedTuple):
     even: bool  # the block-top pass without masks
 
 
+def _key_chunks(N: int, bn: int, tiles: int, max_chunks: int | None = None) -> tuple[int, int]:
+    """Key chunks of a pass over (landmark tile, key chunk, head) programs with ``tiles`` landmark tiles x heads:
+    about ``_SCAN_PROGRAMS`` programs, at most one chunk per key block and at most ``max_chunks`` (at least 1).
+    Returns ``(chunks, keys per chunk)``, the latter a multiple of bn."""
+    g = max(1, min(_cdiv(N, bn), _cdiv(_SCAN_PROGRAMS, tiles)))
+    if max_chunks is not None:
+        g = max(1, min(g, max_chunks))
+    ch = _cdiv(_cdiv(N, g), bn) * bn
+    return _cdiv(N, ch), ch
+
+
 def _scan_plan(BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_kv: bool, lvf: bool) -> _ScanPlan:
     """The long-row path's settings (SCAN_CONFIG checked), tiles and key chunks."""
     bn = SCAN_CONFIG["bn"]
@@ -196,13 +207,12 @@ def _scan_plan(BH: int, M: int, N: int, D: int, topk: int, cap: int | None, has_
         lv_lazy = 2 if N <= 1 << 18 else 1
     if lv_lazy not in (0, 1, 2):
         raise ValueError(f"SCAN_CONFIG['lv_lazy'] must be 0, 1, 2 or None, got {lv_lazy}")
-    G = max(1, min(NB, _cdiv(_SCAN_PROGRAMS, n_s * BH)))
+    max_chunks = None
     if lvf:
         if int(SCAN_CONFIG["lv_div"]) < 1:
             raise ValueError(f"SCAN_CONFIG['lv_div'] must be >= 1, got {SCAN_CONFIG['lv_div']}")
-        G = max(1, min(G, N // (int(SCAN_CONFIG["lv_div"]) * M)))
-    CH = _cdiv(_cdiv(N, G), bn) * bn
-    G = _cdiv(N, CH)
+        max_chunks = N // (int(SCAN_CONFIG["lv_div"]) * M)
+    G, CH = _key_chunks(N, bn, n_s * BH, max_chunks)
     cap = _next_pow2(max(cap or 2 * topk, topk, 64))
     _final_narrow(cap)
     # Key blocks per step of the block-top pass, at most a chunk's.
@@ -308,10 +318,9 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> 
     scr = torch.empty(BH, M, ns, device=dev, dtype=torch.int32)
     bs, bn = (64 if D <= 64 else 32), 64
     n_s = _cdiv(M, bs)
-    g = max(1, min(_cdiv(N, bn), _cdiv(_SCAN_PROGRAMS, n_s * BH)))
-    ch = _cdiv(_cdiv(N, g), bn) * bn
+    g, ch = _key_chunks(N, bn, n_s * BH)
     has_kv = key_valid is not None
-    fast(_topk_keys_kernel)[(n_s, _cdiv(N, ch), BH)](
+    fast(_topk_keys_kernel)[(n_s, g, BH)](
         r, k, kv, scr, N, M, ch, ns, *lay, HAS_KV=has_kv, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
         num_warps=4,
     )  # fmt: skip

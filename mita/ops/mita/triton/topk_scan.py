@@ -27,6 +27,7 @@ from mita.ops.mita.triton.common import (
     _softmax_lazy,
     _softmax_lazy_max,
     _softmax_step,
+    _valid_keys,
 )
 
 # Threshold candidates per refinement pass of the long-row top-k, and the number of passes (16^8 = 2^32).
@@ -123,9 +124,10 @@ def _topk_select_split(b_key, m_v, m_j, kk, t_key, m_t, TAIL: tl.constexpr):
         t1 = lo + tl.maximum(w // 4, 1)
         t2 = lo + w // 2
         t3 = lo + (3 * w) // 4
-        c1, c2, c3 = _count3(b_key, t1.to(tl.int32), t2.to(tl.int32), t3.to(tl.int32), WIDE)
+        u1, u2, u3 = t1.to(tl.int32), t2.to(tl.int32), t3.to(tl.int32)
+        c1, c2, c3 = _count3(b_key, u1, u2, u3, WIDE)
         if TAIL:
-            e1, e2, e3 = _count3(t_key, t1.to(tl.int32), t2.to(tl.int32), t3.to(tl.int32), False)
+            e1, e2, e3 = _count3(t_key, u1, u2, u3, False)
             c1 += e1
             c2 += e2
             c3 += e3
@@ -186,9 +188,7 @@ def _topk_small_kernel(
     o_j = i_s * BS + tl.arange(0, BS)
     m_j = o_j < M
     o_n = tl.arange(0, NP)
-    m_n = o_n < N
-    if HAS_KV:
-        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    m_n = _valid_keys(KV, i_bh, N, o_n, N, HAS_KV)
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
     b_k = tl.load(
         _head_ptr(K, i_bh, H, SB, SH) + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0
@@ -289,16 +289,12 @@ def _topk_rows_kernel(
     m_r = o_r < M
     row = SCR + (i_bh * M + o_r)[:, None] * NS
     o_n = tl.arange(0, NP)
-    m_n = o_n < N
-    if HAS_KV:
-        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    m_n = _valid_keys(KV, i_bh, N, o_n, N, HAS_KV)
     m_v = m_n[None, :] & m_r[:, None]
     b_key = tl.load(row + o_n[None, :], mask=m_v, other=-2147483648)
     if NT > 0:
         o_t = NP + tl.arange(0, NT)
-        m_t = o_t < N
-        if HAS_KV:
-            m_t = m_t & (tl.load(KV + i_bh * N + o_t, mask=m_t, other=0) != 0)
+        m_t = _valid_keys(KV, i_bh, N, o_t, N, HAS_KV)
         m_tv = m_t[None, :] & m_r[:, None]
         t_key = tl.load(row + o_t[None, :], mask=m_tv, other=-2147483648)
         sel, sel_t = _topk_select_split(b_key, m_v, m_r, kk, t_key, m_tv, True)
@@ -378,9 +374,7 @@ def _key_block_scores(b_r, K_h, KV, i_bh, N, o_n, n1, SN, o_d, HAS_KV: tl.conste
                       UP: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
     # Scores of the landmark tile b_r against the key block o_n (keys below n1, and valid with padding) -> (valid
     # keys [BN], scores [BS, BN]). Every pass that scores keys calls this, so equal launches give equal bits.
-    m_n = o_n < n1
-    if HAS_KV:
-        m_n = m_n & (tl.load(KV + i_bh * N + o_n, mask=m_n, other=0) != 0)
+    m_n = _valid_keys(KV, i_bh, N, o_n, n1, HAS_KV)
     b_k = tl.load(K_h + o_n.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_n[:, None], other=0.0)
     return m_n, _score(b_r, b_k, PREC, UP, EXACT)
 
