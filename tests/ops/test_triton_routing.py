@@ -84,10 +84,14 @@ def block_top(request, monkeypatch):
 _TOPK_LAUNCHES = ["_topk_scan_kernel", "_topk_select_kernel", "_topk_fallback_kernel"]
 
 
+def _ascending(idx):
+    # Indices ascending, then -1 (the order exact_topk returns).
+    a = torch.where(idx < 0, 1 << 30, idx.long()).sort(-1).values
+    return torch.where(a == 1 << 30, -1, a).cpu()
+
+
 def _same_sets(a, b):
-    a = torch.where(a < 0, 1 << 30, a.long()).sort(-1).values
-    b = torch.where(b < 0, 1 << 30, b.long()).sort(-1).values
-    return torch.equal(a.cpu(), b.cpu())
+    return torch.equal(_ascending(a), _ascending(b))
 
 
 @pytest.mark.parametrize("path", ["small", "medium", "long"])
@@ -114,12 +118,6 @@ def test_exact_topk_matches_stable_sort(path, N, M, d, topk, span, pad):
     # Ascending valid indices first, then -1.
     key = torch.where(got < 0, 1 << 30, got.long())
     assert torch.equal(key, key.sort(-1).values)
-
-
-def _ascending(idx):
-    # Indices ascending, then -1 (the order exact_topk returns).
-    a = torch.where(idx < 0, 1 << 30, idx.long()).sort(-1).values
-    return torch.where(a == 1 << 30, -1, a).cpu()
 
 
 @pytest.mark.parametrize(
