@@ -56,6 +56,50 @@ def _plan_kernel(
 
 
 @triton.jit
+def _plan_local_kernel(
+    ROUTE, ROWS, STARTS, TILE_E, TILE_RS, TILE_RE, NR, M, T, BMQ, TT,
+    MP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    # The routing plan in one launch of (chunk of BR rows, batch-head) programs: each program counts the experts of
+    # the whole (batch, head) and of the rows before its chunk (histograms of BC rows at a time; the routes are a few
+    # KiB, read from L2), so it knows every expert's first row and its own rows' next positions without the other
+    # programs; its rows' ranks among the chunk's rows of their expert come from one [BR, BR] comparison sum (a
+    # stable counting sort). Program (0, bh) stores the first rows; program c writes tiles c * TT .. (c + 1) * TT.
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    r_lo = i_c * BR
+    route = ROUTE + i_bh * NR
+    tot = tl.zeros([MP], tl.int32)
+    pre = tl.zeros([MP], tl.int32)
+    for r0 in range(0, NR, BC):
+        o_r = r0 + tl.arange(0, BC)
+        b_e = tl.load(route + o_r, mask=o_r < NR, other=0)
+        tot += tl.histogram(b_e, MP)
+        pre += tl.histogram(tl.where(o_r < r_lo, b_e, 0), MP)
+    # The rows past NR (counted in tot) and from r_lo on (in pre) were counted as expert 0.
+    o_m = tl.arange(0, MP)
+    n_pad = (NR + BC - 1) // BC * BC
+    tot -= tl.where(o_m == 0, n_pad - NR, 0)
+    pre -= tl.where(o_m == 0, n_pad - r_lo, 0)
+    incl = tl.cumsum(tot, 0)
+    start = incl - tot
+    if i_c == 0:
+        _plan_starts(STARTS, tot, i_bh, M, MP)
+    t_lo = i_c * TT
+    _plan_tiles(TILE_E, TILE_RS, TILE_RE, tot, start, incl, i_bh, M, T, t_lo, tl.minimum(t_lo + TT, T), BMQ, MP, BT)
+    o_b = tl.arange(0, BR)
+    o_r = r_lo + o_b
+    m_r = o_r < NR
+    # Rows past NR read expert 0: they come after every row of the chunk, so they change no rank.
+    b_e = tl.load(route + o_r, mask=m_r, other=0)
+    # Row j's rank among the chunk's rows of its expert: the earlier rows i < j with the same expert (sum over axis 0).
+    w = (o_b[:, None] < o_b[None, :]).to(tl.int32)
+    rank = tl.sum(tl.where(b_e[:, None] == b_e[None, :], w, 0), 0)
+    base = tl.sum(tl.where(b_e[:, None] == o_m[None, :], (start + pre)[None, :], 0), 1)
+    tl.store(ROWS + i_bh * NR + base + rank, o_r, mask=m_r)
+
+
+@triton.jit
 def _plan_starts(STARTS, cnt, i_bh, M, MP: tl.constexpr):
     # Each expert's first row (exclusive prefix of the [MP] counts) and end row; STARTS[bh] = first rows, then the
     # total after the last expert.
@@ -225,6 +269,9 @@ class RoutingPlan:
 # The one-program plan kernel takes N * S * next_pow2(m) up to this (one program per (batch, head) loops over the
 # rows in steps of _PLAN_CHUNK one-hot entries); beyond it the chunked plan has more parallelism.
 _PLAN_FUSED_MAX = 1 << 18
+PLAN_MODE = "local"
+_PLAN_LOCAL_MAX = 8192
+_PLAN_LOCAL_ROWS = 64
 _PLAN_CHUNK = 8192
 # Chunked plan (timed on the H200, scripts/bench/plan_bench.py): chunks of at most _PLAN_ROWS rows, fewer where
 # that gives about _PLAN_PROGRAMS programs over all (batch, head) pairs (latency is hidden by many short programs);
@@ -279,7 +326,18 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     rows = torch.empty(BH, nrows, device=dev, dtype=i32)
     starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
     tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
-    if nrows * mp <= _PLAN_FUSED_MAX:
+    if PLAN_MODE == "local" and nrows <= _PLAN_LOCAL_MAX:
+        # One launch of (chunk, batch-head) programs, each counting the whole head's routes itself.
+        mp = max(32, mp)
+        nc = _cdiv(nrows, _PLAN_LOCAL_ROWS)
+        bt = max(2, _PLAN_TILE_ENTRIES // mp)
+        tt = _cdiv(_cdiv(T, nc), bt) * bt
+        fast(_plan_local_kernel)[(nc, BH)](
+            route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, tt,
+            MP=mp, BR=_PLAN_LOCAL_ROWS, BC=min(_PLAN_COUNT_STEP, max(32, _next_pow2(nrows))), BT=bt, num_warps=4,
+        )  # fmt: skip
+        return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
+    if PLAN_MODE == "fused" and nrows * mp <= _PLAN_FUSED_MAX:
         # One program per (batch, head) builds the whole plan in one launch.
         br = max(16, _PLAN_CHUNK // mp)
         fast(_plan_kernel)[(BH,)](

@@ -48,6 +48,8 @@ _SMALL_BYTES = 1 << 16
 MEDIUM_N = 2048
 # Entries of the medium-row search's tile ([rows, next power of 2 >= N]).
 _MEDIUM_TILE = 4096
+# Warps of the medium-row search.
+_MEDIUM_WARPS = 4
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
 # Long-row top-k settings (measurements behind each default: notes/kernels-notes.md). bn: keys per step (at most
@@ -306,10 +308,10 @@ def _topk_small(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> t
     return idx
 
 
-def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> torch.Tensor:
+def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up, after_keys=None) -> torch.Tensor:
     """Medium rows: the order keys into a scratch ``[BH, m, N]`` int32 buffer (``_topk_keys_kernel``, one program
     per (landmark tile, key chunk, head)), then the short rows' search on a few rows at a time
-    (``_topk_rows_kernel``)."""
+    (``_topk_rows_kernel``); ``after_keys()`` (when given) is called between the two launches."""
     BH, M, D = r.shape
     N = k.shape[-2]
     dev = r.device
@@ -324,6 +326,8 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> 
         r, k, kv, scr, N, M, ch, ns, *lay, HAS_KV=has_kv, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
         num_warps=4,
     )  # fmt: skip
+    if after_keys is not None:
+        after_keys()
     # Rows a little longer than a power of 2 (Segmenter's 1025 tokens): that power of 2 as the main tile and the rest
     # as a tail of at most an eighth of it, instead of a tile twice as long.
     np1 = _next_pow2(N) // 2
@@ -333,7 +337,7 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> 
     rs = max(1, _MEDIUM_TILE // NP)
     fast(_topk_rows_kernel)[(_cdiv(M, rs), BH)](
         kv, kk, idx, scr, N, M, topk, ns, HAS_KV=has_kv, NP=NP, NT=nt, RS=rs, KP=max(16, _next_pow2(topk)),
-        num_warps=4,
+        num_warps=_MEDIUM_WARPS,
     )  # fmt: skip
     return idx
 
@@ -374,7 +378,7 @@ def exact_topk(
             (v in k's layout), as :func:`landmark_values_fwd` does; on the long-row path with
             the block-top pass computes them from the scores it already has.
         after_scan: None, or a callable called (no arguments) right after the long-row path's block-top pass is
-            queued, or the medium-row path's selection (the MiTA forward forks its routing onto a second stream
+            queued, or the medium-row path's key pass (the MiTA forward forks its routing onto a second stream
             there, FWD_CONFIG route_stream); not called on the on-chip path.
 
     Returns:
@@ -392,9 +396,7 @@ def exact_topk(
         idx = _topk_small(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype))
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
     if N <= (MEDIUM_N if medium_max_n is None else medium_max_n):
-        idx = _topk_medium(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype))
-        if after_scan is not None:
-            after_scan()
+        idx = _topk_medium(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype), after_scan)
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
     st = _settings(
         BH, M, N, D, topk, cap, key_valid is not None, lv is not None, r.dtype, r.device.index, interpreting(),
