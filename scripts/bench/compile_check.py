@@ -250,14 +250,14 @@ def main() -> None:
         (
             "mita_bwd_dq",
             abwd._mita_bwd_dq_kernel,
-            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, **common),
+            dict(S=1, SHARED=True, DIRECT=True, BM=16, BN=32, BS=32, ONE_S=False, **common),
             4,
             None,
         ),
         (
             "mita_bwd_dq S=2",
             abwd._mita_bwd_dq_kernel,
-            dict(S=2, SHARED=True, DIRECT=False, BM=64, BN=64, BS=64, **common),
+            dict(S=2, SHARED=True, DIRECT=False, BM=64, BN=64, BS=64, ONE_S=True, **common),
             8,
             {"DQ": "*fp32"},
         ),

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mita.ops.mita.triton.attention_fwd import _blocks, _num_warps
+from mita.ops.mita.triton.attention_fwd import _blocks, _num_warps, _shared_block
 from mita.ops.mita.triton.common import (
     LOG2E,
     _cdiv,
@@ -79,19 +79,23 @@ def _mita_bwd_dq_kernel(
     BS: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
+    ONE_S: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
+    # As in the forward: the tile's rows and (ONE_S) the shared keys and values loaded beside its expert.
     e = tl.load(TILE_E + i_bh * T + i_t)
+    rs = tl.load(TILE_RS + i_bh * T + i_t)
+    re = tl.load(TILE_RE + i_bh * T + i_t)
+    o_d = tl.arange(0, D)
+    if SHARED and ONE_S:
+        b_r1, b_vt1 = _shared_block(R, VT, i_bh, M, 0, o_d, D, BS, False)
     if e >= 0:
-        rs = tl.load(TILE_RS + i_bh * T + i_t)
-        re = tl.load(TILE_RE + i_bh * T + i_t)
         o_r = rs + tl.arange(0, BM)
         m_r = o_r < re
         rows = tl.load(ROWS + i_bh * NROWS + o_r, mask=m_r, other=0)
         o_n = (rows // S).to(tl.int64)
         slot = rows % S
-        o_d = tl.arange(0, D)
         # [BM, D]
         # q, k, v in their layout (heads_layout), o in the output's [B, N, H, D] order (_out_ptr), do in its own
         # layout (grad_layouts).
@@ -114,8 +118,10 @@ def _mita_bwd_dq_kernel(
                 o_j = j0 + tl.arange(0, BS)
                 m_j = o_j < M
                 # [BS, D]
-                b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-                b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                if ONE_S:
+                    b_r, b_vt = b_r1, b_vt1
+                else:
+                    b_r, b_vt = _shared_block(R, VT, i_bh, M, j0, o_d, D, BS, False)
                 # [BM, BS]
                 b_s = _dot(b_q, tl.trans(b_r), PREC, UP) * sscale_log2
                 b_p = tl.exp2(b_s - b_lse[:, None])
@@ -472,6 +478,7 @@ def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared,
         BM=plan.bm,
         BN=bn,
         BS=bs,
+        ONE_S=m <= bs,
         PREC=prec,
         UP=up,
         **_dq_launch(plan.bm, D),
