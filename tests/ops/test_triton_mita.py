@@ -711,6 +711,28 @@ def test_plan_rows_and_starts_are_a_stable_sort_of_the_routes(BH, nrows, m, dist
     assert torch.equal(plan.starts.cpu(), starts)
 
 
+@pytest.mark.parametrize(
+    "BH,N,m,topk,pad", [(2, 70, 5, 9, 0), (3, 130, 49, 12, 3), (1, 40, 32, 8, 0), (2, 90, 100, 5, 2)]
+)
+def test_key_lists_kernels_match_stable_sort(monkeypatch, BH, N, m, topk, pad):
+    """The backward's per-key lists from the mask / prefix / place kernels equal the stable sort's (PyTorch form):
+    one or several 32-bit words of experts (m 5, 32, 49, 100), rows with fewer valid keys than topk (-1 slots)."""
+    g = torch.Generator().manual_seed(N + m)
+    idx = torch.sort(torch.rand(BH, m, N, generator=g).argsort(-1)[..., :topk].int(), -1).values
+    if pad:
+        idx[:, :pad, topk - 2 :] = -1
+    idx = idx.to(DEV).contiguous()
+    monkeypatch.setattr(abwd, "_MATCH_MAX", 0)
+    csr, ptr_t, perm_t, _ = abwd._key_lists(idx, N)
+    monkeypatch.setattr(abwd, "KEY_LISTS", "torch")
+    _, ptr_s, perm_s, _ = abwd._key_lists(idx, N)
+    assert csr
+    assert torch.equal(ptr_t.cpu(), ptr_s.cpu())
+    for b in range(BH):
+        n = int(ptr_s[b, N])
+        assert torch.equal(perm_t[b, :n].cpu(), perm_s[b, :n].cpu())
+
+
 @pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])
 def test_backward_match_and_csr_reductions_agree(monkeypatch, S, shared, pad):
     monkeypatch.setattr(tmop, "SHORT_PATH", False)

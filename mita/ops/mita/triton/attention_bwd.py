@@ -419,9 +419,71 @@ def _dkdv_final_kernel(
     tl.store(DV + i_bh * N * D + o_w, b_dv.to(DV.dtype.element_ty), mask=m_in[:, None])
 
 
+@triton.jit
+def _popc32(x):
+    # Set bits of each int32 (SWAR, on the unsigned word).
+    u = x.to(tl.uint32, bitcast=True)
+    u = u - ((u >> 1) & 0x55555555)
+    u = (u & 0x33333333) + ((u >> 2) & 0x33333333)
+    u = (u + (u >> 4)) & 0x0F0F0F0F
+    return ((u * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _key_mask_kernel(IDX, MASK, N, M, TOPK, W: tl.constexpr, KP: tl.constexpr):
+    # Per (expert, head): bit e % 32 of word e // 32 of each of the expert's keys (MASK [BH, N, W] int32, zeroed).
+    # An OR is order-free, so the masks are the same whatever order the programs run in.
+    e = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_p = tl.arange(0, KP)
+    b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_p, mask=o_p < TOPK, other=-1)
+    m_p = b_idx >= 0
+    at = MASK + (i_bh * N + tl.where(m_p, b_idx, 0)) * W + e // 32
+    tl.atomic_or(at, tl.full([KP], 1, tl.int32) << (e % 32), mask=m_p)
+
+
+@triton.jit
+def _key_ptr_kernel(MASK, PTR, N, W: tl.constexpr, BC: tl.constexpr):
+    # Per head: PTR[j] = routed (expert, slot) rows of the keys before j (the exclusive prefix of the masks' set
+    # bits), PTR[N] = all of them.
+    i_bh = tl.program_id(0).to(tl.int64)
+    o_w = tl.arange(0, W)
+    run = tl.zeros([], tl.int32)
+    for n0 in range(0, N, BC):
+        o_n = n0 + tl.arange(0, BC)
+        m_n = o_n < N
+        b_m = tl.load(MASK + (i_bh * N + o_n)[:, None] * W + o_w[None, :], mask=m_n[:, None], other=0)
+        cnt = tl.sum(_popc32(b_m), 1)
+        incl = tl.cumsum(cnt, 0)
+        tl.store(PTR + i_bh * (N + 1) + o_n, run + incl - cnt, mask=m_n)
+        run += tl.sum(cnt, 0)
+    tl.store(PTR + i_bh * (N + 1) + N, run)
+
+
+@triton.jit
+def _key_perm_kernel(IDX, MASK, PTR, PERM, N, M, TOPK, L, W: tl.constexpr, KP: tl.constexpr):
+    # Per (expert, head): each of the expert's keys j gets row e * TOPK + slot at position PTR[j] + (the experts
+    # below e that hold j) of PERM: a key's rows in ascending expert order, as a stable sort of the keys gives them.
+    e = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_p = tl.arange(0, KP)
+    b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_p, mask=o_p < TOPK, other=-1)
+    m_p = b_idx >= 0
+    j = tl.where(m_p, b_idx, 0)
+    o_w = tl.arange(0, W)
+    b_m = tl.load(MASK + (i_bh * N + j)[:, None] * W + o_w[None, :], mask=m_p[:, None], other=0)
+    # The bits of the experts below e: whole words below e // 32, the low e % 32 bits of word e // 32.
+    w_e = e // 32
+    low = tl.where(o_w < w_e, -1, tl.where(o_w == w_e, (1 << (e % 32)) - 1, 0))
+    rank = tl.sum(_popc32(b_m & low[None, :]), 1)
+    pos = tl.load(PTR + i_bh * (N + 1) + j, mask=m_p, other=0) + rank
+    tl.store(PERM + i_bh * L + pos, e * TOPK + o_p, mask=m_p)
+
+
 # Routed dk, dv rows are matched to their keys by comparing each key block with every expert's index list when
 # BH * N * m * next_pow2(topk) is at most this; above it a CSR list from a stable sort is cheaper.
 _MATCH_MAX = 1 << 28
+KEY_LISTS = "triton"
 
 
 def _dq_launch(bm: int, d: int) -> dict:
@@ -537,7 +599,17 @@ def _key_lists(idx: torch.Tensor, N: int):
     BH, m, topk = idx.shape
     kp = max(16, _next_pow2(topk))
     csr = BH * N * m * kp > _MATCH_MAX
-    if csr:
+    w = max(1, _next_pow2(_cdiv(m, 32)))
+    if csr and KEY_LISTS == "triton" and w <= 4:
+        # Bit masks of the experts holding each key (m <= 128), their prefix counts, then each row at its place.
+        L = m * topk
+        mask = torch.zeros(BH, N, w, device=idx.device, dtype=torch.int32)
+        ptr = torch.empty(BH, N + 1, device=idx.device, dtype=torch.int32)
+        perm = torch.empty(BH, L, device=idx.device, dtype=torch.int32)
+        fast(_key_mask_kernel)[(m, BH)](idx, mask, N, m, topk, W=w, KP=kp, num_warps=2)
+        fast(_key_ptr_kernel)[(BH,)](mask, ptr, N, W=w, BC=min(1024, max(16, _next_pow2(N))), num_warps=4)
+        fast(_key_perm_kernel)[(m, BH)](idx, mask, ptr, perm, N, m, topk, L, W=w, KP=kp, num_warps=2)
+    elif csr:
         flat = idx.view(BH, m * topk).long()
         flat = torch.where(flat < 0, N, flat)
         sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
