@@ -51,7 +51,7 @@ from mita.ops.mita.triton import topk_scan as tks  # noqa: E402
 
 # Pointer arguments by name (everything else in upper case is a float32 pointer; lower/mixed case is a scalar).
 _BF16 = {"Q", "K", "V", "R", "VT", "O", "DO", "DVT", "DK", "DV"}
-_I32 = {"IDX", "ROWS", "STARTS", "TILE_E", "TILE_RS", "TILE_RE", "ROUTE", "PERM", "PTR", "KK", "DONE", "OFF"}
+_I32 = {"IDX", "POS", "ROWS", "STARTS", "TILE_E", "TILE_RS", "TILE_RE", "ROUTE", "PTR", "KK", "DONE", "OFF"}
 _I64 = {"LO", "HI", "CAND"}
 _I8 = {"KV", "ARG"}
 _FLOAT_SCALARS = {"scale", "sscale", "scale_log2", "sscale_log2"}

@@ -20,8 +20,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from mita.ops import landmarks as lm  # noqa: E402
-from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
 from mita.ops.mita.triton import common as tc  # noqa: E402
+from mita.ops.mita.triton import key_lists as tkl  # noqa: E402
 from mita.ops.mita.triton import op as tmop  # noqa: E402
 from mita.ops.mita.triton import pool as tp  # noqa: E402
 from mita.ops.mita.triton import topk as ttk  # noqa: E402
@@ -57,7 +57,7 @@ def _forward_backward(B, H, N, d, m, topk, dtype, S, pad, seed=0):
 def test_mita_kernels_stay_in_bounds(bounds_checked, monkeypatch, short, csr, B, H, N, d, m, topk, dtype, S, pad):
     monkeypatch.setattr(tmop, "SHORT_PATH", short)
     if csr:
-        monkeypatch.setattr(abwd, "_MATCH_MAX", 0)
+        monkeypatch.setattr(tkl, "_MATCH_MAX", 0)
     _forward_backward(B, H, N, d, m, topk, dtype, S, pad)
     path = {"_small_route_kernel", "_small_attn_kernel", "_small_bwd_kernel"} if short else {
         "_mita_fwd_kernel", "_mita_bwd_dq_kernel"}  # fmt: skip

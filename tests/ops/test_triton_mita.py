@@ -27,6 +27,7 @@ from mita.ops.mita.triton import attention_bwd as abwd  # noqa: E402
 from mita.ops.mita.triton import attention_fwd as afwd  # noqa: E402
 from mita.ops.mita.triton import backend  # noqa: E402
 from mita.ops.mita.triton import common as tc  # noqa: E402
+from mita.ops.mita.triton import key_lists as tkl  # noqa: E402
 from mita.ops.mita.triton import landmark_values as tlv  # noqa: E402
 from mita.ops.mita.triton import op as tmop  # noqa: E402
 from mita.ops.mita.triton import plan as tplan  # noqa: E402
@@ -722,15 +723,20 @@ def test_key_lists_kernels_match_stable_sort(monkeypatch, BH, N, m, topk, pad):
     if pad:
         idx[:, :pad, topk - 2 :] = -1
     idx = idx.to(DEV).contiguous()
-    monkeypatch.setattr(abwd, "_MATCH_MAX", 0)
-    csr, ptr_t, perm_t, _ = abwd._key_lists(idx, N)
-    monkeypatch.setattr(abwd, "KEY_LISTS", "torch")
-    _, ptr_s, perm_s, _ = abwd._key_lists(idx, N)
+    monkeypatch.setattr(tkl, "_MATCH_MAX", 0)
+    csr, ptr_t, pos_t, _ = tkl._key_lists(idx, N)
+    monkeypatch.setattr(tkl, "KEY_LISTS", "torch")
+    _, ptr_s, pos_s, _ = tkl._key_lists(idx, N)
     assert csr
     assert torch.equal(ptr_t.cpu(), ptr_s.cpu())
+    valid = idx.view(BH, -1).cpu() >= 0
+    assert torch.equal(pos_t.cpu()[valid], pos_s.cpu()[valid])
+    # Each key's slots sit at its own rows, in ascending expert order.
+    flat = idx.view(BH, -1).cpu().long()
     for b in range(BH):
-        n = int(ptr_s[b, N])
-        assert torch.equal(perm_t[b, :n].cpu(), perm_s[b, :n].cpu())
+        for j in range(N):
+            at = pos_t[b].cpu()[valid[b] & (flat[b] == j)]
+            assert torch.equal(at, torch.arange(int(ptr_t[b, j]), int(ptr_t[b, j + 1]), dtype=at.dtype))
 
 
 @pytest.mark.parametrize("S,shared,pad", [(1, True, False), (2, True, True), (1, False, False)])
@@ -740,7 +746,7 @@ def test_backward_match_and_csr_reductions_agree(monkeypatch, S, shared, pad):
     do = torch.randn_like(q)
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
     g_match = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 20, **kw), (q, k, v, r), do)
-    monkeypatch.setattr(abwd, "_MATCH_MAX", 0)
+    monkeypatch.setattr(tkl, "_MATCH_MAX", 0)
     monkeypatch.setattr(tplan, "_PLAN_FUSED_MAX", 0)
     g_csr = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 20, **kw), (q, k, v, r), do)
     # Both sum a key's routed rows in ascending expert order, so the results are bitwise equal.

@@ -1,11 +1,11 @@
 """Fused MiTA attention backward of the general path, the landmark values' backward included (``mita_bwd``).
 
 Deterministic: dk/dv of each (expert, slot) are written to their own rows (``_mita_bwd_dkdv_routed_kernel``) and
-reduced per key in a fixed order (``_dkdv_final_kernel``: by matching keys against the experts' index lists, or
-through a CSR list); the shared-expert and landmark-value gradients are written as partials per query or key chunk
+reduced per key in a fixed order (``_dkdv_final_kernel``: by matching keys against the experts' index lists, or,
+for large calls, as contiguous ranges: the routed rows written at their keys' places, ``key_lists.py``); the
+shared-expert and landmark-value gradients are written as partials per query or key chunk
 (``_mita_bwd_shared_kernel``, ``_lv_bwd_dr_kernel``) and summed by two small kernels (``_shared_merge_kernel``,
-``_dr_merge_kernel``), so the backward runs no PyTorch kernels; ``_mita_bwd_dq_kernel`` writes dq. Settings:
-``_MATCH_MAX``.
+``_dr_merge_kernel``), so the backward runs no PyTorch kernels; ``_mita_bwd_dq_kernel`` writes dq.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from mita.ops.mita.triton.common import (
     heads_layout,
     regs_cap,
 )
+from mita.ops.mita.triton.key_lists import _key_lists
 from mita.ops.mita.triton.landmark_values import _lv_bwd_dr_kernel, _lv_dkdv_block, _n_chunks
 from mita.ops.mita.triton.launch import fast
 from mita.ops.mita.triton.plan import RoutingPlan
@@ -159,6 +160,7 @@ def _mita_bwd_dkdv_routed_kernel(
     K,
     V,
     IDX,
+    POS,
     ROWS,
     STARTS,
     DO,
@@ -185,7 +187,10 @@ def _mita_bwd_dkdv_routed_kernel(
     BN: tl.constexpr,
     PREC: tl.constexpr,
     UP: tl.constexpr,
+    CSR: tl.constexpr,
 ):
+    # CSR: each slot's row goes to its place in the keys' lists (POS, from _key_pos_kernel), so a key's rows are
+    # contiguous; slots without a key write nothing. Else to row (expert, slot).
     i_j = tl.program_id(0)
     e = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -223,9 +228,14 @@ def _mita_bwd_dkdv_routed_kernel(
         b_dpt = _dot(b_v, tl.trans(b_do), PREC, UP)
         b_dst = b_pt * (b_dpt - b_delta[None, :])
         b_dk += _dot(b_dst.to(b_q.dtype), b_q, PREC, UP)
-    o_w = (i_bh * M + e) * TOPK + o_j
-    tl.store(DK + o_w[:, None] * D + o_d[None, :], b_dk * scale, mask=m_jin[:, None])
-    tl.store(DV + o_w[:, None] * D + o_d[None, :], b_dv, mask=m_jin[:, None])
+    if CSR:
+        o_w = i_bh * M * TOPK + tl.load(POS + (i_bh * M + e) * TOPK + o_j, mask=m_j, other=0).to(tl.int64)
+        m_w = m_j
+    else:
+        o_w = (i_bh * M + e) * TOPK + o_j
+        m_w = m_jin
+    tl.store(DK + o_w[:, None] * D + o_d[None, :], b_dk * scale, mask=m_w[:, None])
+    tl.store(DV + o_w[:, None] * D + o_d[None, :], b_dv, mask=m_w[:, None])
 
 
 @triton.jit
@@ -340,7 +350,6 @@ def _dkdv_final_kernel(
     DKE,
     DVE,
     IDX,
-    PERM,
     PTR,
     R,
     K,
@@ -372,8 +381,9 @@ def _dkdv_final_kernel(
     UP: tl.constexpr,
 ):
     # Final dk, dv of a block of keys, in the keys' dtype: the sum of the key's routed (expert, slot) rows in
-    # ascending expert order, plus (LV) the landmark-value attention's dk, dv. The routed rows are found through a
-    # CSR list (CSR) or by matching the key against each expert's index list (small m * N: no sort needed).
+    # ascending expert order, plus (LV) the landmark-value attention's dk, dv. The routed rows are key j's rows
+    # PTR[j] .. PTR[j + 1] (CSR: the routed kernel wrote them there) or found by matching the key against each
+    # expert's index list (small m * N: no lists needed).
     i_n = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     o_n = i_n * BK + tl.arange(0, BK)
@@ -389,8 +399,7 @@ def _dkdv_final_kernel(
         for i in range(0, n_max):
             o_p = b_start + i
             m_p = o_p < b_end
-            b_src = tl.load(PERM + i_bh * L + o_p, mask=m_p, other=0).to(tl.int64)
-            o_w = (i_bh * L + b_src)[:, None] * D + o_d[None, :]
+            o_w = (i_bh * L + o_p.to(tl.int64))[:, None] * D + o_d[None, :]
             b_dk += tl.load(DKE + o_w, mask=m_p[:, None], other=0.0)
             b_dv += tl.load(DVE + o_w, mask=m_p[:, None], other=0.0)
     else:
@@ -417,73 +426,6 @@ def _dkdv_final_kernel(
     o_w = o_n64[:, None] * D + o_d[None, :]
     tl.store(DK + i_bh * N * D + o_w, b_dk.to(DK.dtype.element_ty), mask=m_in[:, None])
     tl.store(DV + i_bh * N * D + o_w, b_dv.to(DV.dtype.element_ty), mask=m_in[:, None])
-
-
-@triton.jit
-def _popc32(x):
-    # Set bits of each int32 (SWAR, on the unsigned word).
-    u = x.to(tl.uint32, bitcast=True)
-    u = u - ((u >> 1) & 0x55555555)
-    u = (u & 0x33333333) + ((u >> 2) & 0x33333333)
-    u = (u + (u >> 4)) & 0x0F0F0F0F
-    return ((u * 0x01010101) >> 24).to(tl.int32)
-
-
-@triton.jit
-def _key_mask_kernel(IDX, MASK, N, M, TOPK, W: tl.constexpr, KP: tl.constexpr):
-    # Per (expert, head): bit e % 32 of word e // 32 of each of the expert's keys (MASK [BH, N, W] int32, zeroed).
-    # An OR is order-free, so the masks are the same whatever order the programs run in.
-    e = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    o_p = tl.arange(0, KP)
-    b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_p, mask=o_p < TOPK, other=-1)
-    m_p = b_idx >= 0
-    at = MASK + (i_bh * N + tl.where(m_p, b_idx, 0)) * W + e // 32
-    tl.atomic_or(at, tl.full([KP], 1, tl.int32) << (e % 32), mask=m_p)
-
-
-@triton.jit
-def _key_ptr_kernel(MASK, PTR, N, W: tl.constexpr, BC: tl.constexpr):
-    # Per head: PTR[j] = routed (expert, slot) rows of the keys before j (the exclusive prefix of the masks' set
-    # bits), PTR[N] = all of them.
-    i_bh = tl.program_id(0).to(tl.int64)
-    o_w = tl.arange(0, W)
-    run = tl.zeros([], tl.int32)
-    for n0 in range(0, N, BC):
-        o_n = n0 + tl.arange(0, BC)
-        m_n = o_n < N
-        b_m = tl.load(MASK + (i_bh * N + o_n)[:, None] * W + o_w[None, :], mask=m_n[:, None], other=0)
-        cnt = tl.sum(_popc32(b_m), 1)
-        incl = tl.cumsum(cnt, 0)
-        tl.store(PTR + i_bh * (N + 1) + o_n, run + incl - cnt, mask=m_n)
-        run += tl.sum(cnt, 0)
-    tl.store(PTR + i_bh * (N + 1) + N, run)
-
-
-@triton.jit
-def _key_perm_kernel(IDX, MASK, PTR, PERM, N, M, TOPK, L, W: tl.constexpr, KP: tl.constexpr):
-    # Per (expert, head): each of the expert's keys j gets row e * TOPK + slot at position PTR[j] + (the experts
-    # below e that hold j) of PERM: a key's rows in ascending expert order, as a stable sort of the keys gives them.
-    e = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    o_p = tl.arange(0, KP)
-    b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_p, mask=o_p < TOPK, other=-1)
-    m_p = b_idx >= 0
-    j = tl.where(m_p, b_idx, 0)
-    o_w = tl.arange(0, W)
-    b_m = tl.load(MASK + (i_bh * N + j)[:, None] * W + o_w[None, :], mask=m_p[:, None], other=0)
-    # The bits of the experts below e: whole words below e // 32, the low e % 32 bits of word e // 32.
-    w_e = e // 32
-    low = tl.where(o_w < w_e, -1, tl.where(o_w == w_e, (1 << (e % 32)) - 1, 0))
-    rank = tl.sum(_popc32(b_m & low[None, :]), 1)
-    pos = tl.load(PTR + i_bh * (N + 1) + j, mask=m_p, other=0) + rank
-    tl.store(PERM + i_bh * L + pos, e * TOPK + o_p, mask=m_p)
-
-
-# Routed dk, dv rows are matched to their keys by comparing each key block with every expert's index list when
-# BH * N * m * next_pow2(topk) is at most this; above it a CSR list from a stable sort is cheaper.
-_MATCH_MAX = 1 << 28
-KEY_LISTS = "triton"
 
 
 def _dq_launch(bm: int, d: int) -> dict:
@@ -550,9 +492,10 @@ def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared,
     return dq, delta
 
 
-def _bwd_dkdv_routed(do, q, k, v, lse, delta, plan: RoutingPlan, lay, dlay, S, scale, bn, prec, up):
-    """dk, dv of every routed (expert, slot), each in its own float32 row (``_mita_bwd_dkdv_routed_kernel``) ->
-    (dk_e, dv_e) ``[BH, m topk, d]``."""
+def _bwd_dkdv_routed(do, q, k, v, lse, delta, plan: RoutingPlan, lay, dlay, S, scale, bn, prec, up, csr, pos):
+    """dk, dv of every routed (expert, slot), each in its own float32 row (``_mita_bwd_dkdv_routed_kernel``; row
+    (expert, slot), or with csr its place ``pos`` in the keys' lists, :func:`_key_lists`) -> (dk_e, dv_e)
+    ``[BH, m topk, d]``."""
     BH, m, topk = plan.idx.shape
     N, D = q.shape[-2], q.shape[-1]
     dev = q.device
@@ -565,6 +508,7 @@ def _bwd_dkdv_routed(do, q, k, v, lse, delta, plan: RoutingPlan, lay, dlay, S, s
         k,
         v,
         plan.idx,
+        pos,
         plan.rows,
         plan.starts,
         do,
@@ -586,39 +530,10 @@ def _bwd_dkdv_routed(do, q, k, v, lse, delta, plan: RoutingPlan, lay, dlay, S, s
         BN=bn,
         PREC=prec,
         UP=up,
+        CSR=csr,
         num_warps=4,
     )
     return dk_e, dv_e
-
-
-def _key_lists(idx: torch.Tensor, N: int):
-    """How the per-key reduction finds a key's (expert, slot) rows -> (csr, ptr, perm, kp): by matching each key block
-    against every expert's index list (csr False; ptr and perm are idx, unused), or through a CSR list from a stable
-    sort (ptr ``[BH, N + 1]``, perm ``[BH, m topk]`` int32) when that costs more than ``_MATCH_MAX``; kp: the
-    matching's padded list length."""
-    BH, m, topk = idx.shape
-    kp = max(16, _next_pow2(topk))
-    csr = BH * N * m * kp > _MATCH_MAX
-    w = max(1, _next_pow2(_cdiv(m, 32)))
-    if csr and KEY_LISTS == "triton" and w <= 4:
-        # Bit masks of the experts holding each key (m <= 128), their prefix counts, then each row at its place.
-        L = m * topk
-        mask = torch.zeros(BH, N, w, device=idx.device, dtype=torch.int32)
-        ptr = torch.empty(BH, N + 1, device=idx.device, dtype=torch.int32)
-        perm = torch.empty(BH, L, device=idx.device, dtype=torch.int32)
-        fast(_key_mask_kernel)[(m, BH)](idx, mask, N, m, topk, W=w, KP=kp, num_warps=2)
-        fast(_key_ptr_kernel)[(BH,)](mask, ptr, N, W=w, BC=min(1024, max(16, _next_pow2(N))), num_warps=4)
-        fast(_key_perm_kernel)[(m, BH)](idx, mask, ptr, perm, N, m, topk, L, W=w, KP=kp, num_warps=2)
-    elif csr:
-        flat = idx.view(BH, m * topk).long()
-        flat = torch.where(flat < 0, N, flat)
-        sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
-        ar = torch.arange(N + 1, device=idx.device, dtype=sorted_idx.dtype)
-        ptr = torch.searchsorted(sorted_idx.contiguous(), ar.expand(BH, N + 1).contiguous()).to(torch.int32)
-        perm = perm.to(torch.int32).contiguous()
-    else:
-        ptr = perm = idx
-    return csr, ptr, perm, kp
 
 
 def _merge_bc(nc: int) -> int:
@@ -688,7 +603,7 @@ def _bwd_shared(do, q, r, vt, lse, delta, lay, dlay, sscale, bs, prec, up):
 
 
 def _bwd_dkdv_final(
-    dk_e, dv_e, idx, perm, ptr, r, k, v, kv, dvt, lv_lse, lv_delta, lay, csr, kp, lbs, shared, has_kv, scale, prec, up
+    dk_e, dv_e, idx, ptr, r, k, v, kv, dvt, lv_lse, lv_delta, lay, csr, kp, lbs, shared, has_kv, scale, prec, up
 ):
     """dk, dv in k's and v's dtypes: each key's routed rows summed in a fixed order, the landmark values' part added
     with ``shared`` (``_dkdv_final_kernel``)."""
@@ -701,7 +616,6 @@ def _bwd_dkdv_final(
         dk_e,
         dv_e,
         idx,
-        perm,
         ptr,
         r,
         k,
@@ -804,9 +718,10 @@ def mita_bwd(
     prec, up = _prec(q.dtype), _upcast(q.dtype)
     o, do, dlay = grad_layouts(o, do)
     dq, delta = _bwd_dq(do, q, k, v, r, vt, o, lse, plan, lay, dlay, S, shared, scale, sscale, bn, bs, prec, up)
-    # Routed keys/values: one row per (expert, slot), then a per-key reduction in a fixed order.
-    dk_e, dv_e = _bwd_dkdv_routed(do, q, k, v, lse, delta, plan, lay, dlay, S, scale, bn, prec, up)
-    csr, ptr, perm, kp = _key_lists(plan.idx, N)
+    # Routed keys/values: one row per (expert, slot) (each key's rows together where the keys take CSR lists), then
+    # a per-key reduction in a fixed order.
+    csr, ptr, pos, kp = _key_lists(plan.idx, N)
+    dk_e, dv_e = _bwd_dkdv_routed(do, q, k, v, lse, delta, plan, lay, dlay, S, scale, bn, prec, up, csr, pos)
     if shared:
         dr, dvt, lv_delta = _bwd_shared(do, q, r, vt, lse, delta, lay, dlay, sscale, bs, prec, up)
     else:
@@ -815,11 +730,11 @@ def mita_bwd(
     has_kv = key_valid is not None
     lbs = int(min(64 if D <= 64 else 32, max(16, _next_pow2(m))))
     dk, dv = _bwd_dkdv_final(
-        dk_e, dv_e, plan.idx, perm, ptr, r, k, v, kv, dvt, lv_lse, lv_delta, lay, csr, kp, lbs, shared, has_kv, scale,
+        dk_e, dv_e, plan.idx, ptr, r, k, v, kv, dvt, lv_lse, lv_delta, lay, csr, kp, lbs, shared, has_kv, scale,
         prec, up,
     )  # fmt: skip
     # The per-entry rows are summed into dk, dv: free them (and the CSR list) before the dR partials.
-    del dk_e, dv_e, perm, ptr
+    del dk_e, dv_e, pos, ptr
     if shared:
         # dR of the landmark values (partials per key chunk) joins the shared expert's, in one small launch.
         dr = _dr_merge(dr, _bwd_lv_dr(r, k, v, kv, dvt, lv_lse, lv_delta, lay, lbs, has_kv, scale, prec, up), r)
