@@ -41,17 +41,6 @@ _BIG_NEG = float("-inf")
 
 
 @triton.jit
-def _shared_block(R, VT, i_bh, M, j0, o_d, D: tl.constexpr, BS: tl.constexpr, FULL: tl.constexpr):
-    # Landmarks j0 .. j0 + BS of head i_bh: [BS, D] keys R and values VT (zero rows past M unless FULL).
-    o_j = j0 + tl.arange(0, BS)
-    at = i_bh * M * D + o_j[:, None] * D + o_d[None, :]
-    if FULL:
-        return tl.load(R + at), tl.load(VT + at)
-    m_j = (o_j < M)[:, None]
-    return tl.load(R + at, mask=m_j, other=0.0), tl.load(VT + at, mask=m_j, other=0.0)
-
-
-@triton.jit
 def _mita_fwd_kernel(
     Q,
     K,
@@ -86,27 +75,22 @@ def _mita_fwd_kernel(
     PREC: tl.constexpr,
     UP: tl.constexpr,
     FULL: tl.constexpr,
-    ONE_S: tl.constexpr,
 ):
     # The online softmax of _softmax_fma (the scale in the exponent's FMA, rescaling every block). FULL: every
     # index list holds TOPK >= 0 entries, TOPK % BN == 0, M % BS == 0 and S == 1 (no padding), so the key blocks and
     # shared blocks load and score without masks.
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    # What does not depend on the tile's expert is loaded beside it: its first and end rows, and (ONE_S: one block
-    # holds every landmark) the shared keys and values. That leaves two dependent loads before the first dot.
     e = tl.load(TILE_E + i_bh * T + i_t)
-    rs = tl.load(TILE_RS + i_bh * T + i_t)
-    re = tl.load(TILE_RE + i_bh * T + i_t)
-    o_d = tl.arange(0, D)
-    if SHARED and ONE_S:
-        b_r1, b_vt1 = _shared_block(R, VT, i_bh, M, 0, o_d, D, BS, FULL)
     if e >= 0:
+        rs = tl.load(TILE_RS + i_bh * T + i_t)
+        re = tl.load(TILE_RE + i_bh * T + i_t)
         o_r = rs + tl.arange(0, BM)
         m_r = o_r < re
         rows = tl.load(ROWS + i_bh * NROWS + o_r, mask=m_r, other=0)
         o_n = (rows // S).to(tl.int64)
         slot = rows % S
+        o_d = tl.arange(0, D)
         # [BM, D]
         b_q = tl.load(_head_ptr(Q, i_bh, H, SB, SH) + o_n[:, None] * SN + o_d[None, :], mask=m_r[:, None], other=0.0)
         K_h = _head_ptr(K, i_bh, H, SB, SH)
@@ -119,10 +103,12 @@ def _mita_fwd_kernel(
                 o_j = j0 + tl.arange(0, BS)
                 m_j = o_j < M
                 # [BS, D]
-                if ONE_S:
-                    b_r, b_vt = b_r1, b_vt1
+                if FULL:
+                    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :])
+                    b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :])
                 else:
-                    b_r, b_vt = _shared_block(R, VT, i_bh, M, j0, o_d, D, BS, FULL)
+                    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+                    b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
                 # [BM, BS]
                 b_s = _dot(b_q, tl.trans(b_r), PREC, UP)
                 if not FULL:
@@ -264,7 +250,6 @@ def mita_fwd(q, k, v, r, vt, plan, S: int, shared: bool, scale: float, sscale: f
         PREC=_prec(q.dtype),
         UP=_upcast(q.dtype),
         FULL=bool(full) and S == 1 and topk % bn == 0 and m % bs == 0,
-        ONE_S=m <= bs,
         **_fwd_launch(plan.bm, bn, D),
     )
     if direct:
