@@ -289,7 +289,7 @@ def main() -> None:
             2,
             {"DRA": "*fp32", "DRB": "*fp32", "DR": "*bf16", "NCA": "i32", "NCB": "i32"},
         ),
-        ("plan", tplan._plan_kernel, dict(MP=32, BR=256, BT=256), 8, None),
+        ("plan_local", tplan._plan_local_kernel, dict(MP=32, BR=64, BC=1024, BT=32), 4, {"TT": "i32"}),
         ("plan_count", tplan._plan_count_kernel, dict(MP=512, BR=1024), 4, {"CNTS": "*i32", "CR": "i32"}),
         ("plan_count MP=32", tplan._plan_count_kernel, dict(MP=32, BR=64), 4, {"CNTS": "*i32", "CR": "i32"}),
         ("plan_offsets", tplan._plan_offsets_kernel, dict(MP=512, BE=32, BC=128), 4, {"CNTS": "*i32"}),

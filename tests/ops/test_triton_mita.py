@@ -643,10 +643,11 @@ def _reference_plan(route: torch.Tensor, m: int, bm: int, T: int):
     return rows, starts, tile_e, tile_rs, tile_re
 
 
-# Chunked-plan settings of the plan tests (module constants): steps of 16 rows; about 64 programs over the (batch,
+# Plan settings of the plan tests (module constants). Chunked: steps of 16 rows; about 64 programs over the (batch,
 # head) pairs (1 .. 4 steps per chunk here); "rows": chunks capped at 3 steps (21 .. 63 chunks), offsets in steps
-# of 2 chunks over blocks of 16 experts; "few": two chunks of 7 or 8 steps per (batch, head).
-_CHUNKED = {"FUSED_MAX": 0, "STEP": 16, "PROGRAMS": 64}
+# of 2 chunks over blocks of 16 experts; "few": two chunks of 7 or 8 steps per (batch, head). "local": the
+# one-launch plan with 16-row chunks and histograms of 64 rows (several of each per head).
+_CHUNKED = {"LOCAL_MAX": 0, "STEP": 16, "PROGRAMS": 64}
 _PLAN_SETTINGS = {
     None: {},
     "chunked": _CHUNKED,
@@ -666,9 +667,10 @@ _PLAN_SETTINGS = {
      (70, 5, 2, "one", "local")],
 )  # fmt: skip
 def test_plan_matches_reference(monkeypatch, N, m, S, dist, chunked):
-    """Both plan builders (one program per head; the chunked three-kernel counting sort with several steps per
-    chunk, partial last steps and chunks, many chunks, offsets over several blocks of chunks and of experts, an
-    expert spanning many chunks, every row on one expert) against a stable sort and a loop over experts."""
+    """Both plan builders (the one-launch plan, default here and "local"; the chunked three-kernel counting sort
+    with several steps per chunk, partial last steps and chunks, many chunks, offsets over several blocks of
+    chunks and of experts, an expert spanning many chunks, every row on one expert) against a stable sort and a
+    loop over experts."""
     g = torch.Generator().manual_seed(N + m)
     BH = 3
     route = torch.randint(0, m, (BH, N * S), generator=g, dtype=torch.int32)
@@ -691,12 +693,12 @@ def test_plan_matches_reference(monkeypatch, N, m, S, dist, chunked):
     assert torch.equal(plan.tile_re.cpu()[live], tile_re[live])
 
 
-@pytest.mark.parametrize("BH,nrows,m", [(3, 197, 25), (2, 1100, 250)])
+@pytest.mark.parametrize("BH,nrows,m", [(3, 197, 25), (8, 1100, 250)])
 @pytest.mark.parametrize("dist", ["uniform", "one"])
 def test_plan_rows_and_starts_are_a_stable_sort_of_the_routes(BH, nrows, m, dist):
-    """build_plan at one point per plan path (one program: 197 rows; chunked: nrows * m > 2^18), on uniform routes
-    and with every row on one expert: rows equal a stable torch.sort of the routes, starts the running count per
-    expert (the check the GPU timing of build_plan used to run, scripts/bench/plan_bench.py before its removal)."""
+    """build_plan at one point per plan path (one launch: 3 x 197 rows; chunked: 8 x 1100 rows, above 8192), on
+    uniform routes and with every row on one expert: rows equal a stable torch.sort of the routes, starts the
+    running count per expert."""
     g = torch.Generator().manual_seed(nrows + m)
     if dist == "uniform":
         route = torch.randint(0, m, (BH, nrows), generator=g)
@@ -747,7 +749,7 @@ def test_backward_match_and_csr_reductions_agree(monkeypatch, S, shared, pad):
     kw = dict(experts_per_query=S, shared=shared, key_padding_mask=mask)
     g_match = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 20, **kw), (q, k, v, r), do)
     monkeypatch.setattr(tkl, "_MATCH_MAX", 0)
-    monkeypatch.setattr(tplan, "_PLAN_FUSED_MAX", 0)
+    monkeypatch.setattr(tplan, "_PLAN_LOCAL_MAX", 0)
     g_csr = torch.autograd.grad(tmop.triton_mita(q, k, v, r, 20, **kw), (q, k, v, r), do)
     # Both sum a key's routed rows in ascending expert order, so the results are bitwise equal.
     for a, b in zip(g_match, g_csr):

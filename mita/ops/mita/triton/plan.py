@@ -1,7 +1,8 @@
 """The routing plan of the general path: routed rows ``n * S + s`` stably sorted by expert, the experts' first rows
 and a tile table of static length (``build_plan``, ``RoutingPlan``, ``plan_shape``), built without host
-synchronisation: one kernel (``_plan_kernel``) at small N * S * m, else a chunked counting sort of three kernels
-(``_plan_count_kernel``, ``_plan_offsets_kernel``, ``_plan_scatter_kernel``). Also ``order_key`` /
+synchronisation: one launch of chunk programs that each count their head's routes (``_plan_local_kernel``) for
+calls of few rows in all, else a chunked counting sort of three kernels (``_plan_count_kernel``,
+``_plan_offsets_kernel``, ``_plan_scatter_kernel``). Also ``order_key`` /
 ``topk_lowest_index``, the PyTorch form of the kernels' order keys.
 """
 
@@ -14,45 +15,6 @@ import triton.language as tl
 from mita.ops.mita.triton.attention_fwd import FWD_CONFIG
 from mita.ops.mita.triton.common import _cdiv, _next_pow2
 from mita.ops.mita.triton.launch import fast
-
-
-@triton.jit
-def _plan_kernel(
-    ROUTE,
-    ROWS,
-    STARTS,
-    TILE_E,
-    TILE_RS,
-    TILE_RE,
-    NR,
-    M,
-    T,
-    BMQ,
-    MP: tl.constexpr,
-    BR: tl.constexpr,
-    BT: tl.constexpr,
-):
-    # The whole routing plan of one (batch, head) in one program: a counting sort of the rows by expert (stable:
-    # ranks are cumulative counts in row order) and the tile table. For small N * S * m only.
-    i_bh = tl.program_id(0).to(tl.int64)
-    o_m = tl.arange(0, MP)
-    cnt = tl.zeros([MP], tl.int32)
-    for r0 in range(0, NR, BR):
-        o_r = r0 + tl.arange(0, BR)
-        b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=o_r < NR, other=-1)
-        cnt += tl.sum((b_e[:, None] == o_m[None, :]).to(tl.int32), 0)
-    start, incl = _plan_starts(STARTS, cnt, i_bh, M, MP)
-    base = start
-    for r0 in range(0, NR, BR):
-        o_r = r0 + tl.arange(0, BR)
-        m_r = o_r < NR
-        b_e = tl.load(ROUTE + i_bh * NR + o_r, mask=m_r, other=-1)
-        oh = (b_e[:, None] == o_m[None, :]).to(tl.int32)
-        rank = tl.cumsum(oh, 0)
-        pos = tl.sum(tl.where(oh > 0, base[None, :] + rank - 1, 0), 1)
-        tl.store(ROWS + i_bh * NR + pos, o_r, mask=m_r)
-        base += tl.sum(oh, 0)
-    _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, 0, T, BMQ, MP, BT)
 
 
 @triton.jit
@@ -266,14 +228,14 @@ class RoutingPlan:
         self.bm = bm
 
 
-# The one-program plan kernel takes N * S * next_pow2(m) up to this (one program per (batch, head) loops over the
-# rows in steps of _PLAN_CHUNK one-hot entries); beyond it the chunked plan has more parallelism.
-_PLAN_FUSED_MAX = 1 << 18
-PLAN_MODE = "local"
+# Calls with at most _PLAN_LOCAL_MAX routed rows over all (batch, head) pairs take the one-launch plan
+# (_plan_local_kernel, chunks of _PLAN_LOCAL_ROWS rows; each program reads its head's routes, so its cost grows with
+# the square of the rows per head), the others the chunked one: on the H100 the chunked plan took 0.018 ms at
+# Segmenter 512 (B 64, H 6, 1025 rows) against 0.091 ms for the one-launch plan, which won only at 2 heads (1024
+# rows 0.003 against 0.006 ms, 4096 rows 0.005 against 0.007) and saves two launches there.
 _PLAN_LOCAL_MAX = 8192
 _PLAN_LOCAL_ROWS = 64
-_PLAN_CHUNK = 8192
-# Chunked plan (timed on the H200, scripts/bench/plan_bench.py): chunks of at most _PLAN_ROWS rows, fewer where
+# Chunked plan (timed on the H200): chunks of at most _PLAN_ROWS rows, fewer where
 # that gives about _PLAN_PROGRAMS programs over all (batch, head) pairs (latency is hidden by many short programs);
 # scatter programs of _PLAN_WARPS warps in steps of _PLAN_STEP rows (at most 2^15; ranks among equal experts from
 # a [step, step] comparison), writing the tile table in blocks of about _PLAN_TILE_ENTRIES (tile, expert) pairs
@@ -326,23 +288,17 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     rows = torch.empty(BH, nrows, device=dev, dtype=i32)
     starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
     tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
-    if PLAN_MODE == "local" and nrows <= _PLAN_LOCAL_MAX:
+    if BH * nrows <= _PLAN_LOCAL_MAX:
         # One launch of (chunk, batch-head) programs, each counting the whole head's routes itself.
         mp = max(32, mp)
         nc = _cdiv(nrows, _PLAN_LOCAL_ROWS)
         bt = max(2, _PLAN_TILE_ENTRIES // mp)
         tt = _cdiv(_cdiv(T, nc), bt) * bt
+        bc = min(_PLAN_COUNT_STEP, max(32, _next_pow2(nrows)))
         fast(_plan_local_kernel)[(nc, BH)](
             route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, tt,
-            MP=mp, BR=_PLAN_LOCAL_ROWS, BC=min(_PLAN_COUNT_STEP, max(32, _next_pow2(nrows))), BT=bt, num_warps=4,
+            MP=mp, BR=_PLAN_LOCAL_ROWS, BC=bc, BT=bt, num_warps=4,
         )  # fmt: skip
-        return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
-    if PLAN_MODE == "fused" and nrows * mp <= _PLAN_FUSED_MAX:
-        # One program per (batch, head) builds the whole plan in one launch.
-        br = max(16, _PLAN_CHUNK // mp)
-        fast(_plan_kernel)[(BH,)](
-            route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, MP=mp, BR=br, BT=br, num_warps=8
-        )
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets, scatter + tile table.
     # Histograms take at least one bin per lane of a warp.
