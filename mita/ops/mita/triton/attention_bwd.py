@@ -94,8 +94,9 @@ def _mita_bwd_dq_kernel(
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     # What does not depend on the tile's expert is loaded beside it: its first and end rows and (ONE_S: one block
-    # holds every landmark) the shared keys and values (dq kernel at Segmenter 512 on the H100: 0.376 -> 0.356 ms;
-    # the same in the forward kernel took it from 0.322 to 0.384 ms, so the forward loads them after the expert).
+    # holds every landmark, d <= 64) the shared keys and values (dq kernel at Segmenter 512 on the H100: 0.376 ->
+    # 0.356 ms; at d 128 it spilled under the register cap; the same in the forward kernel took it from 0.322 to
+    # 0.384 ms, so the forward loads them after the expert).
     e = tl.load(TILE_E + i_bh * T + i_t)
     rs = tl.load(TILE_RS + i_bh * T + i_t)
     re = tl.load(TILE_RE + i_bh * T + i_t)
@@ -493,7 +494,7 @@ def _bwd_dq(do, q, k, v, r, vt, o, lse, plan: RoutingPlan, lay, dlay, S, shared,
         BM=plan.bm,
         BN=bn,
         BS=bs,
-        ONE_S=m <= bs,
+        ONE_S=m <= bs and D <= 64,
         PREC=prec,
         UP=up,
         **_dq_launch(plan.bm, D),

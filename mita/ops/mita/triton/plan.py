@@ -1,7 +1,7 @@
 """The routing plan of the general path: routed rows ``n * S + s`` stably sorted by expert, the experts' first rows
 and a tile table of static length (``build_plan``, ``RoutingPlan``, ``plan_shape``), built without host
 synchronisation: one launch of chunk programs that each count their head's routes (``_plan_local_kernel``) for
-calls of few rows in all, else a chunked counting sort of three kernels (``_plan_count_kernel``,
+calls of few rows, else a chunked counting sort of three kernels (``_plan_count_kernel``,
 ``_plan_offsets_kernel``, ``_plan_scatter_kernel``). Also ``order_key`` /
 ``topk_lowest_index``, the PyTorch form of the kernels' order keys.
 """
@@ -228,12 +228,14 @@ class RoutingPlan:
         self.bm = bm
 
 
-# Calls with at most _PLAN_LOCAL_MAX routed rows over all (batch, head) pairs take the one-launch plan
-# (_plan_local_kernel, chunks of _PLAN_LOCAL_ROWS rows; each program reads its head's routes, so its cost grows with
-# the square of the rows per head), the others the chunked one: on the H100 the chunked plan took 0.018 ms at
-# Segmenter 512 (B 64, H 6, 1025 rows) against 0.091 ms for the one-launch plan, which won only at 2 heads (1024
-# rows 0.003 against 0.006 ms, 4096 rows 0.005 against 0.007) and saves two launches there.
-_PLAN_LOCAL_MAX = 8192
+# Calls of at most _PLAN_LOCAL_N routed rows per (batch, head) and _PLAN_LOCAL_MAX over all take the one-launch
+# plan (_plan_local_kernel, chunks of _PLAN_LOCAL_ROWS rows; each program reads its head's routes, so its GPU time
+# grows with the square of the rows per head), the others the chunked one. On the H100 the chunked plan's GPU time
+# was lower everywhere but at two heads (Segmenter 512, 384 heads of 1025 rows: 0.018 against 0.091 ms), but with it
+# eager MiTA forwards at LRA ListOps (64 x 2000 rows) and B 8 x H 2 x 4096 were 0.1-0.4 ms slower than with the
+# one-launch plan, where the host, not the GPU, sets the pace (notes/kernels-notes.md).
+_PLAN_LOCAL_N = 8192
+_PLAN_LOCAL_MAX = 1 << 17
 _PLAN_LOCAL_ROWS = 64
 # Chunked plan (timed on the H200): chunks of at most _PLAN_ROWS rows, fewer where
 # that gives about _PLAN_PROGRAMS programs over all (batch, head) pairs (latency is hidden by many short programs);
@@ -288,7 +290,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     rows = torch.empty(BH, nrows, device=dev, dtype=i32)
     starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
     tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
-    if BH * nrows <= _PLAN_LOCAL_MAX:
+    if nrows <= _PLAN_LOCAL_N and BH * nrows <= _PLAN_LOCAL_MAX:
         # One launch of (chunk, batch-head) programs, each counting the whole head's routes itself.
         mp = max(32, mp)
         nc = _cdiv(nrows, _PLAN_LOCAL_ROWS)
