@@ -46,10 +46,11 @@ SMALL_N = 512
 _SMALL_BYTES = 1 << 16
 # Rows up to this length (and above the short rows') take the medium-row path: order keys through a scratch buffer.
 MEDIUM_N = 2048
-# Entries of the medium-row search's tile ([rows, next power of 2 >= N]).
-_MEDIUM_TILE = 4096
-# Warps of the medium-row search.
-_MEDIUM_WARPS = 4
+# Entries of the medium-row search's tile ([rows, next power of 2 >= N]) and its warps: 2048 and 2 took exact_topk
+# 17-20% below 4096 and 4 at Segmenter 512, LRA Image and ListOps on the H100 (the sweep of 2048-8192 entries and
+# 2-8 warps: notes/kernels-notes.md).
+_MEDIUM_TILE = 2048
+_MEDIUM_WARPS = 2
 # Programs of a long-row scan pass (landmark tiles x key chunks), a few waves on 132 SMs.
 _SCAN_PROGRAMS = 2048
 # Long-row top-k settings (measurements behind each default: notes/kernels-notes.md). bn: keys per step (at most
