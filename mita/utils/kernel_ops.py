@@ -1,8 +1,8 @@
 """Counting the PyTorch ops that launch kernels: what a call costs on the host beyond its own launches.
 
-``KernelOps`` is a dispatch mode that records every op run under it except allocations, views and detaches
-(``FREE_OPS``, which launch no kernel on a GPU); ``skip()`` true leaves ops out (the Triton interpreter's own ops
-while a kernel runs). Used by the launch-count tests and ``scripts/bench/profiler.py host``.
+``KernelOps`` is a dispatch mode that records every op run under it except allocations, views, detaches and
+``record_stream`` (``FREE_OPS``, which launch no kernel on a GPU); ``skip()`` true leaves ops out (the Triton
+interpreter's own ops while a kernel runs). Used by the launch-count tests and ``scripts/bench/profiler.py host``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ FREE_OPS = frozenset(
     {
         "empty", "new_empty", "new_empty_strided", "empty_like", "empty_strided", "view", "detach", "_unsafe_view",
         "alias", "as_strided", "_reshape_alias", "unsqueeze", "transpose", "t", "expand", "slice", "select",
-        "permute", "squeeze", "split", "unbind", "reshape",
+        "permute", "squeeze", "split", "unbind", "reshape", "record_stream",
     }
 )  # fmt: skip
 

@@ -380,9 +380,9 @@ def test_backward_is_deterministic(path):
 
 
 def test_supports_and_dispatch():
-    x = torch.randn(1, 1, 8, 100)
+    x = torch.randn(1, 1, 8, 100, device=DEV)
     assert "head dim 100" in backend.supports(x, x, x, x[:, :, :2], 4)
-    y = torch.randn(1, 1, 8, 32, dtype=torch.float64)
+    y = torch.randn(1, 1, 8, 32, dtype=torch.float64, device=DEV)
     assert "dtype" in backend.supports(y, y, y, y[:, :, :2], 4)
     from mita.ops.mita.api import register_triton
 

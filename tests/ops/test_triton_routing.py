@@ -1108,8 +1108,7 @@ def test_topk_select_four_way_search(L):
     row_valid = torch.ones(R, dtype=torch.bool)
     row_valid[9] = False
     for kk in (1, 5, L // 2, L):
-        sel = torch.empty(R, L, dtype=torch.int8)
-        _select_probe_kernel[(1,)](
-            key, valid.to(torch.int8), row_valid.to(torch.int8), torch.tensor([kk], dtype=torch.int32), sel, L=L, R=R
-        )
-        assert torch.equal(sel, _select_reference(key, valid, row_valid, kk)), kk
+        sel = torch.empty(R, L, dtype=torch.int8, device=DEV)
+        args = (key, valid.to(torch.int8), row_valid.to(torch.int8), torch.tensor([kk], dtype=torch.int32))
+        _select_probe_kernel[(1,)](*(a.to(DEV) for a in args), sel, L=L, R=R)
+        assert torch.equal(sel.cpu(), _select_reference(key, valid, row_valid, kk)), kk
