@@ -43,12 +43,7 @@ def _plan_local_kernel(
     n_pad = (NR + BC - 1) // BC * BC
     tot -= tl.where(o_m == 0, n_pad - NR, 0)
     pre -= tl.where(o_m == 0, n_pad - r_lo, 0)
-    incl = tl.cumsum(tot, 0)
-    start = incl - tot
-    if i_c == 0:
-        _plan_starts(STARTS, tot, i_bh, M, MP)
-    t_lo = i_c * TT
-    _plan_tiles(TILE_E, TILE_RS, TILE_RE, tot, start, incl, i_bh, M, T, t_lo, tl.minimum(t_lo + TT, T), BMQ, MP, BT)
+    start = _plan_chunk_head(STARTS, TILE_E, TILE_RS, TILE_RE, tot, i_c, i_bh, M, T, TT, BMQ, MP, BT)
     o_b = tl.arange(0, BR)
     o_r = r_lo + o_b
     m_r = o_r < NR
@@ -59,6 +54,21 @@ def _plan_local_kernel(
     rank = tl.sum(tl.where(b_e[:, None] == b_e[None, :], w, 0), 0)
     base = tl.sum(tl.where(b_e[:, None] == o_m[None, :], (start + pre)[None, :], 0), 1)
     tl.store(ROWS + i_bh * NR + base + rank, o_r, mask=m_r)
+
+
+@triton.jit
+def _plan_chunk_head(
+    STARTS, TILE_E, TILE_RS, TILE_RE, cnt, i_c, i_bh, M, T, TT, BMQ, MP: tl.constexpr, BT: tl.constexpr
+):  # fmt: skip
+    # What chunk program i_c of a head writes from the head's [MP] expert counts: the experts' first rows (chunk 0)
+    # and tiles i_c * TT .. (i_c + 1) * TT of the tile table. Returns the first rows.
+    incl = tl.cumsum(cnt, 0)
+    start = incl - cnt
+    if i_c == 0:
+        _plan_starts(STARTS, cnt, i_bh, M, MP)
+    t_lo = i_c * TT
+    _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, t_lo, tl.minimum(t_lo + TT, T), BMQ, MP, BT)
+    return start
 
 
 @triton.jit
@@ -149,12 +159,7 @@ def _plan_scatter_kernel(
     o_m = tl.arange(0, MP)
     head = CNTS + i_bh * (NC + 1) * MP
     cnt = tl.load(head + NC * MP + o_m)
-    incl = tl.cumsum(cnt, 0)
-    start = incl - cnt
-    if i_c == 0:
-        _plan_starts(STARTS, cnt, i_bh, M, MP)
-    t_lo = i_c * TT
-    _plan_tiles(TILE_E, TILE_RS, TILE_RE, cnt, start, incl, i_bh, M, T, t_lo, tl.minimum(t_lo + TT, T), BMQ, MP, BT)
+    start = _plan_chunk_head(STARTS, TILE_E, TILE_RS, TILE_RE, cnt, i_c, i_bh, M, T, TT, BMQ, MP, BT)
     nxt = head + i_c * MP
     tl.store(nxt + o_m, tl.load(nxt + o_m) + start)
     tl.debug_barrier()
