@@ -83,6 +83,10 @@ def _key_pos_kernel(IDX, MASK, PTR, POS, N, M, TOPK, W: tl.constexpr, KP: tl.con
 # from 0.23 to 0.17 (forward + backward, CUDA-graph replays); below 2^24 (two heads of up to 4K keys) the matching
 # stays, untimed against the lists, which cost three more launches.
 _MATCH_MAX = 1 << 24
+# The lists' kernels up to this many keys (each head's prefix counts run in one program, a step per 1024 keys; at
+# 2 x 16K they were timed above) and 128 experts; beyond, the places come from a stable sort of the keys, as the
+# long-row benchmark (64K-1M) was timed with.
+_LISTS_MAX_N = 16384
 
 
 def _key_lists(idx: torch.Tensor, N: int):
@@ -96,7 +100,7 @@ def _key_lists(idx: torch.Tensor, N: int):
     csr = BH * N * m * kp > _MATCH_MAX
     w = max(1, _next_pow2(_cdiv(m, 32)))
     dev = idx.device
-    if csr and w <= 4:
+    if csr and w <= 4 and N <= _LISTS_MAX_N:
         # Bit masks of the experts holding each key (m <= 128), their prefix counts, then each slot's place.
         mask = torch.zeros(BH, N, w, device=dev, dtype=torch.int32)
         ptr = torch.empty(BH, N + 1, device=dev, dtype=torch.int32)
@@ -105,7 +109,7 @@ def _key_lists(idx: torch.Tensor, N: int):
         fast(_key_ptr_kernel)[(BH,)](mask, ptr, N, W=w, BC=min(1024, max(16, _next_pow2(N))), num_warps=4)
         fast(_key_pos_kernel)[(m, BH)](idx, mask, ptr, pos, N, m, topk, W=w, KP=kp, num_warps=2)
     elif csr:
-        # More than 128 experts: the places from a stable sort of the keys.
+        # Long rows or more than 128 experts: the places from a stable sort of the keys.
         flat = idx.view(BH, m * topk).long()
         flat = torch.where(flat < 0, N, flat)
         sorted_idx, perm = torch.sort(flat, dim=-1, stable=True)
