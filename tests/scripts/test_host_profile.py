@@ -36,8 +36,9 @@ def test_host_counts_on_cpu(tmp_path):
 
 
 def test_host_counts_of_an_lra_step_on_cpu(tmp_path):
-    """``--lra``: a whole ListOps MiTA training step (2 layers) makes 14 Triton launches per layer, plus the masked
-    landmark pooling's two when rows are padded (picked as on CUDA), and no PyTorch prefix sums or searches."""
+    """``--lra``: a whole ListOps MiTA training step (2 layers) makes 17 Triton launches per layer (the backward's
+    key lists three of them), plus the masked landmark pooling's two when rows are padded (picked as on CUDA), and no
+    PyTorch prefix sums or searches."""
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
@@ -48,7 +49,7 @@ def test_host_counts_of_an_lra_step_on_cpu(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     with open(tmp_path / "host_cpu.csv") as f:
         rows = {r["call"]: r for r in csv.DictReader(f)}
-    assert int(rows["step (valid 1)"]["launches"]) == 28
+    assert int(rows["step (valid 1)"]["launches"]) == 34
     padded = rows["step (valid 0.6)"]
-    assert int(padded["launches"]) == 32
+    assert int(padded["launches"]) == 38
     assert "cumsum" not in padded["torch_op_names"] and "searchsorted" not in padded["torch_op_names"]
