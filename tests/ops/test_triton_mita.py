@@ -663,7 +663,7 @@ _PLAN_SETTINGS = {
      (197, 25, 1, "uniform", "chunked"), (70, 5, 2, "imbalanced", "chunked"), (1100, 5, 1, "imbalanced", "chunked"),
      (300, 40, 3, "uniform", "chunked"), (300, 300, 3, "uniform", "chunked"), (1001, 70, 1, "imbalanced", "rows"),
      (999, 40, 1, "one", "rows"), (733, 1, 1, "uniform", "rows"), (230, 33, 1, "uniform", "few"),
-     (200, 3, 1, "one", "few"), (197, 25, 1, "uniform", "local"), (300, 40, 3, "imbalanced", "local"),
+     (200, 3, 1, "one", "few"), (197, 25, 1, "uniform", "local"), (110, 40, 3, "imbalanced", "local"),
      (70, 5, 2, "one", "local")],
 )  # fmt: skip
 def test_plan_matches_reference(monkeypatch, N, m, S, dist, chunked):
