@@ -286,8 +286,7 @@ def _mita_bwd_shared_kernel(
     o_j = i_s * BS + tl.arange(0, BS)
     m_j = o_j < M
     # [BS, D]
-    b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
-    b_vt = tl.load(VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
+    b_r, b_vt = _shared_block(R, VT, i_bh, M, i_s * BS, o_d, D, BS)
     b_dr = tl.zeros([BS, D], tl.float32)
     b_dvt = tl.zeros([BS, D], tl.float32)
     n0 = i_c * CHUNK

@@ -26,15 +26,22 @@ def _popc32(x):
 
 
 @triton.jit
+def _expert_keys(IDX, i_bh, e, M, TOPK, KP: tl.constexpr):
+    # Expert e's index list: slots [KP], their keys (0 where the slot has none) and which slots hold a key.
+    o_p = tl.arange(0, KP)
+    b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_p, mask=o_p < TOPK, other=-1)
+    m_p = b_idx >= 0
+    return o_p, tl.where(m_p, b_idx, 0), m_p
+
+
+@triton.jit
 def _key_mask_kernel(IDX, MASK, N, M, TOPK, W: tl.constexpr, KP: tl.constexpr):
     # Per (expert, head): bit e % 32 of word e // 32 of each of the expert's keys (MASK [BH, N, W] int32, zeroed).
     # An OR is order-free, so the masks are the same whatever order the programs run in.
     e = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    o_p = tl.arange(0, KP)
-    b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_p, mask=o_p < TOPK, other=-1)
-    m_p = b_idx >= 0
-    at = MASK + (i_bh * N + tl.where(m_p, b_idx, 0)) * W + e // 32
+    o_p, j, m_p = _expert_keys(IDX, i_bh, e, M, TOPK, KP)
+    at = MASK + (i_bh * N + j) * W + e // 32
     tl.atomic_or(at, tl.full([KP], 1, tl.int32) << (e % 32), mask=m_p)
 
 
@@ -63,10 +70,7 @@ def _key_pos_kernel(IDX, MASK, PTR, POS, N, M, TOPK, W: tl.constexpr, KP: tl.con
     # keys gives them. Slots without a key are not written.
     e = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
-    o_p = tl.arange(0, KP)
-    b_idx = tl.load(IDX + (i_bh * M + e) * TOPK + o_p, mask=o_p < TOPK, other=-1)
-    m_p = b_idx >= 0
-    j = tl.where(m_p, b_idx, 0)
+    o_p, j, m_p = _expert_keys(IDX, i_bh, e, M, TOPK, KP)
     o_w = tl.arange(0, W)
     b_m = tl.load(MASK + (i_bh * N + j)[:, None] * W + o_w[None, :], mask=m_p[:, None], other=0)
     # The bits of the experts below e: whole words below e // 32, the low e % 32 bits of word e // 32.

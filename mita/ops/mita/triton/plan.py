@@ -275,6 +275,13 @@ def plan_shape(nrows: int, m: int, bm_max: int | None = None) -> tuple[int, int]
     return bm, _cdiv(nrows, bm) + min(m, nrows)
 
 
+def _chunk_tiles(T: int, nc: int, mp: int) -> tuple[int, int]:
+    """``(tt, bt)``: tiles of the tile table each of nc chunk programs writes (whole blocks of bt tiles, about
+    ``_PLAN_TILE_ENTRIES`` (tile, expert) pairs each; the first programs write it, the others none)."""
+    bt = max(2, _PLAN_TILE_ENTRIES // mp)
+    return _cdiv(_cdiv(T, nc), bt) * bt, bt
+
+
 def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | None = None) -> RoutingPlan:
     """Build the routing plan from the expert key lists and the query routes (no host synchronisation).
 
@@ -290,17 +297,16 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     BH, nrows = route.shape
     dev = route.device
     bm, T = plan_shape(nrows, m, bm_max)
-    mp = max(16, _next_pow2(m))
+    # Histograms take at least one bin per lane of a warp.
+    mp = max(32, _next_pow2(m))
     i32 = torch.int32
     rows = torch.empty(BH, nrows, device=dev, dtype=i32)
     starts = torch.empty(BH, m + 1, device=dev, dtype=i32)
     tile_e, tile_rs, tile_re = (torch.empty(BH, T, device=dev, dtype=i32) for _ in range(3))
     if nrows <= _PLAN_LOCAL_N and BH * nrows <= _PLAN_LOCAL_MAX:
         # One launch of (chunk, batch-head) programs, each counting the whole head's routes itself.
-        mp = max(32, mp)
         nc = _cdiv(nrows, _PLAN_LOCAL_ROWS)
-        bt = max(2, _PLAN_TILE_ENTRIES // mp)
-        tt = _cdiv(_cdiv(T, nc), bt) * bt
+        tt, bt = _chunk_tiles(T, nc, mp)
         bc = min(_PLAN_COUNT_STEP, max(32, _next_pow2(nrows)))
         fast(_plan_local_kernel)[(nc, BH)](
             route, rows, starts, tile_e, tile_rs, tile_re, nrows, m, T, bm, tt,
@@ -308,8 +314,6 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
         )  # fmt: skip
         return RoutingPlan(idx, rows, starts, tile_e, tile_rs, tile_re, bm)
     # Chunked counting sort (three launches at any size): per-chunk expert counts, offsets, scatter + tile table.
-    # Histograms take at least one bin per lane of a warp.
-    mp = max(32, mp)
     br = _PLAN_STEP
     # Chunks of whole steps: _PLAN_ROWS rows at most, fewer where that gives about _PLAN_PROGRAMS programs.
     cr = _cdiv(_cdiv(nrows, _cdiv(_PLAN_PROGRAMS, BH)), br) * br
@@ -322,9 +326,7 @@ def build_plan(idx: torch.Tensor, route: torch.Tensor, m: int, bm_max: int | Non
     be = min(mp, _PLAN_EXPERTS)
     bc = max(1, min(_next_pow2(nc), _PLAN_OFFSETS_BLOCK // be))
     fast(_plan_offsets_kernel)[(mp // be, BH)](cnts, nc, MP=mp, BE=be, BC=bc, num_warps=4)
-    # The tile table in whole blocks of bt tiles per program (the first programs write it, the others none).
-    bt = max(2, _PLAN_TILE_ENTRIES // mp)
-    tt = _cdiv(_cdiv(T, nc), bt) * bt
+    tt, bt = _chunk_tiles(T, nc, mp)
     fast(_plan_scatter_kernel)[(nc, BH)](
         route, cnts, rows, starts, tile_e, tile_rs, tile_re, nrows, cr, nc, m, T, bm, tt,
         MP=mp, BR=br, BT=bt, num_warps=_PLAN_WARPS,
