@@ -707,25 +707,26 @@ def _lse_ref(r, k, valid, scale):
     return torch.logsumexp(_lv_logits(r, k, valid, scale), -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
 
 
-# fused 0 (the separate landmark-value pass) is not the default: in the slow selection.
 @pytest.mark.parametrize(
-    "N,M,d,topk,dtype,pad,small,medium",
+    "N,M,d,topk,dtype,pad,small,medium,lv_div",
     [
-        (1025, 16, 64, 8, torch.float32, False, 0, 0),
-        (700, 20, 32, 16, torch.bfloat16, True, 0, 0),
-        (600, 5, 128, 64, torch.float16, True, 0, 0),
-        (90, 7, 32, 9, torch.float32, True, 512, 0),  # the on-chip top-k, then the separate landmark values
-        (1025, 16, 64, 8, torch.float32, False, 0, 2048),
-        (700, 20, 32, 16, torch.bfloat16, True, 0, 2048),
+        (1025, 16, 64, 8, torch.float32, False, 0, 0, 1),
+        (700, 20, 32, 16, torch.bfloat16, True, 0, 0, 1),
+        (600, 5, 128, 64, torch.float16, True, 0, 0, 1),
+        (90, 7, 32, 9, torch.float32, True, 512, 0, 1),  # the on-chip top-k, then the separate landmark values
+        (1025, 16, 64, 8, torch.float32, False, 0, 2048, 1),
+        (700, 20, 32, 16, torch.bfloat16, True, 0, 2048, 1),
+        (600, 80, 32, 16, torch.bfloat16, True, 0, 2048, 8),  # one key chunk: the keys kernel writes them
     ],
-    ids=["long-1025", "long-700", "long-600-d128", "small", "medium-1025", "medium-700"],
+    ids=["long-1025", "long-700", "long-600-d128", "small", "medium-1025", "medium-700", "medium-direct"],
 )
-def test_exact_topk_with_landmark_values(monkeypatch, N, M, d, topk, dtype, pad, small, medium):
+def test_exact_topk_with_landmark_values(monkeypatch, N, M, d, topk, dtype, pad, small, medium, lv_div):
     """exact_topk(lv=...): the same selection as without it, and the landmark values and their LSE, from the
-    block-top pass's scores (merged in the select kernel) or, on the on-chip and medium-row paths, from the separate
-    split-key pass. Fully padded rows give zeros, -inf."""
-    # Several key chunks, so the merge combines partials (lv_div 1: up to N / m chunks).
-    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", 1)
+    block-top pass's scores (merged in the select kernel), from the medium-row keys kernel's (merged in the rows
+    kernel, or written directly from one key chunk) or, on the on-chip path, from the separate split-key pass. Fully
+    padded rows give zeros, -inf."""
+    # Several key chunks, so the merge combines partials (lv_div 1: up to N / m chunks), except in the direct case.
+    monkeypatch.setitem(ttk.SCAN_CONFIG, "lv_div", lv_div)
     BH = 3
     g = torch.Generator().manual_seed(N + d)
     r, k, v = (torch.randn(BH, n, d, generator=g).to(DEV, dtype) for n in (M, N, N))

@@ -4,8 +4,8 @@
 computed tile by tile. Each score is mapped to an order-preserving int32 key. Short rows (N <= ``SMALL_N``) keep a
 [landmarks, N] tile on chip and find the k-th largest key by a four-way search over the row's key range (three
 thresholds counted per step, in registers). Medium rows (N <= ``MEDIUM_N``): every order key goes to a scratch
-[BH, m, N] buffer, and a few rows at a time come back as one tile for the same search; the landmark values take the
-separate split-key pass. Long rows (the [m, N] scores are never written): block tops (each key block's two largest
+[BH, m, N] buffer, and a few rows at a time come back as one tile for the same search; with the landmark values the
+key pass also computes their split-key partials and the search's launch merges them. Long rows (the [m, N] scores are never written): block tops (each key block's two largest
 scores and where its maximum sits); then one program per row (the select kernel): a start threshold that at least k keys
 reach (bisection over group maxima), every key at or above it into the row's [cap] candidate list in block order (each
 entry the packed int64 (order key, reversed index)), reading the block tops: a block whose second score is below the
@@ -309,10 +309,12 @@ def _topk_small(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up) -> t
     return idx
 
 
-def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up, after_keys=None) -> torch.Tensor:
+def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up, lv=None, after_keys=None):
     """Medium rows: the order keys into a scratch ``[BH, m, N]`` int32 buffer (``_topk_keys_kernel``, one program
-    per (landmark tile, key chunk, head)), then the short rows' search on a few rows at a time
-    (``_topk_rows_kernel``); ``after_keys()`` (when given) is called between the two launches."""
+    per (landmark tile, key chunk, head); with ``lv = (v, scale)`` also the landmark values' split-key partials from
+    the same scores), then the short rows' search on a few rows at a time (``_topk_rows_kernel``, which then merges
+    the partials); ``after_keys()`` (when given) is called between the two launches. Returns the indices, or with
+    ``lv`` ``(indices, vt, lse)`` as :func:`landmark_values_fwd` returns them."""
     BH, M, D = r.shape
     N = k.shape[-2]
     dev = r.device
@@ -321,11 +323,26 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up, aft
     scr = torch.empty(BH, M, ns, device=dev, dtype=torch.int32)
     bs, bn = (64 if D <= 64 else 32), 64
     n_s = _cdiv(M, bs)
-    g, ch = _key_chunks(N, bn, n_s * BH)
+    # With the landmark values at most N / (lv_div m) key chunks: the float32 partials stay within 2 / lv_div of k's
+    # memory.
+    g, ch = _key_chunks(N, bn, n_s * BH, None if lv is None else N // (int(SCAN_CONFIG["lv_div"]) * M))
     has_kv = key_valid is not None
+    direct = lv is None or g == 1
+    if lv is None:
+        vv, scale, vt, lse = r, 1.0, r, r
+    else:
+        vv, scale = lv[0], lv[1] * LOG2E
+        vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
+        lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
+    if direct:
+        pm = pl = pacc = lse
+    else:
+        pm = torch.empty(BH, g, M, device=dev, dtype=torch.float32)
+        pl = torch.empty(BH, g, M, device=dev, dtype=torch.float32)
+        pacc = torch.empty(BH, g, M, D, device=dev, dtype=torch.float32)
     fast(_topk_keys_kernel)[(n_s, g, BH)](
-        r, k, kv, scr, N, M, ch, ns, *lay, HAS_KV=has_kv, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(),
-        num_warps=4,
+        r, k, vv, kv, scr, pm, pl, pacc, vt, lse, scale, N, M, ch, ns, *lay, HAS_KV=has_kv, LV=lv is not None,
+        DIRECT=direct, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(), num_warps=4,
     )  # fmt: skip
     if after_keys is not None:
         after_keys()
@@ -337,10 +354,10 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up, aft
         NP = np1
     rs = max(1, _MEDIUM_TILE // NP)
     fast(_topk_rows_kernel)[(_cdiv(M, rs), BH)](
-        kv, kk, idx, scr, N, M, topk, ns, HAS_KV=has_kv, NP=NP, NT=nt, RS=rs, KP=max(16, _next_pow2(topk)),
-        num_warps=_MEDIUM_WARPS,
+        kv, kk, idx, scr, pm, pl, pacc, vt, lse, N, M, topk, ns, g, HAS_KV=has_kv, NP=NP, NT=nt, RS=rs,
+        KP=max(16, _next_pow2(topk)), MERGE=not direct, D=D, BC=min(64, _next_pow2(g)), num_warps=_MEDIUM_WARPS,
     )  # fmt: skip
-    return idx
+    return idx if lv is None else (idx, vt, lse)
 
 
 def exact_topk(
@@ -376,8 +393,8 @@ def exact_topk(
             tensor: rows with more than cap such keys, which take the refinement passes). No host
             synchronisation; ``scripts/bench/sweep.py --model`` models the start threshold on the CPU.
         lv: None, or ``(v, scale)``: also compute the landmark values ``softmax(R k^T scale) v`` over the valid keys
-            (v in k's layout), as :func:`landmark_values_fwd` does; on the long-row path with
-            the block-top pass computes them from the scores it already has.
+            (v in k's layout), as :func:`landmark_values_fwd` does; on the medium- and long-row paths the pass
+            that scores the keys computes them from the scores it already has.
         after_scan: None, or a callable called (no arguments) right after the long-row path's block-top pass is
             queued, or the medium-row path's key pass (the MiTA forward forks its routing onto a second stream
             there, FWD_CONFIG route_stream); not called on the on-chip path.
@@ -397,8 +414,7 @@ def exact_topk(
         idx = _topk_small(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype))
         return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
     if N <= (MEDIUM_N if medium_max_n is None else medium_max_n):
-        idx = _topk_medium(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype), after_scan)
-        return idx if lv is None else (idx, *landmark_values_fwd(r, k, lv[0], key_valid, lv[1]))
+        return _topk_medium(r, k, kv, kk, key_valid, topk, lay, NP, _prec(r.dtype), _upcast(r.dtype), lv, after_scan)
     st = _settings(
         BH, M, N, D, topk, cap, key_valid is not None, lv is not None, r.dtype, r.device.index, interpreting(),
         _config_key(),

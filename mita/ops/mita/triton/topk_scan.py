@@ -29,6 +29,7 @@ from mita.ops.mita.triton.common import (
     _softmax_step,
     _valid_keys,
 )
+from mita.ops.mita.triton.landmark_values import _lv_merge_row
 
 # Threshold candidates per refinement pass of the long-row top-k, and the number of passes (16^8 = 2^32).
 _P = 16
@@ -227,8 +228,15 @@ def _emit_missing(base, m_r, kk, TOPK, KP: tl.constexpr):
 def _topk_keys_kernel(
     R,
     K,
+    V,
     KV,
     SCR,
+    PM,
+    PL,
+    PACC,
+    VT,
+    LSE,
+    scale_log2,
     N,
     M,
     CH,
@@ -238,6 +246,8 @@ def _topk_keys_kernel(
     SH,
     SN,
     HAS_KV: tl.constexpr,
+    LV: tl.constexpr,
+    DIRECT: tl.constexpr,
     D: tl.constexpr,
     BS: tl.constexpr,
     BN: tl.constexpr,
@@ -246,7 +256,9 @@ def _topk_keys_kernel(
     EXACT: tl.constexpr,
 ):
     # Medium rows, first launch: the order keys of a (BS landmarks, CH keys) tile into the scratch SCR [BH, M, NS]
-    # (int32; keys from N on are not written).
+    # (int32; keys from N on are not written). LV: the landmark values' online softmax over the same scores, as
+    # _lv_fwd_kernel's split-key partials (PM, PL, PACC [BH, chunks, M(, D)]; the rows kernel merges them), or with one
+    # key chunk (DIRECT) the values and their LSE themselves.
     i_s = tl.program_id(0)
     i_g = tl.program_id(1)
     i_bh = tl.program_id(2).to(tl.int64)
@@ -255,12 +267,34 @@ def _topk_keys_kernel(
     m_j = o_j < M
     b_r = tl.load(R + i_bh * M * D + o_j[:, None] * D + o_d[None, :], mask=m_j[:, None], other=0.0)
     K_h = _head_ptr(K, i_bh, H, SB, SH)
+    V_h = _head_ptr(V, i_bh, H, SB, SH)
     scr = SCR + i_bh * M * NS
+    b_m = tl.full([BS], float("-inf"), tl.float32)
+    b_l = tl.zeros([BS], tl.float32)
+    b_acc = tl.zeros([BS, D], tl.float32)
     n1 = tl.minimum(N, (i_g + 1) * CH)
     for n0 in range(i_g * CH, n1, BN):
         o_b = n0 + tl.arange(0, BN)
         m_b, b_s = _key_block_scores(b_r, K_h, KV, i_bh, N, o_b, n1, SN, o_d, HAS_KV, PREC, UP, EXACT)
         tl.store(scr + o_j[:, None] * NS + o_b[None, :], _order_key(b_s), mask=m_j[:, None] & (o_b < n1)[None, :])
+        if LV:
+            b_v = tl.load(V_h + o_b.to(tl.int64)[:, None] * SN + o_d[None, :], mask=m_b[:, None], other=0.0)
+            b_ls = tl.where(m_b[None, :], b_s * scale_log2, float("-inf"))
+            b_m, b_l, b_acc = _softmax_step(b_ls, b_v, b_m, b_l, b_acc, PREC, UP)
+    if LV:
+        if DIRECT:
+            m_nz = b_l > 0
+            b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
+            tl.store(
+                VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_o.to(VT.dtype.element_ty), mask=m_j[:, None]
+            )
+            b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
+            tl.store(LSE + i_bh * M + o_j, b_lse, mask=m_j)
+        else:
+            o_w = (i_bh * tl.num_programs(1) + i_g) * M + o_j
+            tl.store(PM + o_w, b_m, mask=m_j)
+            tl.store(PL + o_w, b_l, mask=m_j)
+            tl.store(PACC + o_w[:, None] * D + o_d[None, :], b_acc, mask=m_j[:, None])
 
 
 @triton.jit
@@ -269,19 +303,29 @@ def _topk_rows_kernel(
     KK,
     IDX,
     SCR,
+    PM,
+    PL,
+    PACC,
+    VT,
+    LSE,
     N,
     M,
     TOPK,
     NS,
+    NC,
     HAS_KV: tl.constexpr,
     NP: tl.constexpr,
     NT: tl.constexpr,
     RS: tl.constexpr,
     KP: tl.constexpr,
+    MERGE: tl.constexpr,
+    D: tl.constexpr,
+    BC: tl.constexpr,
 ):
     # Medium rows, second launch: RS rows of the scratch's order keys as one [RS, NP] tile (and, NT > 0, the keys from
     # NP on as a [RS, NT] tail: rows a little longer than a power of 2), the four-way search of the short rows
-    # (_topk_select_split), and the rows' indices, ascending, then -1.
+    # (_topk_select_split), and the rows' indices, ascending, then -1. MERGE: then the rows' landmark values from the
+    # NC split-key partials of the keys kernel.
     i_r = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     kk = _head_kk(KK, i_bh, TOPK, HAS_KV)
@@ -305,6 +349,9 @@ def _topk_rows_kernel(
     if NT > 0:
         _emit_selected(base, sel_t, o_t, n_sel[:, None])
     _emit_missing(base, m_r, kk, TOPK, KP)
+    if MERGE:
+        for i_j in range(i_r * RS, tl.minimum(i_r * RS + RS, M)):
+            _lv_merge_row(PM, PL, PACC, VT, LSE, i_j, i_bh, M, NC, D, BC)
 
 
 # ----------------------------------------------------------------------------------------------------------------
