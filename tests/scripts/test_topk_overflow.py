@@ -74,8 +74,9 @@ def test_model_matches_kernel_counts(ovf, monkeypatch, rho, block_top, start):
 @pytest.mark.parametrize(
     "sweep,vals,extra",
     [
-        ("block_top=1,2", ["1", "2"], []),
         ("fwd.bm_max=16,32", ["16", "32"], ["--backward"]),
+        # The same script path without --backward: in the slow selection (the case above covers it).
+        pytest.param("block_top=1,2", ["1", "2"], [], marks=pytest.mark.slow),
         # Launch options and non-default switches (the interpreter ignores warps): in the slow selection.
         pytest.param("num_warps=4,8", ["4", "8"], [], marks=pytest.mark.slow),
         pytest.param("fwd.route_stream=0,3", ["0", "3"], [], marks=pytest.mark.slow),
