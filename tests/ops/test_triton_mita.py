@@ -481,8 +481,10 @@ def test_route_stream_rejects_unknown_mode(monkeypatch):
 @pytest.mark.parametrize("N,m,topk,S", [(4097, 64, 64, 1), (65536, 128, 128, 1), (4097, 32, 32, 2), (300, 16, 16, 1)])
 def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
     """FWD_CONFIG route_stream (routing on a second stream): bitwise the output of the in-order forward, eagerly,
-    with a backward, and replayed from a CUDA graph (the fork and join captured)."""
+    with a backward, and replayed from a CUDA graph (the fork and join captured). Below ROUTE_STREAM_MIN_N too
+    (the threshold set to 0), where the default runs in order."""
     monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    monkeypatch.setattr(afwd, "ROUTE_STREAM_MIN_N", 0)
     (q, k, v, r), _ = _inputs(1, 2, N, 64, m, torch.bfloat16)
     kw = dict(experts_per_query=S)
     do = torch.randn_like(q)
@@ -513,8 +515,10 @@ def test_gpu_route_stream_same_output(monkeypatch, N, m, topk, S, mode):
 def test_gpu_graph_replay_with_padding_and_backward(monkeypatch, N, m, topk, route_stream):
     """Forward and backward of padded rows (the LRA steps' form: the short path, the general path with the on-chip
     top-k, the long-row top-k), captured once in a CUDA graph and replayed on new values copied into the captured
-    inputs: bitwise what eager calls give for the same values (both FWD_CONFIG route_stream forms)."""
+    inputs: bitwise what eager calls give for the same values (both FWD_CONFIG route_stream forms, the second stream
+    also below ROUTE_STREAM_MIN_N)."""
     monkeypatch.setitem(afwd.FWD_CONFIG, "route_stream", route_stream)
+    monkeypatch.setattr(afwd, "ROUTE_STREAM_MIN_N", 0)
     B, H, d = 4, 2, 32
     pad = tuple(N - 7 * b for b in range(B))
     (q, k, v, r), mask = _inputs(B, H, N, d, m, torch.bfloat16, pad_from=pad)

@@ -152,10 +152,13 @@ def _mita_fwd_kernel(
 # registers and programs per SM). bm_infer: bm_max of a forward that no backward follows (no input requires a
 # gradient, or grad mode is off), which can take larger query tiles than the backward wants (None: bm_max).
 # route_stream (CUDA only; CUDA graphs capture the fork and join): 3: the routing in order, the plan's kernels on a
-# second stream beside the top-k after its block-top pass; 0: everything in order. Without padding (and S = 1, block
+# second stream beside the top-k after its block-top pass, at ROUTE_STREAM_MIN_N keys or more (below, the fork and
+# join cost more host time than they save: on the H100 eager forwards at B 8 x 4096 and LRA ListOps took 0.05-0.16 ms
+# less in order); 0: everything in order. Without padding (and S = 1, block
 # sizes dividing m and k) the forward's loads and scores skip their masks (FULL); its online softmax is _softmax_fma.
 # Measurements: notes/kernels-notes.md.
 FWD_CONFIG = dict(bm_max=64, bn_max=None, num_warps=None, num_stages=None, maxnreg=None, bm_infer=None, route_stream=3)
+ROUTE_STREAM_MIN_N = 65536
 
 
 # ----------------------------------------------------------------------------------------------------------------

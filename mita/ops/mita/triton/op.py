@@ -23,6 +23,7 @@ import torch
 
 from mita.ops.mita.checks import check_mita_args
 from mita.ops.mita.triton.attention_bwd import mita_bwd
+from mita.ops.mita.triton import attention_fwd as _afwd
 from mita.ops.mita.triton.attention_fwd import FWD_CONFIG, mita_fwd
 from mita.ops.mita.triton.common import heads_layout, out_layout
 from mita.ops.mita.triton.plan import RoutingPlan, build_plan, plan_bm_max, plan_shape
@@ -68,7 +69,7 @@ class _MiTAFn(torch.autograd.Function):
             mode = int(FWD_CONFIG["route_stream"])
             if mode not in (0, 3):
                 raise ValueError(f"FWD_CONFIG['route_stream'] must be 0 or 3, got {mode}")
-            if not q.is_cuda:
+            if not q.is_cuda or q.shape[-2] < _afwd.ROUTE_STREAM_MIN_N:
                 mode = 0
             side = _side_stream(q.device) if mode else None
             main = torch.cuda.current_stream(q.device) if mode else None
