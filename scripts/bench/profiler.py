@@ -448,6 +448,16 @@ def count_launches() -> tuple[list, list]:
             inside[0] = False
 
     launch.FastKernel._launch = counted
+    # Replayed calls (replay.py) launch their recorded kernels without the wrapper: counted per replay.
+    from mita.ops.mita.triton import replay
+
+    real_run = replay._Program.run
+
+    def counted_run(self, inputs, direct):
+        count[0] += self.n_launches
+        return real_run(self, inputs, direct)
+
+    replay._Program.run = counted_run
     return inside, count
 
 

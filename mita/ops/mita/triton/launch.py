@@ -32,6 +32,16 @@ import torch
 
 _Tensor = torch.Tensor
 ENABLED = os.environ.get("MITA_FAST_LAUNCH", "1") not in ("0", "")
+# The recorder of replay.py while it records a call (it is told every launch), and how many launches are running
+# (the Triton interpreter runs PyTorch ops inside a launch; the recorder leaves those out).
+_RECORDER = None
+_INSIDE = [0]
+
+
+def inside_launch() -> bool:
+    return _INSIDE[0] > 0
+
+
 # Keys kept per kernel: calls with arguments of ever new values (say, a new sequence length each call) stop adding
 # entries here and take Triton's own path.
 MAX_KEYS = 1024
@@ -124,6 +134,22 @@ class FastKernel:
     direct = 0  # launches that took the direct path (tests read it)
 
     def _launch(self, grid, args, kwargs):
+        rec = _RECORDER
+        if rec is None:
+            return self._launch_now(grid, args, kwargs)
+        _INSIDE[0] += 1
+        try:
+            out = self._launch_now(grid, args, kwargs)
+        finally:
+            _INSIDE[0] -= 1
+        direct = None
+        if ENABLED and not interpreting():
+            akey, _ = _key_ptrs(args)
+            direct = self.cache.get((torch.cuda.current_device(), akey, tuple(kwargs.items())))
+        rec.launch(self, grid, args, kwargs, direct)
+        return out
+
+    def _launch_now(self, grid, args, kwargs):
         global ENABLED
         if not ENABLED or interpreting() or _hooks_installed():
             return self.fn[grid](*args, **kwargs)

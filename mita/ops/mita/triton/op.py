@@ -22,16 +22,19 @@ from __future__ import annotations
 import torch
 
 from mita.ops.mita.checks import check_mita_args
-from mita.ops.mita.triton.attention_bwd import mita_bwd
 from mita.ops.mita.triton import attention_fwd as _afwd
+from mita.ops.mita.triton import replay as _replay
+from mita.ops.mita.triton.attention_bwd import mita_bwd
 from mita.ops.mita.triton.attention_fwd import FWD_CONFIG, mita_fwd
 from mita.ops.mita.triton.common import heads_layout, out_layout
+from mita.ops.mita.triton.landmark_values import LV_CONFIG
 from mita.ops.mita.triton.plan import RoutingPlan, build_plan, plan_bm_max, plan_shape
 from mita.ops.mita.triton.pool import pool_fwd
-from mita.ops.mita.triton.routing import route_topk
+from mita.ops.mita.triton.replay import replayed
+from mita.ops.mita.triton.routing import ROUTE_CONFIG, route_topk
 from mita.ops.mita.triton.short import _pads, small_fwd, small_supported
 from mita.ops.mita.triton.short_bwd import small_bwd
-from mita.ops.mita.triton.topk import exact_topk
+from mita.ops.mita.triton.topk import SCAN_CONFIG, exact_topk
 
 # Calls that fit the short-sequence kernels (N <= 256, see short.small_supported) take them; tests set this
 # to False to run the general path at the same shapes.
@@ -86,37 +89,47 @@ class _MiTAFn(torch.autograd.Function):
                     branch["route"] = route
                     branch["plan"] = build_plan(None, route, m, bm)
 
-            if mode == 3:
-                # The routing first, in order; the plan's kernels beside the top-k after its block-top pass.
-                branch["route"] = route_topk(q, r, S)
-            after_scan = fork if mode == 3 else None
-            # Exact top-k per landmark, scores computed tile by tile, never stored.
+            if side is None:
+                return _fwd_replayed(q, k, v, r, key_valid, topk, S, shared, scale, sscale, bm)
+            # The routing first, in order; the plan's kernels beside the top-k after its block-top pass.
+            branch["route"] = route_topk(q, r, S)
             if shared:
                 # softmax(R k^T s) v: split-key partials (by default from the top-k's block-top pass, which scores
                 # the same keys) and a merge; zeros for a row with no valid key, as the reference gives.
-                idx, vt, lv_lse = exact_topk(r, k, key_valid, topk, lv=(v, scale), after_scan=after_scan)
+                idx, vt, lv_lse = exact_topk(r, k, key_valid, topk, lv=(v, scale), after_scan=fork)
             else:
-                idx = exact_topk(r, k, key_valid, topk, after_scan=after_scan)
+                idx = exact_topk(r, k, key_valid, topk, after_scan=fork)
                 vt = torch.zeros_like(r)
                 lv_lse = None
-            if side is None:
-                route = route_topk(q, r, S)
+            if not branch.get("forked"):
+                # The top-k took a path without a block-top pass (short rows): fork now.
+                fork()
+            main.wait_stream(side)
+            route = branch["route"]
+            plan = branch.get("plan")
+            if plan is None:
                 plan = build_plan(idx, route, m, bm)
             else:
-                if not branch.get("forked"):
-                    # The top-k took a path without a block-top pass (short rows): fork now.
-                    fork()
-                main.wait_stream(side)
-                route = branch["route"]
-                plan = branch.get("plan")
-                if plan is None:
-                    plan = build_plan(idx, route, m, bm)
-                else:
-                    plan.idx = idx
-                # Allocated on the side stream, used and freed on this one.
-                for t in (route, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re):
-                    t.record_stream(main)
+                plan.idx = idx
+            # Allocated on the side stream, used and freed on this one.
+            for t in (route, plan.rows, plan.starts, plan.tile_e, plan.tile_rs, plan.tile_re):
+                t.record_stream(main)
             o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, full=key_valid is None)
+        return o, vt, lse, lv_lse, plan
+
+    @staticmethod
+    def in_order(q, k, v, r, key_valid, topk, S, shared, scale, sscale, bm):
+        """The forward with every launch on the current stream (what ``fwd`` runs without the second stream);
+        ``_fwd_replayed`` replays its launches at signatures seen before (replay.py)."""
+        m = r.shape[1]
+        if shared:
+            idx, vt, lv_lse = exact_topk(r, k, key_valid, topk, lv=(v, scale))
+        else:
+            idx = exact_topk(r, k, key_valid, topk)
+            vt = torch.zeros_like(r)
+            lv_lse = None
+        plan = build_plan(idx, route_topk(q, r, S), m, bm)
+        o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, full=key_valid is None)
         return o, vt, lse, lv_lse, plan
 
     @staticmethod
@@ -129,10 +142,16 @@ class _MiTAFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, r, vt, o, lse, lv_lse = ctx.saved_tensors
-        dq, dk, dv, dr = mita_bwd(
+        dq, dk, dv, dr = _bwd_replayed(
             do, q, k, v, r, vt, o, lse, ctx.plan, ctx.S, ctx.shared, ctx.scale, ctx.sscale, ctx.key_valid, lv_lse
         )
         return dq, dk, dv, dr, None, None, None, None, None, None, None
+
+
+# Eager calls at a signature seen before replay the recorded launches (replay.py).
+_fwd_replayed = replayed(_MiTAFn.in_order)
+_bwd_replayed = replayed(mita_bwd)
+_replay.SETTINGS.extend([FWD_CONFIG, SCAN_CONFIG, ROUTE_CONFIG, LV_CONFIG])
 
 
 def kernel_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

@@ -3,20 +3,20 @@
 ``exact_topk``: per landmark, the k keys with the largest raw score ``R_i . k_j`` (ties to the lower key index),
 computed tile by tile. Each score is mapped to an order-preserving int32 key. Short rows (N <= ``SMALL_N``) keep a
 [landmarks, N] tile on chip and find the k-th largest key by a four-way search over the row's key range (three
-thresholds counted per step, in registers). Medium rows (N <= ``MEDIUM_N``): every order key goes to a scratch
-[BH, m, N] buffer, and a few rows at a time come back as one tile for the same search; with the landmark values the
-key pass also computes their split-key partials and the search's launch merges them. Long rows (the [m, N] scores are never written): block tops (each key block's two largest
-scores and where its maximum sits); then one program per row (the select kernel): a start threshold that at least k keys
-reach (bisection over group maxima), every key at or above it into the row's [cap] candidate list in block order (each
-entry the packed int64 (order key, reversed index)), reading the block tops: a block whose second score is below the
-threshold holds at most one such key, its maximum, so only blocks with two or more are scored again; and, when they fit
-the list, the top-k of that list (bisection and one sort). Rows with more than cap such keys (many ties, or a loose
-start) fall back on the device: 16-way refinement passes raise the threshold until at most cap keys reach it (or until
-it is the k-th key itself), then a counting pass and an emitting pass write the keys in key order (ties truncated to the
-lowest indices) and the top-k of those lists is selected, all in one launch of persistent programs with grid barriers
-between the passes, which returns at once when no row needs it: no host synchronisation, and the result is exact for any
-input. With the landmark values (``exact_topk(lv=...)``), the block-top pass also computes their split-key partials and
-the select kernel merges them.
+thresholds counted per step, in registers). Medium rows (N <= ``MEDIUM_N``): every order key goes to a scratch [BH, m,
+N] buffer, and a few rows at a time come back as one tile for the same search; with the landmark values the key pass
+also computes their split-key partials and the search's launch merges them. Long rows (the [m, N] scores are never
+written): block tops (each key block's two largest scores and where its maximum sits); then one program per row (the
+select kernel): a start threshold that at least k keys reach (bisection over group maxima), every key at or above it
+into the row's [cap] candidate list in block order (each entry the packed int64 (order key, reversed index)), reading
+the block tops: a block whose second score is below the threshold holds at most one such key, its maximum, so only
+blocks with two or more are scored again; and, when they fit the list, the top-k of that list (bisection and one sort).
+Rows with more than cap such keys (many ties, or a loose start) fall back on the device: 16-way refinement passes raise
+the threshold until at most cap keys reach it (or until it is the k-th key itself), then a counting pass and an emitting
+pass write the keys in key order (ties truncated to the lowest indices) and the top-k of those lists is selected, all in
+one launch of persistent programs with grid barriers between the passes, which returns at once when no row needs it: no
+host synchronisation, and the result is exact for any input. With the landmark values (``exact_topk(lv=...)``), the
+block-top pass also computes their split-key partials and the select kernel merges them.
 
 The kernels are in ``topk_scan.py`` (passes that score keys) and ``topk_select.py`` (per-row selection).
 """
