@@ -26,20 +26,15 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import warnings
 
 import torch
 
 _Tensor = torch.Tensor
 ENABLED = os.environ.get("MITA_FAST_LAUNCH", "1") not in ("0", "")
-# The recorder of replay.py while it records a call (it is told every launch), and how many launches are running
-# (the Triton interpreter runs PyTorch ops inside a launch; the recorder leaves those out).
-_RECORDER = None
-_INSIDE = [0]
-
-
-def inside_launch() -> bool:
-    return _INSIDE[0] > 0
+# Per thread, the recorder of replay.py while it records a call there (it is told every launch of that thread).
+_TLS = threading.local()
 
 
 # Keys kept per kernel: calls with arguments of ever new values (say, a new sequence length each call) stop adding
@@ -134,14 +129,15 @@ class FastKernel:
     direct = 0  # launches that took the direct path (tests read it)
 
     def _launch(self, grid, args, kwargs):
-        rec = _RECORDER
+        rec = getattr(_TLS, "recorder", None)
         if rec is None:
             return self._launch_now(grid, args, kwargs)
-        _INSIDE[0] += 1
+        # The Triton interpreter runs PyTorch ops inside a launch: the recorder leaves those out.
+        rec.inside += 1
         try:
             out = self._launch_now(grid, args, kwargs)
         finally:
-            _INSIDE[0] -= 1
+            rec.inside -= 1
         direct = None
         if ENABLED and not interpreting():
             akey, _ = _key_ptrs(args)

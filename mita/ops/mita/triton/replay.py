@@ -85,7 +85,7 @@ def _signature(obj, out: list) -> None:
 
 
 class _Recorder(TorchDispatchMode):
-    """Notes allocations and zero fills (dispatch mode) and launches (``launch._RECORDER``) of one call."""
+    """Notes allocations and zero fills (dispatch mode) and launches (``launch._TLS.recorder``, per thread) of one call."""
 
     def __init__(self, inputs: list[torch.Tensor]):
         super().__init__()
@@ -94,11 +94,12 @@ class _Recorder(TorchDispatchMode):
         self.allocs: list[tuple] = []  # (size, stride, dtype, device, ptr, nbytes)
         self.steps: list[tuple] = []
         self.error = ""
+        self.inside = 0  # launches running (launch.py counts them)
 
     # -- allocations -------------------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if self.error or _launch.inside_launch():
+        if self.error or self.inside:
             return out
         name = func.overloadpacket.__name__
         if name in _ALLOC_OPS or name in _ZERO_ALLOC_OPS:
@@ -346,12 +347,12 @@ class Replayed:
 
     def _record(self, key, args, leaves):
         rec = _Recorder(leaves)
-        _launch._RECORDER = rec
+        _launch._TLS.recorder = rec
         try:
             with rec:
                 out = self.fn(*args)
         finally:
-            _launch._RECORDER = None
+            _launch._TLS.recorder = None
         prog = None
         if not rec.error:
             try:
