@@ -282,6 +282,18 @@ def _n_chunks(N: int, M: int, n_s: int, BH: int, bn: int, target: int = 1024) ->
     return _cdiv(N, ch), ch
 
 
+def lv_partials(BH: int, nc: int, M: int, D: int, dev, direct: bool, dummy: torch.Tensor):
+    """The float32 split-key partials of ``nc`` key chunks (maxima, sums ``[BH, nc, M]``, accumulators
+    ``[BH, nc, M, D]``), or ``dummy`` for each when one chunk writes the values directly."""
+    if direct:
+        return dummy, dummy, dummy
+    return (
+        torch.empty(BH, nc, M, device=dev, dtype=torch.float32),
+        torch.empty(BH, nc, M, device=dev, dtype=torch.float32),
+        torch.empty(BH, nc, M, D, device=dev, dtype=torch.float32),
+    )
+
+
 def landmark_values_fwd(r, k, v, key_valid, scale: float):
     """Forward of ``softmax(R k^T scale) v`` over valid keys. r ``[BH, m, d]``; k, v ``[BH, N, d]`` or
     ``[B, H, N, d]``, one layout (:func:`heads_layout`).
@@ -301,12 +313,7 @@ def landmark_values_fwd(r, k, v, key_valid, scale: float):
     vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
     lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
     direct = nc == 1
-    if direct:
-        pm = pl = pacc = lse
-    else:
-        pm = torch.empty(BH, nc, M, device=dev, dtype=torch.float32)
-        pl = torch.empty(BH, nc, M, device=dev, dtype=torch.float32)
-        pacc = torch.empty(BH, nc, M, D, device=dev, dtype=torch.float32)
+    pm, pl, pacc = lv_partials(BH, nc, M, D, dev, direct, lse)
     fast(_lv_fwd_kernel)[(n_s, nc, BH)](
         r,
         k,

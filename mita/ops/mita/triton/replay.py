@@ -85,7 +85,8 @@ def _signature(obj, out: list) -> None:
 
 
 class _Recorder(TorchDispatchMode):
-    """Notes allocations and zero fills (dispatch mode) and launches (``launch._TLS.recorder``, per thread) of one call."""
+    """Notes allocations and zero fills (dispatch mode) and launches (``launch._TLS.recorder``, per thread) of a
+    call."""
 
     def __init__(self, inputs: list[torch.Tensor]):
         super().__init__()

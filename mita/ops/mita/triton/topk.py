@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from mita.ops.mita.triton.common import LOG2E, _cdiv, _next_pow2, _prec, _sm_count, _upcast, heads_layout
-from mita.ops.mita.triton.landmark_values import landmark_values_fwd
+from mita.ops.mita.triton.landmark_values import landmark_values_fwd, lv_partials
 from mita.ops.mita.triton.launch import fast, interpreting
 from mita.ops.mita.triton.topk_scan import (
     _P,
@@ -334,12 +334,7 @@ def _topk_medium(r, k, kv, kk, key_valid, topk: int, lay, NP: int, prec, up, lv=
         vv, scale = lv[0], lv[1] * LOG2E
         vt = torch.empty(BH, M, D, device=dev, dtype=r.dtype)
         lse = torch.empty(BH, M, device=dev, dtype=torch.float32)
-    if direct:
-        pm = pl = pacc = lse
-    else:
-        pm = torch.empty(BH, g, M, device=dev, dtype=torch.float32)
-        pl = torch.empty(BH, g, M, device=dev, dtype=torch.float32)
-        pacc = torch.empty(BH, g, M, D, device=dev, dtype=torch.float32)
+    pm, pl, pacc = lv_partials(BH, g, M, D, dev, direct, lse)
     fast(_topk_keys_kernel)[(n_s, g, BH)](
         r, k, vv, kv, scr, pm, pl, pacc, vt, lse, scale, N, M, ch, ns, *lay, HAS_KV=has_kv, LV=lv is not None,
         DIRECT=direct, D=D, BS=bs, BN=bn, PREC=prec, UP=up, EXACT=interpreting(), num_warps=4,
