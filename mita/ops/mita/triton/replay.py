@@ -6,20 +6,22 @@ against 14 us for the launch itself). Everything the general path's forward and 
 from the shapes, strides, dtypes, scalars and settings alone (no host synchronisation reads a value), so the sequence
 of allocations and launches of a call is the same for every call with the same signature.
 
-``replayed(fn)`` wraps a function whose work is allocations and Triton launches through ``launch.fast``. The first
-call of a signature runs ``fn`` as usual while a recorder notes, in order, every allocation (a dispatch mode sees
-them), every zero fill and every launch (kernel, grid, arguments, the compiled binary), each tensor argument by where
-its address lies: an input tensor, or an allocation of the call, plus a byte offset. Later calls of that signature
-allocate the same buffers, launch the same binaries with the new addresses (the compiled launcher directly, as
-``launch.fast`` does on a cache hit) and return the outputs as views of the new buffers, in the structure ``fn``
-returned. Buffers are dropped after their last launch as ``fn`` dropped them, so peak memory is the same.
+``replayed(fn)`` wraps a function whose work is allocations, PyTorch ops and Triton launches through ``launch.fast``.
+The first call of a signature runs ``fn`` as usual while a recorder notes, in order, every allocation and PyTorch op
+(a dispatch mode sees them; views are left out) and every launch (kernel, grid, arguments, the compiled binary), each
+tensor by where its address lies: an input tensor, or an allocation or op result of the call, plus a byte offset.
+Later calls of that signature allocate the same buffers, run the same ops on the new tensors, launch the same
+binaries with the new addresses (the compiled launcher directly, as ``launch.fast`` does on a cache hit) and return
+the outputs as views of the new buffers, in the structure ``fn`` returned. Buffers are dropped after their last use
+as ``fn`` dropped them, so peak memory is the same.
 
-A signature is not replayed (``fn`` runs as usual each time) when its recording saw anything else: a PyTorch op that
-computes (not an allocation, view or zero fill), a launch that did not take the direct path, an output that is not a
-view of an input or an allocation. The signature holds every tensor's shape, strides, dtype, device and 16-byte
-alignment, every other argument's value, and the settings dicts the kernels read (``SETTINGS``); module constants
-that tests patch are not in it, so the tests turn replay off (``ENABLED``) except where they test it. Only on CUDA,
-with direct launches on, outside CUDA-graph capture and the Triton interpreter (tests replay on the CPU under the
+A signature is not replayed (``fn`` runs as usual each time) when its recording saw anything else: an op whose result
+depends on more than the shapes (``_UNREPLAYABLE_OPS``: sizes read from values, random numbers), an op with other than
+one tensor as its result, a launch that did not take the direct path, a tensor that is neither an input nor made by the
+call, an output that is not a view of one of those. The signature holds every tensor's shape, strides, dtype, device and
+16-byte alignment, every other argument's value, and the settings dicts the kernels read (``SETTINGS``); module
+constants that tests patch are not in it, so the tests turn replay off (``ENABLED``) except where they test it. Only on
+CUDA, with direct launches on, outside CUDA-graph capture and the Triton interpreter (tests replay on the CPU under the
 interpreter with ``allow_cpu``). ``MITA_REPLAY=0`` turns it off.
 """
 
@@ -42,6 +44,14 @@ SETTINGS: list[dict] = []
 
 _ALLOC_OPS = frozenset({"empty", "new_empty", "new_empty_strided", "empty_like", "empty_strided"})
 _ZERO_ALLOC_OPS = frozenset({"zeros", "zeros_like", "new_zeros"})
+# Ops whose result depends on more than the shapes (sizes read from values, random numbers, host reads).
+_UNREPLAYABLE_OPS = frozenset(
+    {
+        "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "argwhere", "repeat_interleave",
+        "_local_scalar_dense", "item", "bernoulli", "rand", "randn", "randint", "native_dropout", "multinomial",
+        "normal", "uniform", "exponential", "random_",
+    }
+)  # fmt: skip
 _VIEW_OPS = frozenset(
     {
         "view", "detach", "_unsafe_view", "alias", "as_strided", "_reshape_alias", "unsqueeze", "transpose", "t",
@@ -113,9 +123,40 @@ class _Recorder(TorchDispatchMode):
                 self.error = "zero fill of part of a buffer"
             else:
                 self.steps.append(("zero", ref[1]))
-        elif name not in _VIEW_OPS:
+        elif name in _UNREPLAYABLE_OPS:
             self.error = f"PyTorch op {name}"
+        elif name not in _VIEW_OPS:
+            self._op(func, name, args, kwargs or {}, out)
         return out
+
+    def _op(self, func, name, args, kwargs, out) -> None:
+        """A PyTorch op that computes (a sum, a cast, an in-place product): run again on the replay's tensors."""
+        if not isinstance(out, torch.Tensor):
+            self.error = f"PyTorch op {name} with a result that is not one tensor"
+            return
+        flat: list = []
+        _leaves((args, list(kwargs.values())), flat)
+        try:
+            targs, tkw = self._tmpl(args), {k: self._tmpl(v) for k, v in kwargs.items()}
+        except _Abort as e:
+            self.error = f"PyTorch op {name}: {e}"
+            return
+        new = None
+        if not any(t.data_ptr() == out.data_ptr() for t in flat):  # a new tensor, not an in-place result
+            nbytes = out.untyped_storage().nbytes() - out.storage_offset() * out.element_size()
+            self.allocs.append((tuple(out.shape), out.stride(), out.dtype, out.device, out.data_ptr(), nbytes))
+            new = len(self.allocs) - 1
+        self.steps.append(("op", func, targs, tkw, new))
+
+    def _tmpl(self, obj):
+        if isinstance(obj, torch.Tensor):
+            ref = self._where(obj)
+            if ref[0] == "const":
+                raise _Abort("a tensor that is neither an input nor made by the call")
+            return ("T", ref[0], ref[1], ref[2], obj.dtype, tuple(obj.shape), obj.stride())
+        if isinstance(obj, (tuple, list)):
+            return ("L", obj.__class__, [self._tmpl(x) for x in obj])
+        return ("C", obj)
 
     def _alloc(self, t: torch.Tensor) -> None:
         if not isinstance(t, torch.Tensor):
@@ -213,6 +254,11 @@ class _Program:
                 for s in st[4]:
                     if s[1] == "al":
                         last[s[2]] = n
+            elif st[0] == "op":
+                used: list = []
+                _tmpl_allocs((st[2], list(st[3].values())), used)
+                for j in (*used, *([st[4]] if st[4] is not None else [])):
+                    last[j] = n
         drop: dict[int, list[int]] = {}
         for j, n in last.items():
             if j not in kept:
@@ -240,6 +286,12 @@ class _Program:
                 buf_ptrs[j] = b.data_ptr()
             elif kind == "zero":
                 bufs[st[1]].zero_()
+            elif kind == "op":
+                _, func, targs, tkw, new = st[:5]
+                out = func(*_fill(targs, inputs, bufs), **{k: _fill(v, inputs, bufs) for k, v in tkw.items()})
+                if new is not None:
+                    bufs[new] = out
+                    buf_ptrs[new] = out.data_ptr()
             else:
                 _, kernel, g, consts, slots, kwargs, rec_direct, _ = st
                 args = list(consts)
@@ -257,6 +309,33 @@ class _Program:
             for j in st[-1]:
                 bufs[j] = None
         return _build(self.template, inputs, bufs)
+
+
+def _tmpl_allocs(t, used: list) -> None:
+    """The allocations an op's argument templates refer to."""
+    if isinstance(t, (tuple, list)) and t and t[0] == "T":
+        if t[1] == "al":
+            used.append(t[2])
+    elif isinstance(t, (tuple, list)) and t and t[0] == "L":
+        for x in t[2]:
+            _tmpl_allocs(x, used)
+    elif isinstance(t, (tuple, list)) and not (t and t[0] == "C"):
+        for x in t:
+            _tmpl_allocs(x, used)
+
+
+def _fill(t, inputs, bufs):
+    """An op's argument from its template, on the replay's tensors."""
+    kind = t[0]
+    if kind == "C":
+        return t[1]
+    if kind == "L":
+        return t[1](_fill(x, inputs, bufs) for x in t[2])
+    _, src, i, off, dtype, size, stride = t
+    base = bufs[i] if src == "al" else inputs[i]
+    if off == 0 and base.dtype == dtype and tuple(base.shape) == size and base.stride() == stride:
+        return base
+    return _view(base, off, dtype, size, stride)
 
 
 def _template_allocs(t, kept: set) -> None:
