@@ -159,3 +159,27 @@ def test_gpu_replayed_calls_match_direct_calls(monkeypatch, B, H, N, d, m, topk,
         for a, b in zip(got, want):
             assert torch.equal(a, b)
     assert tmop._fwd_replayed.replays == 1 and tmop._bwd_replayed.replays == 1  # seed 2 is another layout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("N,d,S", [(2000, 128, 1), (1025, 64, 2), (4096, 64, 1)])
+def test_gpu_padded_and_two_expert_calls_match_direct_calls(monkeypatch, N, d, S):
+    """On CUDA: padded keys (a new padding each call: the replayed valid-key counts and mask) and S = 2 (the
+    replayed merges), bitwise the results with replay off, forward and backward."""
+    monkeypatch.setattr(tmop, "SHORT_PATH", False)
+    for wrapper in ("_fwd_replayed", "_bwd_replayed"):
+        monkeypatch.setattr(tmop, wrapper, replay.Replayed(getattr(tmop, wrapper).fn))
+    for seed in range(3):
+        q, k, v, r = _qkvr(4, 2, N, d, 32, torch.bfloat16, seed)
+        mask = torch.zeros(4, N, dtype=torch.bool, device=DEV)
+        mask[1, N - 100 * (seed + 1) :] = True
+        mask[2, : 7 * seed] = True
+        monkeypatch.setattr(replay, "ENABLED", False)
+        o = tmop.triton_mita(q, k, v, r, 64, key_padding_mask=mask, experts_per_query=S)
+        want = (o, *torch.autograd.grad(o, (q, k, v, r), torch.ones_like(o)))
+        monkeypatch.setattr(replay, "ENABLED", True)
+        o = tmop.triton_mita(q, k, v, r, 64, key_padding_mask=mask, experts_per_query=S)
+        for a, b in zip((o, *torch.autograd.grad(o, (q, k, v, r), torch.ones_like(o))), want):
+            assert torch.equal(a, b)
+    assert tmop._fwd_replayed.replays == 2 and tmop._bwd_replayed.replays == 2
