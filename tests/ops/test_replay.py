@@ -59,13 +59,13 @@ def replayers(monkeypatch):
 def test_replayed_calls_match_direct_calls(
     monkeypatch, replayers, N, d, m, topk, dtype, S, shared, medium, strided, replays
 ):
-    """Three calls with new values at one signature: the first records, the others replay; each is bitwise what
+    """Two calls with new values at one signature: the first records, the second replays; each is bitwise what
     the call gives with replay off (forward output and all four gradients), PyTorch ops of the passes (S = 2: the
     forward's merge of the experts' partial outputs, the backward's sum of dq) replayed too."""
     if medium is not None:
         monkeypatch.setattr(ttk, "MEDIUM_N", medium)
     fwd, bwd = replayers
-    for seed in range(3):
+    for seed in range(2):
         ins = _qkvr(2, 2, N, d, m, dtype, seed, strided)
         monkeypatch.setattr(replay, "ENABLED", False)
         want = _call(*ins, topk, S, shared)
@@ -74,7 +74,7 @@ def test_replayed_calls_match_direct_calls(
         for a, b in zip(got, want):
             assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
             assert torch.equal(a, b)
-    assert fwd.replays == bwd.replays == (2 if replays else 0)
+    assert fwd.replays == bwd.replays == (1 if replays else 0)
     assert all((p is not None) == replays for p in (*fwd.programs.values(), *bwd.programs.values()))
 
 
@@ -106,7 +106,7 @@ def test_padded_calls_are_replayed(monkeypatch, replayers, N, medium):
     if medium is not None:
         monkeypatch.setattr(ttk, "MEDIUM_N", medium)
     fwd, bwd = replayers
-    for seed in range(3):
+    for seed in range(2):
         q, k, v, r = _qkvr(2, 2, N, 32, 8, torch.float32, seed)
         mask = torch.zeros(2, N, dtype=torch.bool, device=DEV)
         mask[1, N - 40 * (seed + 1) :] = True
@@ -117,7 +117,7 @@ def test_padded_calls_are_replayed(monkeypatch, replayers, N, medium):
         monkeypatch.setattr(replay, "ENABLED", True)
         for a, b in zip(_padded_call(q, k, v, r, mask), want):
             assert torch.equal(a, b)
-    assert fwd.replays == bwd.replays == 2
+    assert fwd.replays == bwd.replays == 1
 
 
 def test_unreplayable_ops_are_not_replayed(replayers):
