@@ -58,6 +58,15 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return st
 
 
+def _topk_and_lv(r, k, v, key_valid, topk, shared, scale, after_scan=None):
+    """``(idx, vt, lv_lse)``: each landmark's exact top-k, and with the shared expert the landmark values
+    softmax(R k^T s) v (split-key partials, by default from the top-k pass that scores the same keys, and a merge;
+    zeros for a row with no valid key, as the reference gives) and their LSE; without it zeros and None."""
+    if shared:
+        return exact_topk(r, k, key_valid, topk, lv=(v, scale), after_scan=after_scan)
+    return exact_topk(r, k, key_valid, topk, after_scan=after_scan), torch.zeros_like(r), None
+
+
 class _MiTAFn(torch.autograd.Function):
     """Routing, landmark values and the fused attention as one autograd node: one backward writes dq, dk, dv, dR
     once."""
@@ -93,14 +102,7 @@ class _MiTAFn(torch.autograd.Function):
                 return _fwd_replayed(q, k, v, r, key_valid, topk, S, shared, scale, sscale, bm)
             # The routing first, in order; the plan's kernels beside the top-k after its block-top pass.
             branch["route"] = route_topk(q, r, S)
-            if shared:
-                # softmax(R k^T s) v: split-key partials (by default from the top-k's block-top pass, which scores
-                # the same keys) and a merge; zeros for a row with no valid key, as the reference gives.
-                idx, vt, lv_lse = exact_topk(r, k, key_valid, topk, lv=(v, scale), after_scan=fork)
-            else:
-                idx = exact_topk(r, k, key_valid, topk, after_scan=fork)
-                vt = torch.zeros_like(r)
-                lv_lse = None
+            idx, vt, lv_lse = _topk_and_lv(r, k, v, key_valid, topk, shared, scale, after_scan=fork)
             if not branch.get("forked"):
                 # The top-k took a path without a block-top pass (short rows): fork now.
                 fork()
@@ -121,14 +123,8 @@ class _MiTAFn(torch.autograd.Function):
     def in_order(q, k, v, r, key_valid, topk, S, shared, scale, sscale, bm):
         """The forward with every launch on the current stream (what ``fwd`` runs without the second stream);
         ``_fwd_replayed`` replays its launches at signatures seen before (replay.py)."""
-        m = r.shape[1]
-        if shared:
-            idx, vt, lv_lse = exact_topk(r, k, key_valid, topk, lv=(v, scale))
-        else:
-            idx = exact_topk(r, k, key_valid, topk)
-            vt = torch.zeros_like(r)
-            lv_lse = None
-        plan = build_plan(idx, route_topk(q, r, S), m, bm)
+        idx, vt, lv_lse = _topk_and_lv(r, k, v, key_valid, topk, shared, scale)
+        plan = build_plan(idx, route_topk(q, r, S), r.shape[1], bm)
         o, lse = mita_fwd(q, k, v, r, vt, plan, S, shared, scale, sscale, full=key_valid is None)
         return o, vt, lse, lv_lse, plan
 

@@ -76,18 +76,22 @@ def _leaves(obj, out: list) -> None:
             _leaves(x, out)
 
 
-def _signature(obj, out: list) -> None:
+def _signature(obj, out: list, leaves: list, ptrs: list) -> None:
+    """The signature of an argument structure into ``out``, its tensors (``_leaves``' order) and their addresses into
+    ``leaves`` and ``ptrs``: one pass."""
     if isinstance(obj, torch.Tensor):
         p = obj.data_ptr()
         out.append((obj.shape, obj.stride(), obj.dtype, obj.device, not p & 15))
+        leaves.append(obj)
+        ptrs.append(p)
     elif isinstance(obj, (tuple, list)):
         out.append(len(obj))
         for x in obj:
-            _signature(x, out)
+            _signature(x, out, leaves, ptrs)
     elif isinstance(obj, RoutingPlan):
         out.append(obj.bm)
         for x in (obj.idx, obj.rows, obj.starts, obj.tile_e, obj.tile_rs, obj.tile_re):
-            _signature(x, out)
+            _signature(x, out, leaves, ptrs)
     elif obj is None or isinstance(obj, (bool, int, float, str)):
         out.append((obj.__class__, obj))
     else:
@@ -402,17 +406,16 @@ class Replayed:
         self.replays = 0  # calls that ran a recorded program (tests read it)
 
     def __call__(self, *args):
-        leaves: list = []
-        _leaves(args, leaves)
-        if not leaves or not active(leaves[0].device, self.allow_cpu) or _launch._hooks_installed():
-            return self.fn(*args)
         sig: list = []
+        leaves: list = []
+        ptrs: list = []
         try:
-            _signature(args, sig)
+            _signature(args, sig, leaves, ptrs)
         except _Abort:
             return self.fn(*args)
+        if not leaves or not active(leaves[0].device, self.allow_cpu) or _launch._hooks_installed():
+            return self.fn(*args)
         # Which inputs share an address (q = k = v, say): the recorded references name the first of them.
-        ptrs = [t.data_ptr() for t in leaves]
         sig.append(tuple(ptrs.index(p) for p in ptrs))
         key = (tuple(sig), _settings_key(), torch.cuda.current_device() if leaves[0].is_cuda else -1)
         prog = self.programs.get(key, 0)
