@@ -86,6 +86,15 @@ def _lv_fwd_kernel(
         b_s = _dot(b_r, tl.trans(b_k), PREC, UP) * scale_log2
         b_s = tl.where(m_n[None, :], b_s, float("-inf"))
         b_m, b_l, b_acc = _softmax_step(b_s, b_v, b_m, b_l, b_acc, PREC, UP)
+    _lv_store(b_m, b_l, b_acc, PM, PL, PACC, VT, LSE, i_bh, i_c, n_c, M, o_j, m_j, o_d, D, DIRECT)
+
+
+@triton.jit
+def _lv_store(b_m, b_l, b_acc, PM, PL, PACC, VT, LSE, i_bh, i_c, n_c, M, o_j, m_j, o_d, D: tl.constexpr,
+              DIRECT: tl.constexpr):  # fmt: skip
+    # A split-key pass's end for landmarks o_j of head i_bh over key chunk i_c of n_c: with one chunk (DIRECT) the
+    # landmark values and their LSE (zeros, -inf for a row with no valid key), else the chunk's partials (maximum,
+    # sum, accumulator) for the merge.
     if DIRECT:
         m_nz = b_l > 0
         b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]

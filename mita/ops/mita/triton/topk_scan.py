@@ -29,7 +29,7 @@ from mita.ops.mita.triton.common import (
     _softmax_step,
     _valid_keys,
 )
-from mita.ops.mita.triton.landmark_values import _lv_merge_row
+from mita.ops.mita.triton.landmark_values import _lv_merge_row, _lv_store
 
 # Threshold candidates per refinement pass of the long-row top-k, and the number of passes (16^8 = 2^32).
 _P = 16
@@ -282,19 +282,7 @@ def _topk_keys_kernel(
             b_ls = tl.where(m_b[None, :], b_s * scale_log2, float("-inf"))
             b_m, b_l, b_acc = _softmax_step(b_ls, b_v, b_m, b_l, b_acc, PREC, UP)
     if LV:
-        if DIRECT:
-            m_nz = b_l > 0
-            b_o = b_acc / tl.where(m_nz, b_l, 1.0)[:, None]
-            tl.store(
-                VT + i_bh * M * D + o_j[:, None] * D + o_d[None, :], b_o.to(VT.dtype.element_ty), mask=m_j[:, None]
-            )
-            b_lse = tl.where(m_nz, b_m + tl.log2(tl.where(m_nz, b_l, 1.0)), float("-inf"))
-            tl.store(LSE + i_bh * M + o_j, b_lse, mask=m_j)
-        else:
-            o_w = (i_bh * tl.num_programs(1) + i_g) * M + o_j
-            tl.store(PM + o_w, b_m, mask=m_j)
-            tl.store(PL + o_w, b_l, mask=m_j)
-            tl.store(PACC + o_w[:, None] * D + o_d[None, :], b_acc, mask=m_j[:, None])
+        _lv_store(b_m, b_l, b_acc, PM, PL, PACC, VT, LSE, i_bh, i_g, tl.num_programs(1), M, o_j, m_j, o_d, D, DIRECT)
 
 
 @triton.jit
